@@ -1,0 +1,41 @@
+# sparsek — every target does its own set-up (scripts/setup is idempotent and quick when all is there).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+SPARSEK = ./$(BUILD)/sparsek
+
+.PHONY: all setup configure build test test-cpu test-python run bench verify doctor ncu clean
+
+all: build
+
+setup:
+	@bash scripts/setup
+
+configure: setup
+	@test -f $(BUILD)/build.ninja || cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python.
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	@bash scripts/python-tests
+
+run: build
+	$(SPARSEK) bench
+
+bench: build
+	$(SPARSEK) bench --json $(BUILD)/bench.json
+
+verify: build
+	$(SPARSEK) verify
+
+doctor: build
+	$(SPARSEK) doctor
+
+ncu: build
+	$(SPARSEK) profile
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,140 @@
+// sparsek — block-sparse (BSR) and dense operand descriptions, conversions, validation and
+// pattern generators.
+//
+// BSR layout (SPEC §2): row_ptr int32[mb+1], col_idx int32[nnzb], values[nnzb][bm][bk], each
+// block row-major. rows = mb*bm, cols = kb*bk.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sparsek/types.hpp"
+
+namespace sparsek {
+
+// Non-owning view of a BSR matrix (host or device pointers). values may be written through when
+// the matrix is an output (SDD).
+struct BsrView {
+  int64_t rows = 0, cols = 0;  // full matrix shape
+  int bm = 0, bk = 0;          // block shape
+  int64_t nnzb = 0;            // number of stored blocks
+  const int32_t* row_ptr = nullptr;
+  const int32_t* col_idx = nullptr;
+  void* values = nullptr;
+  DType dtype = DType::f32;
+  Memory memory = Memory::host;
+
+  int64_t mb() const { return bm ? rows / bm : 0; }
+  int64_t kb() const { return bk ? cols / bk : 0; }
+};
+
+// Non-owning view of a dense matrix of `rows x cols` as stored (before any op), with leading
+// dimension ld (row-major: elements between rows; column-major: between columns).
+struct DenseView {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  Layout layout = Layout::row_major;
+  DType dtype = DType::f32;
+  Memory memory = Memory::host;
+
+  int64_t index(int64_t r, int64_t c) const {
+    return layout == Layout::row_major ? r * ld + c : c * ld + r;
+  }
+};
+
+// Owning host BSR matrix. Values are stored in `dtype` as raw bytes.
+class BsrMatrix {
+ public:
+  BsrMatrix() = default;
+  // An all-structure constructor; validates (throws sparsek::Error on bad input).
+  BsrMatrix(int64_t rows, int64_t cols, int bm, int bk, std::vector<int32_t> row_ptr,
+            std::vector<int32_t> col_idx, DType dtype);
+
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int bm() const { return bm_; }
+  int bk() const { return bk_; }
+  int64_t mb() const { return bm_ ? rows_ / bm_ : 0; }
+  int64_t kb() const { return bk_ ? cols_ / bk_ : 0; }
+  int64_t nnzb() const { return int64_t(col_idx_.size()); }
+  DType dtype() const { return dtype_; }
+  double density() const;  // stored blocks / all blocks
+
+  const std::vector<int32_t>& row_ptr() const { return row_ptr_; }
+  const std::vector<int32_t>& col_idx() const { return col_idx_; }
+  std::vector<uint8_t>& value_bytes() { return values_; }
+  const std::vector<uint8_t>& value_bytes() const { return values_; }
+  float value(int64_t block, int r, int c) const;  // element (r, c) of stored block `block`
+  void set_value(int64_t block, int r, int c, float v);
+
+  BsrView view();
+  BsrView view() const;  // values pointer is const-cast; do not write through it
+
+  // Fill values with uniform random numbers in [-1, 1) (or random integers in [-4, 4] when
+  // `integers`, so that products can be compared exactly), seeded.
+  void fill_random(uint64_t seed, bool integers = false);
+
+ private:
+  int64_t rows_ = 0, cols_ = 0;
+  int bm_ = 0, bk_ = 0;
+  std::vector<int32_t> row_ptr_{0}, col_idx_;
+  std::vector<uint8_t> values_;
+  DType dtype_ = DType::f32;
+};
+
+// ---- validation (SPEC §2). Throws Error(invalid_argument) naming the array, the first offending
+// index and its value. `check_indices` runs the O(nnzb) checks (host memory only: for device
+// memory the indices are copied to the host first by the caller).
+void validate(const BsrView& a, bool check_indices = true);
+void validate(const DenseView& d, const char* name);
+
+// ---- conversions (all on the host) ----
+// Dense (rows x cols, row-major float) -> BSR. With `mask` (mb*kb bytes, row-major over block
+// positions) keep exactly the masked blocks; without, keep blocks holding any non-zero.
+BsrMatrix bsr_from_dense(const float* dense, int64_t rows, int64_t cols, int bm, int bk, DType dtype,
+                         const uint8_t* mask = nullptr);
+std::vector<float> bsr_to_dense(const BsrMatrix& a);  // row-major rows x cols
+// CSR / COO of a scalar matrix -> BSR (blocks touched by any entry are stored; duplicates summed).
+BsrMatrix bsr_from_csr(int64_t rows, int64_t cols, const std::vector<int32_t>& row_ptr,
+                       const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm,
+                       int bk, DType dtype);
+BsrMatrix bsr_from_coo(int64_t rows, int64_t cols, const std::vector<int32_t>& row_idx,
+                       const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm,
+                       int bk, DType dtype);
+BsrMatrix bsr_transpose(const BsrMatrix& a);  // BSR of A^T: block shape (bk, bm)
+
+// Blocked-ELL (cuSPARSE's): every block row holds `ell_cols` slots; col index -1 marks padding.
+// Block shape must be square for cuSPARSE, but the format itself does not need it.
+struct BlockedEll {
+  int64_t rows = 0, cols = 0;
+  int bm = 0, bk = 0;
+  int64_t ell_cols = 0;              // slots per block row
+  std::vector<int32_t> col_idx;      // [mb][ell_cols], -1 = empty slot
+  std::vector<uint8_t> values;       // [mb][ell_cols][bm][bk] in `dtype`, padding zeros
+  DType dtype = DType::f32;
+};
+BlockedEll bsr_to_blocked_ell(const BsrMatrix& a);
+BsrMatrix bsr_from_blocked_ell(const BlockedEll& e);  // padding slots dropped
+
+// ---- pattern generators (SPEC §2). All seeded and reproducible. Return row_ptr/col_idx. ----
+struct Pattern {
+  int64_t mb = 0, kb = 0;
+  std::vector<int32_t> row_ptr, col_idx;
+  int64_t nnzb() const { return int64_t(col_idx.size()); }
+};
+enum class PatternKind { fixed_k, bernoulli, power_law, banded, block_diagonal, causal };
+const char* to_string(PatternKind k);
+PatternKind pattern_kind_from_string(const std::string& s);  // throws invalid_argument
+
+// `density` in (0, 1] is the target fraction of stored blocks. fixed_k: round(density*kb) blocks
+// in every row (at least 1); bernoulli: each block independently; power_law: row lengths follow a
+// Zipf-like law with the same expected nnzb; banded: a diagonal band of that width;
+// block_diagonal: square-ish diagonal groups (MoE experts); causal: lower triangle (density ignored
+// beyond choosing nothing: every block with col <= row * kb / mb is kept).
+Pattern make_pattern(PatternKind kind, int64_t mb, int64_t kb, double density, uint64_t seed);
+
+// Convenience: a random BSR of the given pattern, values filled by fill_random(seed).
+BsrMatrix random_bsr(PatternKind kind, int64_t rows, int64_t cols, int bm, int bk, double density,
+                     DType dtype, uint64_t seed, bool integers = false);
+
+}  // namespace sparsek

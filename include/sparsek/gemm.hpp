@@ -1,0 +1,75 @@
+// sparsek — block-sparse products (SPEC §1).
+//
+//   DSD: C = alpha * op(A) * B + beta * C     A sparse (BSR), B and C dense
+//   DDS: C = alpha * A * op(B) + beta * C     B sparse (BSR), A and C dense
+//   SDD: C = alpha * (A * B) + beta * C       on C's stored blocks only (C is BSR)
+//
+// op() applies to the sparse operand only; a transposed dense operand is expressed through its
+// layout (a row-major K x N matrix read column-major is its transpose). Dense operands may be row-
+// or column-major with any leading dimension >= their minor extent.
+//
+// Semantics users rely on: a block row of op(A) with no stored block gives beta*C (zeros when
+// beta = 0); when beta = 0, C is never read (NaN in C does not leak into the output).
+//
+// dtypes: inputs (the sparse values and the dense inputs) all f32, or all f16, or all bf16;
+// accumulation in f32; the output may be f16/bf16/f32 for half inputs, f32 for f32 inputs.
+#pragma once
+#include <string>
+
+#include "sparsek/bsr.hpp"
+
+namespace sparsek {
+
+enum class OpKind : int { dsd = 0, dds = 1, sdd = 2 };
+const char* to_string(OpKind k);
+
+// One product, with pointers. Which slots are used depends on kind:
+//   dsd: sparse = A, b = B, c = C        dds: a = A, sparse = B, c = C
+//   sdd: a = A, b = B, sparse = C (output values written in place)
+struct GemmArgs {
+  OpKind kind = OpKind::dsd;
+  Op op = Op::none;  // applied to the sparse operand (dsd, dds); must be none for sdd
+  float alpha = 1.f, beta = 0.f;
+  BsrView sparse;
+  DenseView a, b, c;
+
+  // The product's logical sizes: C is M x N, the reduction is over K.
+  int64_t m() const;
+  int64_t n() const;
+  int64_t k() const;
+  // Effective FLOPs: only the stored blocks count (2 * nnzb * bm * bk * N for dsd).
+  double effective_flops() const;
+};
+
+struct Options {
+  Backend backend = Backend::automatic;  // automatic: host memory -> cpu, device -> cuda
+  std::string variant;                   // force a variant by name ("" = the default choice)
+  void* stream = nullptr;                // cudaStream_t for device work
+  bool check_indices = true;             // run the O(nnzb) index checks on this call
+  int threads = 0;                       // CPU threads (0 = hardware concurrency)
+};
+
+// Validates everything (throws Error naming the bad argument), picks a variant, runs it.
+// Device work is enqueued on options.stream and not synchronized.
+void gemm(const GemmArgs& args, const Options& options = {});
+
+// Convenience wrappers.
+void dsd(const BsrView& a, const DenseView& b, DenseView& c, float alpha = 1.f, float beta = 0.f,
+         Op op = Op::none, const Options& options = {});
+void dds(const DenseView& a, const BsrView& b, DenseView& c, float alpha = 1.f, float beta = 0.f,
+         Op op = Op::none, const Options& options = {});
+void sdd(const DenseView& a, const DenseView& b, BsrView& c, float alpha = 1.f, float beta = 0.f,
+         const Options& options = {});
+
+// Checks shapes, dtypes, memory kinds, pointers and leading dimensions of a product (and the BSR
+// invariants, with the O(nnzb) index checks when check_indices and the indices are on the host).
+void validate(const GemmArgs& args, bool check_indices = true);
+
+// Names of the registered variants that support args (first = default choice), and for every
+// other variant why not: "name: reason".
+std::vector<std::string> supported_variants(const GemmArgs& args);
+std::vector<std::string> unsupported_reasons(const GemmArgs& args);
+
+const char* version();  // "MAJOR.MINOR.PATCH"
+
+}  // namespace sparsek

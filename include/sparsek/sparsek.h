@@ -1,0 +1,67 @@
+/* sparsek — C API. Every function returns a sparsek_status; on failure the thread-local text of
+ * sparsek_last_error() names the argument and the offending value. Nothing here throws. */
+#ifndef SPARSEK_H
+#define SPARSEK_H
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  SPARSEK_OK = 0,
+  SPARSEK_INVALID_ARGUMENT = 1,
+  SPARSEK_UNSUPPORTED = 2,
+  SPARSEK_CUDA_ERROR = 3,
+  SPARSEK_NO_DEVICE = 4,
+  SPARSEK_IO_ERROR = 5,
+  SPARSEK_INTERNAL = 6
+} sparsek_status;
+
+typedef enum { SPARSEK_F32 = 0, SPARSEK_F16 = 1, SPARSEK_BF16 = 2 } sparsek_dtype;
+typedef enum { SPARSEK_ROW_MAJOR = 0, SPARSEK_COL_MAJOR = 1 } sparsek_layout;
+typedef enum { SPARSEK_OP_NONE = 0, SPARSEK_OP_TRANS = 1 } sparsek_op;
+typedef enum { SPARSEK_HOST = 0, SPARSEK_DEVICE = 1 } sparsek_memory;
+
+typedef struct {
+  int64_t rows, cols;
+  int32_t bm, bk;
+  int64_t nnzb;
+  const int32_t* row_ptr; /* [rows/bm + 1] */
+  const int32_t* col_idx; /* [nnzb] */
+  void* values;           /* [nnzb][bm][bk] */
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+} sparsek_bsr;
+
+typedef struct {
+  void* data;
+  int64_t rows, cols, ld;
+  sparsek_layout layout;
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+} sparsek_dense;
+
+/* Thread-local text of the last failure on this thread ("" after a success). */
+const char* sparsek_last_error(void);
+const char* sparsek_status_string(sparsek_status s);
+const char* sparsek_version(void);
+/* 1 when a CUDA device answers, else 0. */
+int sparsek_has_cuda(void);
+
+/* C = alpha*op(A)*B + beta*C, A sparse. stream: a cudaStream_t or NULL (device work only). */
+sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, const sparsek_dense* b,
+                           float beta, sparsek_dense* c, void* stream);
+/* C = alpha*A*op(B) + beta*C, B sparse. */
+sparsek_status sparsek_dds(sparsek_op op_b, float alpha, const sparsek_dense* a, const sparsek_bsr* b,
+                           float beta, sparsek_dense* c, void* stream);
+/* C = alpha*(A*B) + beta*C on C's stored blocks. */
+sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_dense* b, float beta,
+                           sparsek_bsr* c, void* stream);
+/* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
+sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPARSEK_H */

@@ -1,0 +1,55 @@
+#include "core/device.hpp"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+
+#include "sparsek/types.hpp"
+
+namespace sparsek {
+
+void check_cuda(int err, const char* what) {
+  if (err == 0) return;
+  auto e = static_cast<cudaError_t>(err);
+  throw Error(Status::cuda_error, std::string(what) + " failed: " + cudaGetErrorName(e) + " (" +
+                                      cudaGetErrorString(e) + ")");
+}
+
+const DeviceInfo& device_info() {
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> cache;
+  static DeviceInfo none;
+  std::lock_guard<std::mutex> lock(mu);
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    // NOTE: on a machine without a driver this is an error, not 0 devices: both mean "no GPU".
+    if (err != cudaSuccess) cudaGetLastError();  // clear the sticky-free error state
+    none.available = false;
+    none.why_not = err != cudaSuccess ? std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) +
+                                            " (" + cudaGetErrorString(err) + ")"
+                                      : "no CUDA device found";
+    return none;
+  }
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceInfo info;
+  cudaDeviceProp p{};
+  check_cuda(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+  info.available = true;
+  info.device = dev;
+  info.name = p.name;
+  info.cc_major = p.major;
+  info.cc_minor = p.minor;
+  info.sm_count = p.multiProcessorCount;
+  info.smem_per_block_optin = p.sharedMemPerBlockOptin;
+  info.l2_bytes = p.l2CacheSize;
+  cudaDriverGetVersion(&info.driver_version);
+  cudaRuntimeGetVersion(&info.runtime_version);
+  return cache.emplace(dev, info).first->second;
+}
+
+}  // namespace sparsek

@@ -1,0 +1,25 @@
+// Internal: what GPU (if any) answers. Any CUDA error from cudaGetDeviceCount means "no GPU".
+#pragma once
+#include <string>
+
+namespace sparsek {
+
+struct DeviceInfo {
+  bool available = false;
+  std::string why_not;  // set when !available
+  int device = -1;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t smem_per_block_optin = 0;
+  size_t l2_bytes = 0;
+  int driver_version = 0, runtime_version = 0;
+};
+
+// Info of the current device, queried once per device and cached (thread-safe).
+const DeviceInfo& device_info();
+
+// Throws Error(cuda_error) with the CUDA error text when err != 0. `what` names the call.
+void check_cuda(int err, const char* what);
+
+}  // namespace sparsek

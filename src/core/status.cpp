@@ -1,0 +1,41 @@
+#include "sparsek/gemm.hpp"
+#include "sparsek/types.hpp"
+
+namespace sparsek {
+
+const char* to_string(Status s) {
+  switch (s) {
+    case Status::ok: return "ok";
+    case Status::invalid_argument: return "invalid argument";
+    case Status::unsupported: return "unsupported";
+    case Status::cuda_error: return "CUDA error";
+    case Status::no_device: return "no CUDA device";
+    case Status::io_error: return "I/O error";
+    case Status::internal: return "internal error";
+  }
+  return "unknown status";
+}
+const char* to_string(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "unknown dtype";
+}
+const char* to_string(Layout l) { return l == Layout::row_major ? "row-major" : "col-major"; }
+const char* to_string(Op o) { return o == Op::none ? "none" : "trans"; }
+const char* to_string(Memory m) { return m == Memory::host ? "host" : "device"; }
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::dsd: return "dsd";
+    case OpKind::dds: return "dds";
+    case OpKind::sdd: return "sdd";
+  }
+  return "unknown op";
+}
+size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
+
+const char* version() { return SPARSEK_VERSION; }
+
+}  // namespace sparsek

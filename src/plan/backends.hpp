@@ -1,0 +1,15 @@
+// Internal: each backend contributes its rows of the variant table (registry.cpp lists them in
+// default-preference order).
+#pragma once
+#include <vector>
+
+#include "plan/variant.hpp"
+
+namespace sparsek {
+
+std::vector<Variant> cpu_variants();       // src/cpu
+std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
+std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
+std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)
+
+}  // namespace sparsek

@@ -1,0 +1,3 @@
+#include <cstdio>
+#include "sparsek/gemm.hpp"
+int main() { std::printf("sparsek %s\n", sparsek::version()); return 0; }
