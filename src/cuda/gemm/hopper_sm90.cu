@@ -44,8 +44,8 @@ namespace sm90 {
 // ---------------------------------------------------------------------------------------------
 // Compile-time configuration: one per (bm, KS, input dtype, output dtype).
 
-constexpr int kThreads = 384;  // 3 warpgroups: producer, consumer 0, consumer 1
-constexpr int kSmemBudget = 210 * 1024;
+constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
+constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
 template <int BM_, int KS_, bool BF16_, class TOut_>
 struct Config {
@@ -53,27 +53,36 @@ struct Config {
   static constexpr int KS = KS_;   // K extent of one pipeline stage
   static constexpr bool BF16 = BF16_;
   using TOut = TOut_;
-  static constexpr bool SWAP = BM == 32;                   // compute C^T tiles
-  static constexpr int BN = BM == 128 ? 128 : 256;         // N extent of a work tile
-  static constexpr int MI = SWAP ? BN / 64 : BM / 64;      // wgmma (m64) instructions per k16 step
-  static constexpr int WN = SWAP ? BM : BN;                // wgmma N
-  static constexpr int ACC = WN / 2;                       // fp32 accumulators / thread / instruction
-  static constexpr int A_BYTES = BM * KS * 2;              // A box: (BM rows, KS) K-major
-  static constexpr int B_CHUNK = KS * 128;                 // B box: (KS rows, 64 cols) N-major
-  static constexpr int B_BYTES = BN * KS * 2;              // BN/64 B boxes
+  static constexpr bool SWAP = BM == 32;  // compute C^T tiles: N is the wgmma M side
+  // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
+  // owns every other item (ping-pong).
+  static constexpr bool COOP = BM == 128;
+  static constexpr int BN = 256;                      // N extent of a work tile
+  static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
+  static constexpr int WN = SWAP ? BM : BN;           // wgmma N
+  static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
+  static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
+  static constexpr int A_BYTES = BM * KS * 2;         // A box: (BM rows, KS) K-major
+  static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
+  static constexpr int B_BYTES = BN * KS * 2;         // BN/64 B boxes
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int STAGES = std::min(12, kSmemBudget / STAGE_BYTES);
-  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + align
+  // Epilogue staging: per consumer two (ROWS x 128 B) boxes, 128B-swizzled, stored by TMA.
+  static constexpr int CW = 128 / int(sizeof(TOut));  // columns of C per store box
+  static constexpr int E_BYTES = ROWS * 128;
+  static constexpr int E_TOTAL = 2 * 2 * E_BYTES;
+  static constexpr int STAGES = std::min(12, (kSmemLimit - E_TOTAL - 2048) / STAGE_BYTES);
+  static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + 1024;  // + align
   static constexpr ptx::Swizzle A_SWIZZLE = KS == 64 ? ptx::Swizzle::b128 : ptx::Swizzle::b64;
-  static constexpr uint32_t A_SBO = 8 * KS * 2;            // 8 rows of the A box
+  static constexpr uint32_t A_SBO = 8 * KS * 2;       // 8 rows of the A box
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
   static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
-  static_assert(A_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0,
+  static_assert(A_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
-  static_assert(SMEM <= 227 * 1024, "shared memory per block on sm_90 is 227 KB");
+  static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
+  static_assert((BN / CW) % 2 == 0, "store boxes alternate between two buffers");
 };
 
 // Work item: x = block row, y = first column n0, z = first stored block, w = end stored block.
@@ -86,7 +95,8 @@ struct Params {
   int n;                  // N
   int bk;
   int kslices;            // bk / KS: stages per stored block
-  int c_pairs;            // 1: the two values of an accumulator pair are adjacent, aligned in C
+  int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
+  int tma_store;          // 1: C is row-major and TMA-aligned: the epilogue stores through tm_c
   float alpha, beta;
 };
 
@@ -114,25 +124,12 @@ template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
 template <class T>
-__device__ __forceinline__ void store_pair(T* p, float a, float b, bool read_c, float beta) {
-  using P = typename Pair<T>::type;
-  P* q = reinterpret_cast<P*>(p);
-  if (read_c) {
-    const P old = *q;
-    const T* o = reinterpret_cast<const T*>(&old);
-    a += beta * to_float(o[0]);
-    b += beta * to_float(o[1]);
-  }
-  P v;
+__device__ __forceinline__ typename Pair<T>::type make_pair2(float a, float b) {
+  typename Pair<T>::type v;
   T* e = reinterpret_cast<T*>(&v);
   e[0] = from_float<T>(a);
   e[1] = from_float<T>(b);
-  *q = v;
-}
-template <class T>
-__device__ __forceinline__ void store_one(T* p, float a, bool read_c, float beta) {
-  if (read_c) a += beta * to_float(*p);
-  *p = from_float<T>(a);
+  return v;
 }
 
 // Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
@@ -181,66 +178,152 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
   }
 }
 
-// Epilogue straight from the accumulator fragments. wgmma m64nN fragment of thread (warp, lane):
-// register 4*j + 2*h + e holds row 16*warp + 8*h + lane/4, column 8*j + 2*(lane%4) + e.
+// Where accumulator register 4*j + 2*h + e of instruction mi lands in the consumer's C tile
+// (tile row r in [0, ROWS), tile column n in [0, BN)). wgmma m64nN fragment of thread
+// (warp, lane): row 16*warp + 8*h + lane/4, column 8*j + 2*(lane%4) + e. Swapped, that row is the
+// column n (within 64-wide chunk mi) and that column the row r.
 template <class Cfg>
-__device__ __forceinline__ void epilogue(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int row0, int n0,
-                                         int warp, int lane) {
+__device__ __forceinline__ void fragment_coord(int mi, int j, int h, int e, int warp, int lane, int& r, int& n) {
+  const int fr = warp * 16 + h * 8 + lane / 4, fc = j * 8 + (lane % 4) * 2 + e;
+  if constexpr (Cfg::SWAP) {
+    r = fc;
+    n = mi * 64 + fr;
+  } else {
+    r = fr;
+    n = fc;
+  }
+}
+
+// Epilogue through shared memory and TMA stores: the tile goes out in (ROWS x CW) boxes of full
+// 128-byte rows (one L2 request per row instead of eight 16-byte pieces), alternating between
+// two swizzled buffers so that filling one overlaps the store of the other. With beta != 0 the C
+// box is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
+template <class Cfg>
+__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p,
+                                             const CUtensorMap* tm_c, int row0, int n0, int which,
+                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
   using T = typename Cfg::TOut;
-  T* c = static_cast<T*>(p.c);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
 #pragma unroll
-  for (int mi = 0; mi < Cfg::MI; ++mi) {
-#pragma unroll
-    for (int j = 0; j < Cfg::ACC / 4; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int wr = mi * 64 + warp * 16 + h * 8 + lane / 4;  // wgmma row (over all mi)
-        const int wc = j * 8 + (lane % 4) * 2;                   // wgmma column (and + 1)
-        // Non-swapped: (row, col) = (m, n), the pair runs along n. Swapped (C^T): (n, m), along m.
-        const int m = row0 + (Cfg::SWAP ? wc : wr);
-        const int n = n0 + (Cfg::SWAP ? wr : wc);
-        const int n1 = Cfg::SWAP ? n : n + 1;
-        const int64_t off = int64_t(m) * p.c_rs + int64_t(n) * p.c_cs;
-        const int64_t step = Cfg::SWAP ? p.c_rs : p.c_cs;
-        const float v0 = p.alpha * acc[mi][4 * j + 2 * h];
-        const float v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
-        const bool ok0 = n < p.n, ok1 = n1 < p.n;
-        if (p.c_pairs && ok0 && ok1) {
-          store_pair(c + off, v0, v1, read_c, p.beta);
-        } else {
-          if (ok0) store_one(c + off, v0, read_c, p.beta);
-          if (ok1) store_one(c + off + step, v1, read_c, p.beta);
-        }
+  for (int k = 0; k < Cfg::BN / Cfg::CW; ++k) {
+    uint8_t* buf = ebuf + (k & 1) * Cfg::E_BYTES;
+    const uint32_t buf_s = ebuf_s + (k & 1) * Cfg::E_BYTES;
+    // The buffer was last used two boxes ago: its store must have read it.
+    if (tid == 0) ptx::bulk_wait_group_read<1>();
+    ptx::named_barrier_sync(3 + which, 128);
+    if (read_c) {
+      if (tid == 0) {
+        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
+        ptx::tma_load_2d(buf_s, tm_c, c_bar, n0 + k * Cfg::CW, row0);
       }
+      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
+      c_phase ^= 1;
+    }
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int r, n, r1, n1;
+          fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
+          fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
+          if (n / Cfg::CW != k) continue;  // compile-time unless swapped (then warp-uniform)
+          float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+          // Box row r holds 128 bytes; 16-byte granules are XOR-swizzled by (r % 8) (TMA 128B).
+          const int b0 = (n % Cfg::CW) * int(sizeof(T)), b1 = (n1 % Cfg::CW) * int(sizeof(T));
+          uint8_t* q0 = buf + r * 128 + (((b0 >> 4) ^ (r & 7)) << 4) + (b0 & 15);
+          if constexpr (Cfg::SWAP) {  // the pair runs down a column: two rows
+            uint8_t* q1 = buf + r1 * 128 + (((b1 >> 4) ^ (r1 & 7)) << 4) + (b1 & 15);
+            if (read_c) {
+              v0 += p.beta * to_float(*reinterpret_cast<const T*>(q0));
+              v1 += p.beta * to_float(*reinterpret_cast<const T*>(q1));
+            }
+            *reinterpret_cast<T*>(q0) = from_float<T>(v0);
+            *reinterpret_cast<T*>(q1) = from_float<T>(v1);
+          } else {  // the pair is adjacent in the row
+            using P = typename Pair<T>::type;
+            if (read_c) {
+              const P old = *reinterpret_cast<const P*>(q0);
+              v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
+              v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+            }
+            *reinterpret_cast<P*>(q0) = make_pair2<T>(v0, v1);
+          }
+        }
+    ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
+    ptx::named_barrier_sync(3 + which, 128);
+    if (tid == 0) {
+      ptx::tma_store_2d(tm_c, buf_s, n0 + k * Cfg::CW, row0);
+      ptx::bulk_commit_group();
     }
   }
 }
 
-// Consumer: one warpgroup; runs the work items of its parity, walking the ring in step with the
-// producer (it skips the other consumer's stages by count).
-// NOTE: a consumer that skips ahead must not wait on a stage before the other consumer has seen
-// every earlier stage complete: mbarrier parity waits cannot tell phase k from phase k - 2, so a
-// wait that ran two ring laps ahead would pass on a stale phase. Named barrier 1 + c ("consumer c
-// may start") orders the two main loops; the signal goes out once the last stage of an item has
-// been seen full (its math still runs), so the hand-over leaves the tensor cores no gap.
+// Epilogue straight from the registers (C column-major or not TMA-aligned).
 template <class Cfg>
-__device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a,
-                                        uint32_t s_b, uint32_t full, uint32_t empty) {
+__device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int row0,
+                                                int n0) {
+  using T = typename Cfg::TOut;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  uint32_t stage = 0, phase = 0;
+  T* c = static_cast<T*>(p.c);
+  const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int r, n, r1, n1;
+        fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
+        fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
+        const bool ok0 = n0 + n < p.n, ok1 = n0 + n1 < p.n;
+        const int64_t off0 = int64_t(row0 + r) * p.c_rs + int64_t(n0 + n) * p.c_cs;
+        const int64_t off1 = int64_t(row0 + r1) * p.c_rs + int64_t(n0 + n1) * p.c_cs;
+        float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+        if (p.c_pairs && ok0 && ok1) {  // adjacent and aligned: one access
+          using P = typename Pair<T>::type;
+          P* q = reinterpret_cast<P*>(c + off0);
+          if (read_c) {
+            const P old = *q;
+            v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
+            v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+          }
+          *q = make_pair2<T>(v0, v1);
+        } else {
+          if (ok0) c[off0] = from_float<T>(v0 + (read_c ? p.beta * to_float(c[off0]) : 0.f));
+          if (ok1) c[off1] = from_float<T>(v1 + (read_c ? p.beta * to_float(c[off1]) : 0.f));
+        }
+      }
+}
+
+// Consumer: one warpgroup. Cooperative (bm = 128): every item, rows 64*which.. of it. Ping-pong:
+// the items of its parity, walking the ring in step with the producer (it skips the other
+// consumer's stages by count).
+// NOTE: a ping-pong consumer that skips ahead must not wait on a stage before the other consumer
+// has seen every earlier stage complete: mbarrier parity waits cannot tell phase k from phase
+// k - 2, so a wait two ring laps ahead would pass on a stale phase. Named barrier 1 + c ("consumer
+// c may start") orders the two main loops; the signal goes out once the last stage of an item
+// has been seen full (its math still runs), so the hand-over leaves the tensor cores no gap.
+template <class Cfg>
+__device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p, int first, int last, int which,
+                                        uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint8_t* ebuf,
+                                        uint32_t ebuf_s, uint32_t c_bar) {
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  uint32_t stage = 0, phase = 0, c_phase = 0;
   float acc[Cfg::MI][Cfg::ACC];
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
     const int nst = (w.w - w.z) * p.kslices;
-    if (((it - first) & 1) != which) {
+    if (!Cfg::COOP && ((it - first) & 1) != which) {
       const uint32_t t = stage + uint32_t(nst);
       phase ^= (t / Cfg::STAGES) & 1;
       stage = t % Cfg::STAGES;
       continue;
     }
-    if (it > first) ptx::named_barrier_sync(1 + which, 256);  // the other consumer saw item it-1
-    const bool hand_over = it + 1 < last;                      // the other consumer runs item it+1
+    if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
+    const bool hand_over = !Cfg::COOP && it + 1 < last;  // the other consumer runs item it+1
     if (nst == 0 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
 #pragma unroll
     for (int mi = 0; mi < Cfg::MI; ++mi)
@@ -257,8 +340,9 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
 #pragma unroll
         for (int mi = 0; mi < Cfg::MI; ++mi) {
           if constexpr (!Cfg::SWAP) {
-            // A rows mi*64.. (K-major, +32 B per k16 inside the swizzled row) x B (N-major chunks)
-            const uint64_t da = ptx::smem_desc(a + mi * 64 * Cfg::KS * 2 + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
+            // A rows (K-major, +32 B per k16 inside the swizzled row) x B (N-major 64-col chunks)
+            const int rows = Cfg::COOP ? which * 64 : 0;
+            const uint64_t da = ptx::smem_desc(a + rows * Cfg::KS * 2 + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
             const uint64_t db = ptx::smem_desc(b + kk * 2048, Cfg::B_CHUNK, 1024, ptx::Swizzle::b128);
             ptx::wgmma_m64k16<Cfg::WN, Cfg::BF16, 0, 1>(acc[mi], da, db, 1);
           } else {
@@ -285,8 +369,14 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
     for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
-    epilogue<Cfg>(acc, p, w.x * Cfg::BM, w.y, warp, lane);
+    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0);
+    if (p.tma_store)
+      epilogue_tma<Cfg>(acc, p, tm_c, row0, w.y, which, ebuf, ebuf_s, c_bar, c_phase);
+    else
+      epilogue_direct<Cfg>(acc, p, row0, w.y);
   }
+  // The last TMA stores must finish before the CTA (and its shared memory) goes away.
+  if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -294,19 +384,24 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_dsd_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
-                      const Params p) {
+                      const __grid_constant__ CUtensorMap tm_c, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // smem: A stages [STAGES][A_BYTES] | B stages [STAGES][B_BYTES] | full[STAGES] | empty[STAGES]
-  const uint32_t s_a = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
+  // smem: A stages [STAGES][A_BYTES] | B stages [STAGES][B_BYTES] | C boxes [2 consumers][2][E_BYTES]
+  //       | full[STAGES] | empty[STAGES] | cload[2] (C boxes loaded for beta != 0)
+  const uint32_t raw = ptx::smem_addr(smem_raw);
+  const uint32_t s_a = (raw + 1023u) & ~1023u;
   const uint32_t s_b = s_a + Cfg::STAGES * Cfg::A_BYTES;
-  const uint32_t full = s_b + Cfg::STAGES * Cfg::B_BYTES;
+  const uint32_t s_e = s_b + Cfg::STAGES * Cfg::B_BYTES;
+  const uint32_t full = s_e + Cfg::E_TOTAL;
   const uint32_t empty = full + 8 * Cfg::STAGES;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {
-      ptx::mbar_init(full + 8 * s, 1);   // the producer's arrive_expect_tx (+ the TMA bytes)
-      ptx::mbar_init(empty + 8 * s, 4);  // lane 0 of each warp of the consuming warpgroup
+      ptx::mbar_init(full + 8 * s, 1);                    // producer's arrive_expect_tx + TMA bytes
+      ptx::mbar_init(empty + 8 * s, Cfg::COOP ? 8 : 4);  // lane 0 of each consuming warp
     }
+    ptx::mbar_init(empty + 8 * Cfg::STAGES, 1);
+    ptx::mbar_init(empty + 8 * Cfg::STAGES + 8, 1);
     ptx::fence_mbar_init();
   }
   __syncthreads();
@@ -316,7 +411,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
   } else {
     ptx::setmaxnreg_inc<232>();
-    consume<Cfg>(p, first, last, threadIdx.x / 128 - 1, s_a, s_b, full, empty);
+    const int which = threadIdx.x / 128 - 1;
+    const uint32_t e = s_e + which * 2 * Cfg::E_BYTES;
+    consume<Cfg>(&tm_c, p, first, last, which, s_a, s_b, full, empty, smem_raw + (e - raw), e,
+                 empty + 8 * Cfg::STAGES + 8 * which);
   }
 #endif
 }
@@ -329,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace {
 using namespace sm90;
 
-int tile_n(int bm) { return bm == 128 ? 128 : 256; }  // Config::BN
+constexpr int kTileN = 256;                         // Config::BN
 int stage_k(int bk) { return bk == 32 ? 32 : 64; }     // Config::KS
 
 struct HopperState final : VariantState {
@@ -409,16 +507,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// 2-D tensor map over a row-major (outer x inner) array of 2-byte elements.
-CUtensorMap tensor_map_2d(const void* base, DType dt, uint64_t inner, uint64_t outer, uint64_t row_bytes,
-                          uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle, const char* what) {
+// 2-D tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes.
+CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
+                          uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                          const char* what) {
   CUtensorMap m;
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {row_bytes};
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t estrides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                    2, const_cast<void*>(base), dims, strides, box, estrides,
+  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(base), dims, strides, box, estrides,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -428,19 +526,30 @@ CUtensorMap tensor_map_2d(const void* base, DType dt, uint64_t inner, uint64_t o
   return m;
 }
 
+CUtensorMapDataType map_type(DType t) {
+  switch (t) {
+    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  }
+  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
 template <class Cfg>
 void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   const BsrView& a = g.sparse;
-  CUtensorMap tm_a, tm_b;
+  using T = typename Cfg::TOut;
+  CUtensorMap tm_a, tm_b, tm_c;
   std::memset(&tm_a, 0, sizeof(tm_a));
   std::memset(&tm_b, 0, sizeof(tm_b));
+  std::memset(&tm_c, 0, sizeof(tm_c));
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
-    tm_a = tensor_map_2d(a.values, a.dtype, uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2, Cfg::KS,
-                         Cfg::BM, Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
-    tm_b = tensor_map_2d(g.b.data, a.dtype, uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2, 64,
-                         Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
+    tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
+                         Cfg::KS, Cfg::BM, Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                         "A values");
+    tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
+                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
   }
-  using T = typename Cfg::TOut;
   Params p{};
   p.items = st.items;
   p.cta_items = st.cta_items;
@@ -452,52 +561,58 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.n = int(g.b.cols);
   p.bk = a.bk;
   p.kslices = a.bk / Cfg::KS;
-  // The pair of a fragment runs along n (along m when swapped): one 2-element access when that
-  // direction is contiguous and every pair starts 2-element aligned.
+  // Direct stores: the pair of a fragment runs along n (along m when swapped); one 2-element
+  // access when that direction is contiguous and every pair starts 2-element aligned.
   const bool contiguous = Cfg::SWAP ? !c_row : c_row;
   p.c_pairs = contiguous && (g.c.ld % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0);
+  // NOTE: TMA stores need a 16-byte aligned base and row stride.
+  p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0;
+  if (p.tma_store)
+    tm_c = tensor_map_2d(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
+                         uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
   p.alpha = g.alpha;
   p.beta = g.beta;
   auto kernel = &hopper_dsd_kernel<Cfg>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
              "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
-  kernel<<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, p);
+  kernel<<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
   check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
 }
 
 using Launcher = void (*)(const GemmArgs&, const HopperState&, cudaStream_t);
+struct Kernel {
+  Launcher launch = nullptr;
+  int smem = 0;  // dynamic shared memory it needs
+};
 
+template <class Cfg>
+Kernel kernel_of() {
+  return {&launch<Cfg>, Cfg::SMEM};
+}
 template <int BM, int KS, bool BF16>
-Launcher pick_out(DType out) {
+Kernel pick_out(DType out) {
   switch (out) {
-    case DType::f16: return &launch<Config<BM, KS, BF16, __half>>;
-    case DType::bf16: return &launch<Config<BM, KS, BF16, __nv_bfloat16>>;
-    case DType::f32: return &launch<Config<BM, KS, BF16, float>>;
+    case DType::f16: return kernel_of<Config<BM, KS, BF16, __half>>();
+    case DType::bf16: return kernel_of<Config<BM, KS, BF16, __nv_bfloat16>>();
+    case DType::f32: return kernel_of<Config<BM, KS, BF16, float>>();
   }
-  return nullptr;
+  return {};
 }
 template <int BM, int KS>
-Launcher pick_in(DType in, DType out) {
+Kernel pick_in(DType in, DType out) {
   return in == DType::bf16 ? pick_out<BM, KS, true>(out) : pick_out<BM, KS, false>(out);
 }
 template <int BM>
-Launcher pick_ks(int bk, DType in, DType out) {
+Kernel pick_ks(int bk, DType in, DType out) {
   return bk == 32 ? pick_in<BM, 32>(in, out) : pick_in<BM, 64>(in, out);
 }
-Launcher pick(int bm, int bk, DType in, DType out) {
+Kernel pick(int bm, int bk, DType in, DType out) {
   switch (bm) {
     case 32: return pick_ks<32>(bk, in, out);
     case 64: return pick_ks<64>(bk, in, out);
     case 128: return pick_ks<128>(bk, in, out);
   }
-  return nullptr;
-}
-
-// Largest shared-memory footprint among the configurations a problem can pick.
-int smem_needed(int bm, int bk) {
-  const int ks = stage_k(bk), stage = (bm + tile_n(bm)) * ks * 2;
-  const int stages = std::min(12, kSmemBudget / stage);
-  return stages * stage + 2 * stages * 8 + 1024;
+  return {};
 }
 
 // Whether this build carries sm_90a code for the kernel (a build for 80 alone runs sm_80 code
@@ -547,7 +662,7 @@ std::string why_not(const GemmArgs& g) {
   if (d.cc_major != 9 || d.cc_minor != 0)
     return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
-  const int smem = smem_needed(a.bm, a.bk);
+  const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
            std::to_string(d.smem_per_block_optin);
@@ -569,7 +684,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   // SPARSEK_HOPPER_SCHEDULE=single: one work item per CTA (the non-persistent ladder step).
   const char* mode = std::getenv("SPARSEK_HOPPER_SCHEDULE");
   const bool single = mode && std::string(mode) == "single";
-  const Schedule s = build_schedule(row_ptr, st->n, tile_n(a.bm), a.bk / stage_k(a.bk),
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN, a.bk / stage_k(a.bk),
                                     std::max(1, device_info().sm_count), single);
   st->grid = int(s.cta_items.size()) - 1;
   if (st->grid > 0) {
@@ -590,9 +705,9 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
-  Launcher l = pick(a.bm, a.bk, a.dtype, g.c.dtype);
-  if (!l) throw Error(Status::internal, "hopper: no kernel for this configuration");
-  l(g, *st, static_cast<cudaStream_t>(o.stream));
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
+  k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
 }
 
 }  // namespace
