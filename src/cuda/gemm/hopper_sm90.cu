@@ -45,17 +45,6 @@ namespace sm90 {
 // Compile-time configuration: one per (bm, KS, input dtype, output dtype).
 
 constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
-// Experiment switches (docs/KERNELS.md). CLUSTER = 2: two CTAs on the same block row and
-// neighbouring N tiles, each loads half of every A box and multicasts it to both. L2HINTS: A
-// loads evict_last (re-read by every N tile), C stores evict_first (written once).
-#ifndef SPARSEK_HOPPER_CLUSTER
-#define SPARSEK_HOPPER_CLUSTER 1
-#endif
-#ifndef SPARSEK_HOPPER_L2HINTS
-#define SPARSEK_HOPPER_L2HINTS 0
-#endif
-// Cluster size for bm = 128 (the only shape where the A re-reads are a large share).
-constexpr int kCluster128 = SPARSEK_HOPPER_CLUSTER;
 constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
 template <int BM_, int KS_, bool BF16_, class TOut_>
@@ -73,9 +62,7 @@ struct Config {
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
   static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
-  static constexpr int A_BYTES = BM * KS * 2;         // A tile: (BM rows, KS) K-major
-  static constexpr int CL = BM == 128 ? kCluster128 : 1;  // CTAs per cluster (sharing A)
-  static constexpr int A_PART = A_BYTES / CL;         // A box: the rows one CTA of the cluster loads
+  static constexpr int A_BYTES = BM * KS * 2;         // A box: (BM rows, KS) K-major
   static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
   static constexpr int B_BYTES = BN * KS * 2;         // BN/64 B boxes
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -90,7 +77,7 @@ struct Config {
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
   static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
-  static_assert(A_PART % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
+  static_assert(A_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
@@ -154,10 +141,6 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                                         uint32_t empty) {
   const int lane = threadIdx.x % 32;
   uint32_t stage = 0, phase = 0;
-  const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
-#if SPARSEK_HOPPER_L2HINTS
-  const uint64_t keep = ptx::l2_policy_evict_last();  // A blocks: re-read by every N tile
-#endif
   int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
   for (int it = first; it < last; ++it) {
@@ -174,25 +157,13 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
             const uint32_t bar = full + 8 * stage;
             ptx::mbar_wait_or_trap(empty + 8 * stage, phase ^ 1, kWaitLimit);
             ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
-            // vals: (nnzb*bm, bk), box (KS, bm / cluster) at block j, slice h, rows of this rank
-            const uint32_t a_dst = s_a + stage * Cfg::A_BYTES + rank * Cfg::A_PART;
-            const int a_row = (j0 + t) * Cfg::BM + rank * (Cfg::BM / Cfg::CL);
-#if SPARSEK_HOPPER_L2HINTS
-            if constexpr (Cfg::CL > 1)
-              ptx::tma_load_2d_multicast_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, (1u << Cfg::CL) - 1, keep);
-            else
-              ptx::tma_load_2d_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, keep);
-#else
-            if constexpr (Cfg::CL > 1)
-              ptx::tma_load_2d_multicast(a_dst, tm_a, bar, h * Cfg::KS, a_row, (1u << Cfg::CL) - 1);
-            else
-              ptx::tma_load_2d(a_dst, tm_a, bar, h * Cfg::KS, a_row);
-#endif
+            // vals: (nnzb*bm, bk), box (KS, bm) at block j, slice h
+            ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES, tm_a, bar, h * Cfg::KS, (j0 + t) * Cfg::BM);
             // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS
 #pragma unroll
             for (int c = 0; c < Cfg::BN / 64; ++c)
-              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
-                               w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
+              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar, w.y + 64 * c,
+                               col * p.bk + h * Cfg::KS);
             if (++stage == Cfg::STAGES) {
               stage = 0;
               phase ^= 1;
@@ -284,11 +255,7 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
     ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
     ptx::named_barrier_sync(3 + which, 128);
     if (tid == 0) {
-#if SPARSEK_HOPPER_L2HINTS
-      ptx::tma_store_2d_hint(tm_c, buf_s, n0 + k * Cfg::CW, row0, ptx::l2_policy_evict_first());
-#else
       ptx::tma_store_2d(tm_c, buf_s, n0 + k * Cfg::CW, row0);
-#endif
       ptx::bulk_commit_group();
     }
   }
@@ -345,16 +312,6 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
                                         uint32_t ebuf_s, uint32_t c_bar) {
   const int tid = threadIdx.x % 128, lane = tid % 32;
   uint32_t stage = 0, phase = 0, c_phase = 0;
-  const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
-  // A slot is free once every consumer of every CTA of the cluster is done with it (the peer's
-  // multicast writes into this CTA's slot too).
-  auto release = [&](uint32_t slot) {
-    const uint32_t bar = empty + 8 * slot;
-    ptx::mbar_arrive(bar);
-    if constexpr (Cfg::CL > 1)
-      for (int r = 0; r < Cfg::CL; ++r)
-        if (r != rank) ptx::mbar_arrive_cluster(ptx::map_to_rank(bar, uint32_t(r)));
-  };
   float acc[Cfg::MI][Cfg::ACC];
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
@@ -399,7 +356,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       ptx::wgmma_commit();
       // Keep this stage's group in flight; the previous one is done, so its slot goes back.
       ptx::wgmma_wait<1>();
-      if (s > 0 && lane == 0) release(prev);
+      if (s > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
       prev = stage;
       if (++stage == Cfg::STAGES) {
         stage = 0;
@@ -407,16 +364,16 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       }
     }
     ptx::wgmma_wait<0>();
-    if (nst > 0 && lane == 0) release(prev);
+    if (nst > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
 #pragma unroll
     for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
-    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = w.y + rank * Cfg::BN;
+    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0);
     if (p.tma_store)
-      epilogue_tma<Cfg>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+      epilogue_tma<Cfg>(acc, p, tm_c, row0, w.y, which, ebuf, ebuf_s, c_bar, c_phase);
     else
-      epilogue_direct<Cfg>(acc, p, row0, n0);
+      epilogue_direct<Cfg>(acc, p, row0, w.y);
   }
   // The last TMA stores must finish before the CTA (and its shared memory) goes away.
   if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
@@ -441,32 +398,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {
       ptx::mbar_init(full + 8 * s, 1);                    // producer's arrive_expect_tx + TMA bytes
-      ptx::mbar_init(empty + 8 * s, (Cfg::COOP ? 8 : 4) * Cfg::CL);  // lane 0 of each consuming warp
+      ptx::mbar_init(empty + 8 * s, Cfg::COOP ? 8 : 4);  // lane 0 of each consuming warp
     }
     ptx::mbar_init(empty + 8 * Cfg::STAGES, 1);
     ptx::mbar_init(empty + 8 * Cfg::STAGES + 8, 1);
     ptx::fence_mbar_init();
   }
-  // With a cluster, the peer must not multicast into barriers not yet initialised.
-  if constexpr (Cfg::CL > 1)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
-  // The CTAs of a cluster share one item list (and differ in N tile).
-  const int list = blockIdx.x / Cfg::CL;
-  const int first = p.cta_items[list], last = p.cta_items[list + 1];
+  __syncthreads();
+  const int first = p.cta_items[blockIdx.x], last = p.cta_items[blockIdx.x + 1];
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<40>();
     if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
-    // A CTA stays until its peer no longer writes into it or arrives on its barriers.
-    if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   } else {
     ptx::setmaxnreg_inc<232>();
     const int which = threadIdx.x / 128 - 1;
     const uint32_t e = s_e + which * 2 * Cfg::E_BYTES;
     consume<Cfg>(&tm_c, p, first, last, which, s_a, s_b, full, empty, smem_raw + (e - raw), e,
                  empty + 8 * Cfg::STAGES + 8 * which);
-    if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   }
 #endif
 }
@@ -607,7 +555,7 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   std::memset(&tm_c, 0, sizeof(tm_c));
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
     tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
-                         Cfg::KS, Cfg::BM / Cfg::CL,
+                         Cfg::KS, Cfg::BM,
                          Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
     tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
                          64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
@@ -637,58 +585,19 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   auto kernel = &hopper_dsd_kernel<Cfg>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
              "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
-  if constexpr (Cfg::CL > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(st.grid));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = Cfg::SMEM;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = Cfg::CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, p), "hopper_dsd_kernel launch (cluster)");
-  } else {
-    kernel<<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
-    check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
-  }
+  kernel<<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
+  check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
 }
 
 using Launcher = void (*)(const GemmArgs&, const HopperState&, cudaStream_t);
 struct Kernel {
   Launcher launch = nullptr;
-  int smem = 0;                      // dynamic shared memory it needs
-  int cluster = 1;                   // CTAs per cluster
-  int (*max_clusters)() = nullptr;   // clusters that fit on the device at once
+  int smem = 0;  // dynamic shared memory it needs
 };
 
 template <class Cfg>
-int max_clusters() {
-  auto kernel = &hopper_dsd_kernel<Cfg>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
-             "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Cfg::SMEM;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = Cfg::CL;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-  return n;
-}
-
-template <class Cfg>
 Kernel kernel_of() {
-  return {&launch<Cfg>, Cfg::SMEM, Cfg::CL, &max_clusters<Cfg>};
+  return {&launch<Cfg>, Cfg::SMEM};
 }
 template <int BM, int KS, bool BF16>
 Kernel pick_out(DType out) {
@@ -785,13 +694,9 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   // SPARSEK_HOPPER_SCHEDULE=single: one work item per CTA (the non-persistent ladder step).
   const char* mode = std::getenv("SPARSEK_HOPPER_SCHEDULE");
   const bool single = mode && std::string(mode) == "single";
-  // With clusters an item spans CL neighbouring N tiles (one per CTA of the cluster), and the
-  // persistent grid is as many clusters as can be resident at once.
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
-  const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk),
-                                    std::max(1, lists), single);
-  st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN, a.bk / stage_k(a.bk),
+                                    std::max(1, device_info().sm_count), single);
+  st->grid = int(s.cta_items.size()) - 1;
   if (st->grid > 0) {
     check_cuda(cudaMalloc(&st->items, s.items.size() * sizeof(int4)), "cudaMalloc(hopper schedule)");
     check_cuda(cudaMalloc(&st->cta_items, s.cta_items.size() * sizeof(int)), "cudaMalloc(hopper schedule)");
