@@ -162,6 +162,10 @@ Backend backend_for(const GemmArgs& g, const Options& o) {
   if (o.backend != Backend::automatic) return o.backend;
   return g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
 }
+void run_variant(const Variant& v, const GemmArgs& g, const Options& o) {
+  std::unique_ptr<VariantState> state = v.prepare ? v.prepare(g, o) : nullptr;
+  v.run(g, o, state.get());
+}
 std::string variant_names() {
   std::string s;
   for (const Variant& v : variants()) s += (s.empty() ? "" : ", ") + std::string(v.name);
@@ -201,7 +205,7 @@ void gemm(const GemmArgs& g, const Options& o) {
       bad("variant '" + o.variant + "' is not a " + (be == Backend::cpu ? "cpu" : "cuda") + " variant");
     std::string why = v->why_not(g);
     if (!why.empty()) throw Error(Status::unsupported, "variant '" + o.variant + "' does not support this problem: " + why);
-    v->run(g, o);
+    run_variant(*v, g, o);
     return;
   }
   std::string reasons;
@@ -209,7 +213,7 @@ void gemm(const GemmArgs& g, const Options& o) {
     if (v.backend != be || v.peer) continue;
     std::string why = v.why_not(g);
     if (why.empty()) {
-      v.run(g, o);
+      run_variant(v, g, o);
       return;
     }
     reasons += std::string("; ") + v.name + ": " + why;

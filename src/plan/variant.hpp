@@ -2,12 +2,19 @@
 // cuSPARSE, cuBLAS on the densified matrix) is one row here. Nothing below plan/ knows about
 // the tuner; nothing in a kernel knows about the public API beyond GemmArgs.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sparsek/gemm.hpp"
 
 namespace sparsek {
+
+// What a variant prepares once per (shape, pattern): schedules, transposed patterns, library
+// descriptors, workspace. It must not depend on the values (they may change between runs).
+struct VariantState {
+  virtual ~VariantState() = default;
+};
 
 struct Variant {
   const char* name;
@@ -16,8 +23,12 @@ struct Variant {
                     // heuristic default
   // "" when the variant can run args, else a short reason ("bm=48 not in {16,32,64,128}").
   std::string (*why_not)(const GemmArgs& args);
-  // Runs the product. args are already validated. stream is a cudaStream_t for cuda variants.
-  void (*run)(const GemmArgs& args, const Options& options);
+  // Pattern/shape set-up (may allocate, may copy the pattern to the host); nullptr = none needed.
+  std::unique_ptr<VariantState> (*prepare)(const GemmArgs& args, const Options& options);
+  // Runs the product (args validated; state from prepare() on the same shape and pattern, or
+  // nullptr when prepare is nullptr). Device work goes on options.stream, unsynchronized, and
+  // allocates nothing.
+  void (*run)(const GemmArgs& args, const Options& options, VariantState* state);
 };
 
 // All variants, in default-preference order (the first one that supports a problem is the
