@@ -106,7 +106,8 @@ bool TuneKey::operator==(const TuneKey& o) const {
 
 int64_t pow2_bucket(double x) {
   if (!(x >= 0.5)) return 0;  // also NaN
-  return int64_t(1) << int(std::lround(std::log2(x)));
+  if (x > 1e18) x = 1e18;
+  return int64_t(1) << std::max(0L, std::lround(std::log2(x)));
 }
 
 TuneKey tune_key(const GemmArgs& g, const PatternStats& st, Backend be, int threads) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sparsek/tune.hpp"
 #include "tune/json.hpp"
@@ -16,6 +17,11 @@ std::optional<TuneEntry> cached_lookup(const TuneKey& key);
 void warn_once(const std::string& topic, const std::string& msg);
 // Forgets which topics have warned (tests only).
 void reset_warnings();
+
+// The tuner's choice among measured candidates: the fastest correct one if it beats the default's
+// median by more than `margin` (0.02 = 2%), else the default; nullptr when none is correct.
+const TuneCandidate* pick_winner(const std::vector<TuneCandidate>& candidates, const std::string& default_variant,
+                                 double margin);
 
 json::Value to_json(const TuneKey& key);
 // Throws std::runtime_error naming the missing or mistyped field.

@@ -327,6 +327,23 @@ double time_candidate(const Plan& p, Workload& w, Backend be, cudaStream_t strea
 
 }  // namespace
 
+namespace tune_detail {
+const TuneCandidate* pick_winner(const std::vector<TuneCandidate>& cands, const std::string& default_variant,
+                                 double margin) {
+  const TuneCandidate* best = nullptr;
+  const TuneCandidate* dflt = nullptr;
+  for (const TuneCandidate& c : cands) {
+    if (!c.correct) continue;
+    if (c.variant == default_variant) dflt = &c;
+    if (!best || c.median_ms < best->median_ms) best = &c;
+  }
+  // The default stays unless another correct candidate beats it by more than the margin; a
+  // default that failed or was wrong loses to any correct candidate.
+  if (dflt && best != dflt && !(dflt->median_ms > best->median_ms * (1.0 + margin))) return dflt;
+  return best;
+}
+}  // namespace tune_detail
+
 TuneReport tune(const GemmArgs& problem, const Options& options, const TuneOptions& to) {
   validate(problem, false);
   const Backend be = resolve_backend(problem, options);
@@ -397,20 +414,15 @@ TuneReport tune(const GemmArgs& problem, const Options& options, const TuneOptio
   }
   if (to.progress) to.progress(cands.size(), cands.size(), "");
 
-  const TuneCandidate* best = nullptr;
-  const TuneCandidate* dflt = nullptr;
-  for (const TuneCandidate& c : rep.candidates) {
-    if (!c.correct) continue;
-    if (def && c.variant == def->name) dflt = &c;
-    if (!best || c.median_ms < best->median_ms) best = &c;
-  }
-  if (!best) {
+  const TuneCandidate* win = tune_detail::pick_winner(rep.candidates, def ? def->name : "", to.margin);
+  if (!win) {
     std::string notes;
     for (const TuneCandidate& c : rep.candidates) notes += "; " + c.variant + ": " + c.note;
     throw Error(Status::internal, "tune: no candidate produced a correct result" + notes);
   }
-  const TuneCandidate* win = best;
-  if (dflt && best != dflt && !(dflt->median_ms > best->median_ms * (1.0 + to.margin))) win = dflt;
+  const TuneCandidate* dflt = nullptr;
+  for (const TuneCandidate& c : rep.candidates)
+    if (c.correct && def && c.variant == def->name) dflt = &c;
   rep.speedup = dflt && win->median_ms > 0 ? dflt->median_ms / win->median_ms : 1.0;
 
   TuneEntry& e = rep.entry;
