@@ -31,7 +31,7 @@ extern "C" {
 const char* sparsek_last_error(void) { return g_last_error.c_str(); }
 
 const char* sparsek_status_string(sparsek_status s) {
-  const int v = static_cast<int>(s);
+  const int v = enum_value(s);
   if (v < 0 || v > static_cast<int>(Status::internal)) return "unknown status";
   return to_string(static_cast<Status>(v));
 }
@@ -54,7 +54,7 @@ sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, c
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dsd;
-    g.op = static_cast<Op>(static_cast<int>(op_a));
+    g.op = static_cast<Op>(enum_value(op_a));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*a);
@@ -72,7 +72,7 @@ sparsek_status sparsek_dds(sparsek_op op_b, float alpha, const sparsek_dense* a,
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dds;
-    g.op = static_cast<Op>(static_cast<int>(op_b));
+    g.op = static_cast<Op>(enum_value(op_b));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*b);

@@ -1,8 +1,10 @@
 // Internal: what the C API's files share (capi.cpp: products and queries; capi_plan.cpp: plans):
 // the thread-local last-error text, the exception-to-status guard and the view conversions.
 #pragma once
+#include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "sparsek/bsr.hpp"
 #include "sparsek/sparsek.h"
@@ -39,7 +41,17 @@ sparsek_status guarded(const char* fn, const F& f) {
   throw Error(Status::invalid_argument, std::string("argument '") + name + "' is NULL");
 }
 
-// Enum values are copied as ints; validation rejects out-of-range ones with their value.
+// A C caller may pass any int in an enum parameter, but in C++ loading an enum object whose value
+// lies outside its enumerators' range is undefined: read the bytes as the underlying integer and
+// let validation reject out-of-range values with their value.
+template <class E>
+int enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  static_assert(sizeof(v) == sizeof(E), "enum size");
+  std::memcpy(&v, &e, sizeof(v));
+  return static_cast<int>(v);
+}
+
 inline BsrView to_view(const sparsek_bsr& b) {
   BsrView v;
   v.rows = b.rows;
@@ -50,8 +62,8 @@ inline BsrView to_view(const sparsek_bsr& b) {
   v.row_ptr = b.row_ptr;
   v.col_idx = b.col_idx;
   v.values = b.values;
-  v.dtype = static_cast<DType>(static_cast<int>(b.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(b.memory));
+  v.dtype = static_cast<DType>(enum_value(b.dtype));
+  v.memory = static_cast<Memory>(enum_value(b.memory));
   return v;
 }
 
@@ -61,9 +73,9 @@ inline DenseView to_view(const sparsek_dense& d) {
   v.rows = d.rows;
   v.cols = d.cols;
   v.ld = d.ld;
-  v.layout = static_cast<Layout>(static_cast<int>(d.layout));
-  v.dtype = static_cast<DType>(static_cast<int>(d.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(d.memory));
+  v.layout = static_cast<Layout>(enum_value(d.layout));
+  v.dtype = static_cast<DType>(enum_value(d.dtype));
+  v.memory = static_cast<Memory>(enum_value(d.memory));
   return v;
 }
 

@@ -19,8 +19,8 @@ using namespace sparsek::capi;
 // with its value.
 GemmArgs to_args(const sparsek_gemm_args& c) {
   GemmArgs g;
-  g.kind = static_cast<OpKind>(static_cast<int>(c.kind));
-  g.op = static_cast<Op>(static_cast<int>(c.op));
+  g.kind = static_cast<OpKind>(enum_value(c.kind));
+  g.op = static_cast<Op>(enum_value(c.op));
   g.alpha = c.alpha;
   g.beta = c.beta;
   g.sparse = to_view(c.sparse);

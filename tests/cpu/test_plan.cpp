@@ -1,5 +1,6 @@
 // plan() / run(): reuse with new values, mismatched args, the one-shot plan cache, the C API.
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "sparsek/plan.hpp"
@@ -355,7 +356,8 @@ TEST_F(PlanTest, CApiPlanErrors) {
   EXPECT_EQ(sparsek_plan_create(nullptr, &a, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_EQ(sparsek_plan_create(&p, &a, "bogus"), SPARSEK_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sparsek_last_error()).find("bogus"), std::string::npos);
-  a.kind = sparsek_kind(7);
+  const int seven = 7;  // what a C caller can pass; never materialised as a C++ enum value
+  std::memcpy(&a.kind, &seven, sizeof seven);
   EXPECT_EQ(sparsek_plan_create(&p, &a, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sparsek_last_error()).find("kind"), std::string::npos) << sparsek_last_error();
   EXPECT_EQ(sparsek_plan_run(nullptr, &a, nullptr), SPARSEK_INVALID_ARGUMENT);
