@@ -133,7 +133,7 @@ struct TuneOptions {
 };
 
 // Tunes `problem` (shapes, pattern, dtypes, layouts; its value and dense pointers are never
-// read or written) for the backend options select. Throws Error(unsupported) when no variant
+// read or written and may be null) for the backend options select. Throws Error(unsupported) when no variant
 // supports it, Error(internal) when no candidate produces a correct result.
 TuneReport tune(const GemmArgs& problem, const Options& options = {}, const TuneOptions& tune_options = {});
 

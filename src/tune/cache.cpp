@@ -91,9 +91,12 @@ std::string cpu_model() {
 }  // namespace
 
 std::string kernel_set_hash() {
-  std::string all = std::string("sparsek ") + version();
-  for (const Variant& v : variants()) all += std::string("\n") + v.name;
-  return hex16(fnv1a(all));
+  static const std::string hash = [] {
+    std::string all = std::string("sparsek ") + version();
+    for (const Variant& v : variants()) all += std::string("\n") + v.name;
+    return hex16(fnv1a(all));
+  }();
+  return hash;
 }
 
 bool TuneKey::operator==(const TuneKey& o) const {

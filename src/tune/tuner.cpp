@@ -344,7 +344,15 @@ const TuneCandidate* pick_winner(const std::vector<TuneCandidate>& cands, const 
 }
 }  // namespace tune_detail
 
-TuneReport tune(const GemmArgs& problem, const Options& options, const TuneOptions& to) {
+TuneReport tune(const GemmArgs& problem_in, const Options& options, const TuneOptions& to) {
+  // Only the shapes, layouts, dtypes and the pattern are used: null value / dense pointers get an
+  // aligned stand-in address (never dereferenced) so that the checks and why_not() see a
+  // well-aligned operand.
+  alignas(256) static unsigned char stand_in[256];
+  GemmArgs problem = problem_in;
+  if (!problem.sparse.values) problem.sparse.values = stand_in;
+  for (DenseView* d : {&problem.a, &problem.b, &problem.c})
+    if (!d->data) d->data = stand_in;
   validate(problem, false);
   const Backend be = resolve_backend(problem, options);
   HostPattern hp = host_pattern(problem.sparse, true);

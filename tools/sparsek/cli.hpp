@@ -55,6 +55,10 @@ void print_help(const char* usage, const char* about, const std::vector<FlagSpec
 int bench_main(const std::vector<std::string>& argv);
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
+int tune_main(const std::vector<std::string>& argv);   // tune.cpp
+int cache_main(const std::vector<std::string>& argv);  // cache.cpp
+// doctor's tuning-cache section (cache.cpp); appends problems to `missing`.
+void doctor_tune_cache(std::vector<std::string>& missing);
 
 // ---- random data (splitmix64: fast, and the same sequence everywhere) ----
 struct Rng {

@@ -125,14 +125,7 @@ int doctor_main(const std::vector<std::string>& argv) {
   for (const Variant& v : variants())
     std::printf("  %-22s %-5s%s\n", v.name, v.backend == Backend::cpu ? "cpu" : "cuda", v.peer ? "  (peer)" : "");
 
-  std::printf("\ntuning cache\n");
-  std::string cache;
-  if (const char* c = std::getenv("SPARSEK_CACHE"))
-    cache = c;
-  else if (const char* h = std::getenv("HOME"))
-    cache = std::string(h) + "/.cache/sparsek/tune.json";
-  std::printf("  path                   %s%s\n", cache.empty() ? "(no $HOME and no $SPARSEK_CACHE)" : cache.c_str(),
-              cache.empty() ? "" : (file_exists(cache) ? " (exists)" : " (not created yet)"));
+  doctor_tune_cache(missing);
 
   std::printf("\n");
   if (missing.empty()) {

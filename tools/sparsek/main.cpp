@@ -17,7 +17,9 @@ void usage() {
       "Commands:\n"
       "  bench    time sparsek's variants beside cuSPARSE and cuBLAS (CPU backend when no GPU)\n"
       "  verify   randomized correctness sweep against the fp64 oracle\n"
-      "  doctor   what this machine has (driver, runtime, GPU, libraries) and what is missing\n\n"
+      "  doctor   what this machine has (driver, runtime, GPU, libraries) and what is missing\n"
+      "  tune     time every variant on a workload and store the winner in the tuning cache\n"
+      "  cache    show or clear the tuning cache\n\n"
       "`sparsek <command> --help` lists a command's flags.\n",
       sparsek::version());
 }
@@ -39,7 +41,9 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return sparsek::cli::bench_main(rest);
     if (cmd == "verify") return sparsek::cli::verify_main(rest);
     if (cmd == "doctor") return sparsek::cli::doctor_main(rest);
-    std::fprintf(stderr, "sparsek: unknown command '%s' (commands: bench, verify, doctor; see sparsek --help)\n",
+    if (cmd == "tune") return sparsek::cli::tune_main(rest);
+    if (cmd == "cache") return sparsek::cli::cache_main(rest);
+    std::fprintf(stderr, "sparsek: unknown command '%s' (commands: bench, verify, doctor, tune, cache; see sparsek --help)\n",
                  cmd.c_str());
     return 2;
   } catch (const sparsek::cli::UsageError& e) {
