@@ -76,7 +76,8 @@ struct TuneEntry {
   std::string created;          // UTC, ISO 8601
 };
 
-// The cache file. Reads are memoized per instance and refreshed when the file changes.
+// The cache file. Reads are memoized per instance and refreshed when the file changes. One
+// instance is not thread-safe; separate instances (threads, processes) may share the file.
 class TuneCache {
  public:
   explicit TuneCache(std::string path = tune_cache_path());

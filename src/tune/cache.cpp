@@ -350,10 +350,21 @@ class FileLock {
   int fd_ = -1;
 };
 
-// 0 and the text, ENOENT when missing, else the errno.
+// A cache is a few KB; anything this large is not one (and reading it whole would hurt).
+constexpr int64_t kMaxCacheBytes = 64ll << 20;
+constexpr int kNotRegular = -1, kTooLarge = -2;
+
+// 0 and the text; ENOENT when missing; kNotRegular (a directory, FIFO, device: never block on or
+// slurp one), kTooLarge; else the errno.
 int read_text(const std::string& path, std::string& out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return errno;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxCacheBytes) {
+    int why = S_ISREG(st.st_mode) ? kTooLarge : kNotRegular;
+    ::close(fd);
+    return why;
+  }
   out.clear();
   char buf[65536];
   while (true) {
@@ -366,9 +377,19 @@ int read_text(const std::string& path, std::string& out) {
     }
     if (n == 0) break;
     out.append(buf, size_t(n));
+    if (int64_t(out.size()) > kMaxCacheBytes) {
+      ::close(fd);
+      return kTooLarge;
+    }
   }
   ::close(fd);
   return 0;
+}
+
+std::string read_error(int err) {
+  if (err == kNotRegular) return "not a regular file";
+  if (err == kTooLarge) return "larger than 64 MiB";
+  return std::strerror(err);
 }
 
 bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
@@ -504,7 +525,7 @@ void TuneCache::refresh() {
   }
   if (err != 0) {
     entries_.clear();
-    state_ = std::string("unreadable: ") + std::strerror(err);
+    state_ = "unreadable: " + read_error(err);
   } else {
     Parsed p = parse_cache(path_, text);
     state_ = p.state;
@@ -544,7 +565,7 @@ void TuneCache::store(const TuneEntry& entry) {
   std::string text;
   int err = read_text(path_, text);
   if (err != 0 && err != ENOENT)
-    io_fail("cannot read the tuning cache " + path_ + ": " + std::strerror(err));
+    io_fail("cannot read the tuning cache " + path_ + " (" + read_error(err) + "); " + kFix);
   Parsed p = parse_cache(path_, err == ENOENT ? std::string() : text);
   if (!p.usable())
     io_fail("tuning cache " + path_ + " is " + p.state + "; not overwriting a file sparsek does not recognise: " + kFix);

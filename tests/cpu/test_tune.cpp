@@ -1,6 +1,7 @@
 // The autotuner and its cache: JSON, key round-trip, hit/miss, corrupted and mismatched files,
 // concurrent writers, SPARSEK_TUNE modes, and tuning the CPU backend end to end.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -332,6 +333,22 @@ TEST_F(TuneTest, CorruptedFileWarnsOnceAndIsIgnored) {
   write_all(path, std::string("\x00\xff\x13garbage", 10));
   TuneCache c3(path);
   EXPECT_FALSE(c3.lookup(synthetic_key(0)));
+}
+
+TEST_F(TuneTest, DirectoriesAndFifosAreIgnoredWithoutBlocking) {
+  make_dir();
+  testing::internal::CaptureStderr();
+  TuneCache d(dir + "/sub");  // a directory
+  EXPECT_FALSE(d.lookup(synthetic_key(0)));
+  EXPECT_EQ(d.state(), "unreadable: not a regular file");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  TuneCache f(fifo);  // opening a FIFO for reading would block without O_NONBLOCK
+  EXPECT_FALSE(f.lookup(synthetic_key(0)));
+  EXPECT_EQ(f.state(), "unreadable: not a regular file");
+  EXPECT_THROW(f.store(entry_for(synthetic_key(0))), Error);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(err, "warning"), 2u) << err;
 }
 
 TEST_F(TuneTest, MismatchedFilesAreIgnored) {
