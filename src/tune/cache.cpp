@@ -143,7 +143,9 @@ TuneKey tune_key(const GemmArgs& g, const PatternStats& st, Backend be, int thre
     k.runtime = d.runtime_version;
   } else {
     k.device = "cpu: " + cpu_model();
-    k.sm_count = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    // NOTE: hardware_concurrency() reads /sys on every call (~5 us): ask once.
+    static const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    k.sm_count = threads > 0 ? threads : hw;
   }
   k.library = version();
   k.kernel_set = kernel_set_hash();
