@@ -11,13 +11,9 @@ tensors → the GPU on the framework's current stream). Bad input raises ValueEr
 message. With torch installed the products are also ``torch.ops.sparsek.*`` custom ops.
 """
 from . import _sparsek
-from ._arrays import torch as _torch
 from ._bsr import BSRMatrix
-from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
+from ._ops import bsr_mm, dense_bsr_mm, sampled_mm  # also registers torch.ops.sparsek.* with torch
 
 __version__ = _sparsek.version()
-
-if _torch is not None and hasattr(_torch.library, "custom_op"):
-    from . import _torch_ops  # noqa: F401  (registers torch.ops.sparsek.*)
 
 __all__ = ["BSRMatrix", "bsr_mm", "dense_bsr_mm", "sampled_mm", "__version__"]

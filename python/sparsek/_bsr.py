@@ -57,7 +57,8 @@ class BSRMatrix:
     __array_ufunc__ = None
 
     def __init__(self, row_ptr, col_idx, values, shape, *, check=True):
-        rows, cols = (int(s) for s in shape)
+        # check=False (internal: arrays built by sparsek itself) keeps this traceable by torch.compile.
+        rows, cols = int(shape[0]), int(shape[1])
         if check:
             A.same_framework([("row_ptr", row_ptr), ("col_idx", col_idx), ("values", values)])
             row_ptr = _contiguous(_as_int32(row_ptr, "row_ptr"))
@@ -221,16 +222,7 @@ class BSRMatrix:
         return sp.bsr_array((self.values, self.col_idx, self.row_ptr), shape=self.shape,
                             blocksize=self.block)
 
-    # ---- products ----
-    def __matmul__(self, other):
-        from ._ops import bsr_mm
-
-        return bsr_mm(self, other)
-
-    def __rmatmul__(self, other):
-        from ._ops import dense_bsr_mm
-
-        return dense_bsr_mm(other, self)
+    # `BSRMatrix @ dense` and `dense @ BSRMatrix` are attached in _ops.py, next to the products.
 
 
 def _check_mask(mask, mb, kb):

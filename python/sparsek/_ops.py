@@ -9,6 +9,18 @@ from . import _arrays as A
 from . import _sparsek as _ext
 from ._bsr import BSRMatrix
 
+# Imported here, not inside the functions: torch.compile traces these functions.
+_T = None
+if A.torch is not None and hasattr(A.torch.library, "custom_op"):
+    from . import _torch_ops as _T
+
+
+def _torch_path():
+    if _T is None:
+        raise RuntimeError(f"sparsek's torch integration needs torch >= 2.4 (torch.library.custom_op); "
+                           f"found torch {A.torch.__version__}")
+    return _T
+
 
 def _need_bsr(x, name):
     if not isinstance(x, BSRMatrix):
@@ -37,9 +49,7 @@ def bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
     """
     _need_bsr(a, "a")
     if A.is_torch(a.values):
-        from . import _torch_ops
-
-        return _torch_ops.bsr_mm(a, b, alpha, beta, out)
+        return _torch_path().bsr_mm(a, b, alpha, beta, out)
     A.same_framework([("a", a.values), ("b", b), ("out", out)])
     _need_2d(b, "B")
     c = _dense_out(out, beta, b, (a.shape[0], int(b.shape[1])))
@@ -53,9 +63,7 @@ def dense_bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
     """DDS: ``alpha * a @ b + beta * out`` with ``a`` dense (M x K) and ``b`` a BSRMatrix."""
     _need_bsr(b, "b")
     if A.is_torch(b.values):
-        from . import _torch_ops
-
-        return _torch_ops.dense_bsr_mm(a, b, alpha, beta, out)
+        return _torch_path().dense_bsr_mm(a, b, alpha, beta, out)
     A.same_framework([("a", a), ("b", b.values), ("out", out)])
     _need_2d(a, "A")
     c = _dense_out(out, beta, a, (int(a.shape[0]), b.shape[1]))
@@ -84,9 +92,11 @@ def sampled_mm(a, b, pattern, *, alpha=1.0, beta=0.0, out=None):
         _need_bsr(out, "out")
         _check_same_pattern(out, pattern)
     if A.is_torch(pattern.values):
-        from . import _torch_ops
-
-        return _torch_ops.sampled_mm(a, b, pattern, alpha, beta, out)
+        values = _torch_path().sampled_mm(a, b, pattern, alpha, beta, out)
+        if out is not None:
+            out.values.copy_(values)
+            return out
+        return BSRMatrix(pattern.row_ptr, pattern.col_idx, values, pattern.shape, check=False)
     A.same_framework([("a", a), ("b", b), ("pattern", pattern.values),
                       ("out", None if out is None else out.values)])
     if out is None:
@@ -101,3 +111,16 @@ def sampled_mm(a, b, pattern, *, alpha=1.0, beta=0.0, out=None):
     _ext.sdd(a, b, rows, cols, pattern.row_ptr, pattern.col_idx, result.values, float(alpha),
              float(beta), A.stream_of(pattern.values), False)
     return result
+
+
+# Operators of BSRMatrix (defined here, next to the products they call).
+def _matmul(self, other):
+    return bsr_mm(self, other)
+
+
+def _rmatmul(self, other):
+    return dense_bsr_mm(other, self)
+
+
+BSRMatrix.__matmul__ = _matmul
+BSRMatrix.__rmatmul__ = _rmatmul

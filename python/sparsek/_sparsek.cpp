@@ -86,11 +86,12 @@ DenseView dense_view(const A& a, const std::string& name) {
   d.memory = place_of(a, name).memory;
   d.data = const_cast<void*>(static_cast<const void*>(a.data()));
   const int64_t s0 = a.stride(0), s1 = a.stride(1), r = d.rows, c = d.cols;
-  const bool row_major = (c <= 1 || s1 == 1) && (r <= 1 || s0 >= std::max<int64_t>(c, 1));
+  // An empty array's strides are meaningless (NumPy reports zeros): any layout will do.
+  const bool row_major = r * c == 0 || ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= std::max<int64_t>(c, 1)));
   const bool col_major = (r <= 1 || s0 == 1) && (c <= 1 || s1 >= std::max<int64_t>(r, 1));
   if (row_major) {
     d.layout = Layout::row_major;
-    d.ld = r <= 1 ? std::max<int64_t>(c, 1) : s0;
+    d.ld = r <= 1 || r * c == 0 ? std::max<int64_t>(c, 1) : s0;
   } else if (col_major) {
     d.layout = Layout::col_major;
     d.ld = c <= 1 ? std::max<int64_t>(r, 1) : s1;
@@ -131,8 +132,9 @@ BsrView bsr_view(int64_t rows, int64_t cols, const In& row_ptr, const In& col_id
     bad(name + " row_ptr has " + std::to_string(row_ptr.shape(0)) + " entries, expected mb+1=" +
         std::to_string(want_rp) + " for rows=" + std::to_string(rows) + ", bm=" + std::to_string(v.bm));
   const int64_t bb = int64_t(v.bm) * v.bk;
-  bool contiguous = (v.bk <= 1 || values.stride(2) == 1) && (v.bm <= 1 || values.stride(1) == v.bk) &&
-                    (v.nnzb <= 1 || values.stride(0) == bb);
+  const bool contiguous = values.size() == 0 ||  // empty: strides are meaningless
+                          ((v.bk <= 1 || values.stride(2) == 1) && (v.bm <= 1 || values.stride(1) == v.bk) &&
+                           (v.nnzb <= 1 || values.stride(0) == bb));
   if (!contiguous) bad(name + " values must be C-contiguous [nnzb, bm, bk]");
   v.dtype = value_dtype(values.dtype(), name + " values");
   Place p = place_of(values, name + " values");

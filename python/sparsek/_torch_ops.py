@@ -130,14 +130,9 @@ def dense_bsr_mm(a, b, alpha, beta, out):
 
 
 def sampled_mm(a, b, pattern, alpha, beta, out):
-    from ._bsr import BSRMatrix
-
+    """The result's values (sparsek.sampled_mm wraps them in a BSRMatrix or copies them into out)."""
     _check_tensor(a, "a")
     _check_tensor(b, "b")
     rows, cols = pattern.shape
-    v = torch.ops.sparsek.sampled_mm(a, b, pattern.row_ptr, pattern.col_idx, pattern.values, rows,
-                                     cols, float(alpha), float(beta), False)
-    if out is not None:
-        out.values.copy_(v)
-        return out
-    return BSRMatrix(pattern.row_ptr, pattern.col_idx, v, pattern.shape, check=False)
+    return torch.ops.sparsek.sampled_mm(a, b, pattern.row_ptr, pattern.col_idx, pattern.values, rows,
+                                        cols, float(alpha), float(beta), False)
