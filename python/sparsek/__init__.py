@@ -4,7 +4,7 @@
     A = np.random.rand(256, 512).astype(np.float32)
     A[:, 128:] = 0                                        # whole zero blocks are not stored
     Ab = sparsek.BSRMatrix.from_dense(A, block=(32, 32))
-    C = sparsek.bsr_mm(Ab, np.ones((512, 64), np.float32))  # == A @ B
+    C = sparsek.bsr_mm(Ab, np.ones((512, 64), np.float32))  # == A @ ones
 
 Arrays stay in their framework and on their device (NumPy → the CPU backend; torch/CuPy CUDA
 tensors → the GPU on the framework's current stream). Bad input raises ValueError with the library's

@@ -66,7 +66,10 @@ class BSRMatrix:
             A.check_value_dtype(values, "values")
             values = _contiguous(values)
             # All BSR invariants, incl. the O(nnzb) index checks (once, here; products skip them).
-            _ext.validate_bsr(rows, cols, row_ptr, col_idx, values, True, A.stream_of(values))
+            # torch refuses DLPack export of tensors that require grad: validate detached views.
+            det = (lambda t: t.detach()) if A.is_torch(values) else (lambda t: t)
+            _ext.validate_bsr(rows, cols, det(row_ptr), det(col_idx), det(values), True,
+                              A.stream_of(values))
         self.row_ptr = row_ptr
         self.col_idx = col_idx
         self.values = values
