@@ -2,8 +2,10 @@
 // thread-local last-error text; nothing escapes across the C boundary.
 #include "sparsek/sparsek.h"
 
+#include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "core/device.hpp"
 #include "sparsek/gemm.hpp"
@@ -42,7 +44,17 @@ sparsek_status guarded(const char* fn, const F& f) {
   throw Error(Status::invalid_argument, std::string("argument '") + name + "' is NULL");
 }
 
-// Enum values are copied as ints; validation rejects out-of-range ones with their value.
+// A C caller may pass any int in an enum parameter, but in C++ loading an enum object whose value
+// lies outside its enumerators' range is undefined: read the bytes as the underlying integer and
+// let validation reject out-of-range values with their value.
+template <class E>
+int enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  static_assert(sizeof(v) == sizeof(E), "enum size");
+  std::memcpy(&v, &e, sizeof(v));
+  return static_cast<int>(v);
+}
+
 BsrView to_view(const sparsek_bsr& b) {
   BsrView v;
   v.rows = b.rows;
@@ -53,8 +65,8 @@ BsrView to_view(const sparsek_bsr& b) {
   v.row_ptr = b.row_ptr;
   v.col_idx = b.col_idx;
   v.values = b.values;
-  v.dtype = static_cast<DType>(static_cast<int>(b.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(b.memory));
+  v.dtype = static_cast<DType>(enum_value(b.dtype));
+  v.memory = static_cast<Memory>(enum_value(b.memory));
   return v;
 }
 
@@ -64,9 +76,9 @@ DenseView to_view(const sparsek_dense& d) {
   v.rows = d.rows;
   v.cols = d.cols;
   v.ld = d.ld;
-  v.layout = static_cast<Layout>(static_cast<int>(d.layout));
-  v.dtype = static_cast<DType>(static_cast<int>(d.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(d.memory));
+  v.layout = static_cast<Layout>(enum_value(d.layout));
+  v.dtype = static_cast<DType>(enum_value(d.dtype));
+  v.memory = static_cast<Memory>(enum_value(d.memory));
   return v;
 }
 
@@ -83,7 +95,7 @@ extern "C" {
 const char* sparsek_last_error(void) { return g_last_error.c_str(); }
 
 const char* sparsek_status_string(sparsek_status s) {
-  const int v = static_cast<int>(s);
+  const int v = enum_value(s);
   if (v < 0 || v > static_cast<int>(Status::internal)) return "unknown status";
   return to_string(static_cast<Status>(v));
 }
@@ -106,7 +118,7 @@ sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, c
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dsd;
-    g.op = static_cast<Op>(static_cast<int>(op_a));
+    g.op = static_cast<Op>(enum_value(op_a));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*a);
@@ -124,7 +136,7 @@ sparsek_status sparsek_dds(sparsek_op op_b, float alpha, const sparsek_dense* a,
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dds;
-    g.op = static_cast<Op>(static_cast<int>(op_b));
+    g.op = static_cast<Op>(enum_value(op_b));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*b);

@@ -38,6 +38,17 @@ sparsek_dense to_c(const DenseView& v) {
   return d;
 }
 
+// What a C caller passing an arbitrary int in an enum parameter hands over. (Passing it on by value
+// from C++ still loads an out-of-range enum, which UBSan reports here in the test; the library
+// itself reads such parameters as integers.)
+template <class E>
+E raw_enum(int v) {
+  E e;
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+  std::memcpy(&e, &v, sizeof(e));
+  return e;
+}
+
 std::string last() { return sparsek_last_error(); }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -65,7 +76,7 @@ TEST(CApi, StatusStrings) {
   EXPECT_STREQ(sparsek_status_string(SPARSEK_OK), "ok");
   EXPECT_STREQ(sparsek_status_string(SPARSEK_INVALID_ARGUMENT), "invalid argument");
   EXPECT_STREQ(sparsek_status_string(SPARSEK_INTERNAL), "internal error");
-  EXPECT_STREQ(sparsek_status_string(sparsek_status(42)), "unknown status");
+  EXPECT_STREQ(sparsek_status_string(raw_enum<sparsek_status>(42)), "unknown status");
   // The C codes and the C++ enum must agree.
   EXPECT_EQ(int(SPARSEK_UNSUPPORTED), int(Status::unsupported));
   EXPECT_EQ(int(SPARSEK_CUDA_ERROR), int(Status::cuda_error));
@@ -140,10 +151,11 @@ TEST(CApi, OutOfRangeEnumsAreRejected) {
   auto gc = make_case(small(OpKind::dsd));
   sparsek_bsr a = to_c(gc->args.sparse);
   sparsek_dense b = to_c(gc->args.b), c = to_c(gc->args.c);
-  EXPECT_EQ(sparsek_dsd(sparsek_op(7), 1.f, &a, &b, 0.f, &c, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(sparsek_dsd(raw_enum<sparsek_op>(7), 1.f, &a, &b, 0.f, &c, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(last(), "op") && contains(last(), "7")) << last();
   sparsek_dense bad = b;
-  bad.dtype = sparsek_dtype(9);
+  const int nine = 9;
+  std::memcpy(&bad.dtype, &nine, sizeof(nine));  // as a C caller would store it
   EXPECT_EQ(sparsek_dsd(SPARSEK_OP_NONE, 1.f, &a, &bad, 0.f, &c, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(last(), "dtype 9")) << last();
   sparsek_bsr badbm = a;
@@ -204,8 +216,8 @@ TEST(CApi, DeviceMemoryWithoutGpuFails) {
   sparsek_dense b = to_c(gc->args.b), c = to_c(gc->args.c);
   a.memory = b.memory = c.memory = SPARSEK_DEVICE;
   const sparsek_status st = sparsek_dsd(SPARSEK_OP_NONE, 1.f, &a, &b, 0.f, &c, nullptr);
-  EXPECT_TRUE(st == SPARSEK_NO_DEVICE || st == SPARSEK_CUDA_ERROR) << sparsek_status_string(st) << ": " << last();
-  EXPECT_NE(last(), "");
+  EXPECT_EQ(st, SPARSEK_NO_DEVICE) << sparsek_status_string(st) << ": " << last();
+  EXPECT_NE(last().find("no CUDA device"), std::string::npos) << last();
 }
 
 }  // namespace
