@@ -123,7 +123,7 @@ int doctor_main(const std::vector<std::string>& argv) {
 
   std::printf("\nvariants\n");
   for (const Variant& v : variants())
-    std::printf("  %-22s %-5s%s\n", v.name, v.backend == Backend::cpu ? "cpu" : "cuda", v.peer ? "  (peer)" : "");
+    std::printf("  %-22s %s%s\n", v.name, v.backend == Backend::cpu ? "cpu" : "cuda", v.peer ? " (peer)" : "");
 
   std::printf("\ntuning cache\n");
   std::string cache;
