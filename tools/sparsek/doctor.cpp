@@ -53,8 +53,8 @@ int doctor_main(const std::vector<std::string>& argv) {
   std::printf("  CUDA gencode           %s (SASS for:", gencode.c_str());
   {
     std::string cur;
-    for (char c : gencode + ";") {
-      if (c == ';') {
+    for (char c : gencode + ",") {
+      if (c == ',' || c == ';') {
         if (!cur.empty()) std::printf(" sm_%s", cur.c_str());
         cur.clear();
       } else {
