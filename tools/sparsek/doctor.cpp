@@ -53,8 +53,8 @@ int doctor_main(const std::vector<std::string>& argv) {
   std::printf("  CUDA gencode           %s (SASS for:", gencode.c_str());
   {
     std::string cur;
-    for (char c : gencode + ";") {
-      if (c == ';') {
+    for (char c : gencode + ",") {
+      if (c == ',' || c == ';') {
         if (!cur.empty()) std::printf(" sm_%s", cur.c_str());
         cur.clear();
       } else {
@@ -123,7 +123,7 @@ int doctor_main(const std::vector<std::string>& argv) {
 
   std::printf("\nvariants\n");
   for (const Variant& v : variants())
-    std::printf("  %-22s %-5s%s\n", v.name, v.backend == Backend::cpu ? "cpu" : "cuda", v.peer ? "  (peer)" : "");
+    std::printf("  %-22s %s%s\n", v.name, v.backend == Backend::cpu ? "cpu" : "cuda", v.peer ? " (peer)" : "");
 
   doctor_tune_cache(missing);
 
