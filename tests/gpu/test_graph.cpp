@@ -1,11 +1,13 @@
 // run(plan) inside a CUDA graph: captured once (global capture mode, so any allocation or
 // synchronizing call inside run() fails the capture), replayed with new values in the same
-// buffers, checked against the fp64 oracle each time.
+// buffers, checked against the fp64 oracle each time. Also the tuner on device operands.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "sparsek/plan.hpp"
+#include "sparsek/tune.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -116,6 +118,65 @@ TEST(GraphCapture, EveryCudaVariant) {
     ++tried;
   }
   if (tried == 0) GTEST_SKIP() << "no CUDA variant supports a 64x64 f16 dsd yet";
+}
+
+// The tuner on device operands: every CUDA candidate checked against the oracle and timed with
+// CUDA events, the user's buffers untouched, the winner stored and then used by plan().
+TEST(DeviceTune, TunesAndPlanUsesTheStoredWinner) {
+  SPARSEK_REQUIRE_GPU();
+  char dir[] = "/tmp/sparsek-gpu-tune-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/tune.json";
+  const char* old_cache = std::getenv("SPARSEK_CACHE");
+  const char* old_mode = std::getenv("SPARSEK_TUNE");
+  const std::string saved_cache = old_cache ? old_cache : "", saved_mode = old_mode ? old_mode : "";
+  setenv("SPARSEK_CACHE", path.c_str(), 1);
+  unsetenv("SPARSEK_TUNE");
+  [&] {
+    DeviceCase d;
+    CUDA_OK(cudaMemset(d.dc.p, 0x7b, d.c.bytes.size()));
+    TuneOptions to;
+    to.seconds_per_candidate = 0.02;
+    TuneReport r;
+    try {
+      r = tune(d.g, {}, to);
+    } catch (const Error& e) {
+      if (e.status() == Status::unsupported) GTEST_SKIP() << e.what();
+      throw;
+    }
+    EXPECT_EQ(r.reference, "oracle (fp64)");
+    ASSERT_FALSE(r.candidates.empty());
+    for (const TuneCandidate& c : r.candidates) {
+      EXPECT_TRUE(c.correct) << c.variant << ": " << c.note;
+      if (c.correct) EXPECT_GT(c.median_ms, 0) << c.variant;
+    }
+    EXPECT_TRUE(r.stored) << r.store_error;
+    std::vector<uint8_t> cbytes(d.c.bytes.size());
+    CUDA_OK(cudaMemcpy(cbytes.data(), d.dc.p, cbytes.size(), cudaMemcpyDeviceToHost));
+    for (uint8_t byte : cbytes) ASSERT_EQ(byte, 0x7b) << "tune() wrote the caller's C";
+
+    Plan p = plan(d.g);
+    EXPECT_EQ(p.chosen_by(), "cache");
+    EXPECT_EQ(p.variant(), r.entry.variant);
+    d.a.fill_random(5);
+    CUDA_OK(cudaMemcpy(d.dval.p, d.a.value_bytes().data(), d.a.value_bytes().size(), cudaMemcpyHostToDevice));
+    d.b.fill_random(6);
+    CUDA_OK(cudaMemcpy(d.db.p, d.b.bytes.data(), d.b.bytes.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));
+    run(p, d.g, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
+    GemmArgs h;
+    h.kind = OpKind::dsd;
+    h.sparse = d.a.view();
+    h.b = d.b.view;
+    h.c = d.c.view;
+    EXPECT_LE(max_rel_error(h, oracle(h)), tolerance(DType::f16));
+  }();
+  if (old_cache) setenv("SPARSEK_CACHE", saved_cache.c_str(), 1);
+  else unsetenv("SPARSEK_CACHE");
+  if (old_mode) setenv("SPARSEK_TUNE", saved_mode.c_str(), 1);
+  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
 }
 
 }  // namespace
