@@ -20,7 +20,11 @@ build: configure
 # The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
-	@bash scripts/python-tests
+	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
+
+# Only the Python suite (builds the nanobind extension inside $(BUILD); see scripts/python-tests).
+test-python: build
+	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
 
 run: build
 	$(SPARSEK) bench
@@ -34,8 +38,11 @@ verify: build
 doctor: build
 	$(SPARSEK) doctor
 
+# Nsight Compute key metrics of one sparsek kernel launch (needs ncu and a GPU).
+NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125 --reps 1 --warmup 1
 ncu: build
-	$(SPARSEK) profile
+	ncu --kernel-name regex:sparsek --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+	  $(SPARSEK) bench $(NCU_ARGS)
 
 clean:
 	rm -rf $(BUILD)

@@ -5,70 +5,18 @@
 #include <new>
 #include <string>
 
+#include "capi/capi_internal.hpp"
 #include "core/device.hpp"
 #include "sparsek/gemm.hpp"
+
+namespace sparsek::capi {
+thread_local std::string g_last_error;
+}  // namespace sparsek::capi
 
 namespace {
 
 using namespace sparsek;
-
-thread_local std::string g_last_error;
-
-sparsek_status fail(Status s, const std::string& text) {
-  g_last_error = text;
-  return static_cast<sparsek_status>(static_cast<int>(s));
-}
-
-// Runs f(); maps sparsek::Error to its status, bad_alloc and anything else to internal.
-template <class F>
-sparsek_status guarded(const char* fn, const F& f) {
-  try {
-    f();
-    g_last_error.clear();
-    return SPARSEK_OK;
-  } catch (const Error& e) {
-    return fail(e.status(), std::string(fn) + ": " + e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(Status::internal, std::string(fn) + ": out of host memory");
-  } catch (const std::exception& e) {
-    return fail(Status::internal, std::string(fn) + ": internal error: " + e.what());
-  } catch (...) {
-    return fail(Status::internal, std::string(fn) + ": internal error (unknown exception)");
-  }
-}
-
-// The function name is added by guarded().
-[[noreturn]] void null_arg(const char* name) {
-  throw Error(Status::invalid_argument, std::string("argument '") + name + "' is NULL");
-}
-
-// Enum values are copied as ints; validation rejects out-of-range ones with their value.
-BsrView to_view(const sparsek_bsr& b) {
-  BsrView v;
-  v.rows = b.rows;
-  v.cols = b.cols;
-  v.bm = b.bm;
-  v.bk = b.bk;
-  v.nnzb = b.nnzb;
-  v.row_ptr = b.row_ptr;
-  v.col_idx = b.col_idx;
-  v.values = b.values;
-  v.dtype = static_cast<DType>(static_cast<int>(b.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(b.memory));
-  return v;
-}
-
-DenseView to_view(const sparsek_dense& d) {
-  DenseView v;
-  v.data = d.data;
-  v.rows = d.rows;
-  v.cols = d.cols;
-  v.ld = d.ld;
-  v.layout = static_cast<Layout>(static_cast<int>(d.layout));
-  v.dtype = static_cast<DType>(static_cast<int>(d.dtype));
-  v.memory = static_cast<Memory>(static_cast<int>(d.memory));
-  return v;
-}
+using namespace sparsek::capi;
 
 Options options_for(void* stream) {
   Options o;
@@ -83,7 +31,7 @@ extern "C" {
 const char* sparsek_last_error(void) { return g_last_error.c_str(); }
 
 const char* sparsek_status_string(sparsek_status s) {
-  const int v = static_cast<int>(s);
+  const int v = enum_value(s);
   if (v < 0 || v > static_cast<int>(Status::internal)) return "unknown status";
   return to_string(static_cast<Status>(v));
 }
@@ -106,7 +54,7 @@ sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, c
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dsd;
-    g.op = static_cast<Op>(static_cast<int>(op_a));
+    g.op = static_cast<Op>(enum_value(op_a));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*a);
@@ -124,7 +72,7 @@ sparsek_status sparsek_dds(sparsek_op op_b, float alpha, const sparsek_dense* a,
     if (!c) null_arg("c");
     GemmArgs g;
     g.kind = OpKind::dds;
-    g.op = static_cast<Op>(static_cast<int>(op_b));
+    g.op = static_cast<Op>(enum_value(op_b));
     g.alpha = alpha;
     g.beta = beta;
     g.sparse = to_view(*b);
