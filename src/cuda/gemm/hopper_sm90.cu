@@ -437,6 +437,8 @@ struct HopperState final : VariantState {
   int grid = 0;
   int4* items = nullptr;
   int* cta_items = nullptr;
+  size_t bytes = 0;  // schedule size on the device
+  size_t workspace_bytes() const override { return bytes; }
   ~HopperState() override {
     // NOTE: cudaFree waits for the device to finish, so a launch still reading the schedule is
     // safe (the one-shot API destroys the state right after enqueueing).
@@ -582,22 +584,27 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
                          uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
   p.alpha = g.alpha;
   p.beta = g.beta;
-  auto kernel = &hopper_dsd_kernel<Cfg>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
-             "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
-  kernel<<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
+  // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
+  hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
   check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
 }
 
 using Launcher = void (*)(const GemmArgs&, const HopperState&, cudaStream_t);
 struct Kernel {
   Launcher launch = nullptr;
-  int smem = 0;  // dynamic shared memory it needs
+  int smem = 0;                 // dynamic shared memory it needs
+  void (*setup)() = nullptr;    // raises the kernel's dynamic shared-memory limit (not capturable)
 };
 
 template <class Cfg>
+void setup_kernel() {
+  check_cuda(cudaFuncSetAttribute(&hopper_dsd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
+             "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
+}
+
+template <class Cfg>
 Kernel kernel_of() {
-  return {&launch<Cfg>, Cfg::SMEM};
+  return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>};
 }
 template <int BM, int KS, bool BF16>
 Kernel pick_out(DType out) {
@@ -697,7 +704,13 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   const Schedule s = build_schedule(row_ptr, st->n, kTileN, a.bk / stage_k(a.bk),
                                     std::max(1, device_info().sm_count), single);
   st->grid = int(s.cta_items.size()) - 1;
+  // Everything run() must not do under stream capture happens here, once.
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
+  k.setup();
+  if (a.nnzb > 0) encode_tiled();  // resolves the driver entry point
   if (st->grid > 0) {
+    st->bytes = s.items.size() * sizeof(int4) + s.cta_items.size() * sizeof(int);
     check_cuda(cudaMalloc(&st->items, s.items.size() * sizeof(int4)), "cudaMalloc(hopper schedule)");
     check_cuda(cudaMalloc(&st->cta_items, s.cta_items.size() * sizeof(int)), "cudaMalloc(hopper schedule)");
     check_cuda(cudaMemcpy(st->items, s.items.data(), s.items.size() * sizeof(int4), cudaMemcpyHostToDevice),
