@@ -9,13 +9,17 @@
 //    rows col_idx[j]*bk + h*KS. 128-byte swizzle (64-byte for KS = 32).
 //  - A ring of STAGES shared-memory stages on raw mbarriers. Warpgroup 0 produces (one thread
 //    issues the TMA loads); warpgroups 1 and 2 consume with wgmma straight from shared memory.
-//    Each consumer owns every other work item of its CTA (ping-pong): the ring is one FIFO, so the
-//    consumers' main loops take turns and one's epilogue runs under the other's math.
-//  - Persistent grid: prepare() builds the schedule on the host (work items longest first, each to
-//    the least-loaded CTA); the producer streams across work items, so a short row does not pay
-//    the pipeline fill.
-//  - bm = 32 swaps A and B: the tile is computed as C^T (BN x 32) so that the wide N side is the
+//    bm = 128: both consumers work on every item, 64 rows each (tile 128 x 256). bm <= 64: each
+//    consumer owns every other item of its CTA (ping-pong): the ring is one FIFO, so the main
+//    loops take turns and one consumer's epilogue runs under the other's math.
+//  - Epilogue: accumulators -> 128B-swizzled shared boxes -> TMA stores (full 128-byte L2 rows);
+//    column-major or unaligned C is written straight from the registers.
+//  - Persistent grid: prepare() builds the schedule on the host (very long rows first, then
+//    N-tile-major, each item to the least-loaded CTA); the producer streams across work items,
+//    so a short row does not pay the pipeline fill.
+//  - bm = 32 swaps A and B: the tile is computed as C^T (256 x 32) so that the wide N side is the
 //    wgmma M side (wgmma needs M = 64).
+// What limits it (L2 traffic: B costs 1/bm bytes per FLOP) is measured in docs/KERNELS.md.
 #include <cuda.h>  // CUtensorMap and the driver enums only: libcuda is never linked
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
