@@ -34,8 +34,11 @@ verify: build
 doctor: build
 	$(SPARSEK) doctor
 
+# Nsight Compute key metrics of one sparsek kernel launch (needs ncu and a GPU).
+NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125 --reps 1 --warmup 1
 ncu: build
-	$(SPARSEK) profile
+	ncu --kernel-name regex:sparsek --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+	  $(SPARSEK) bench $(NCU_ARGS)
 
 clean:
 	rm -rf $(BUILD)

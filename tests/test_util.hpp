@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "core/device.hpp"
+#include "cpu/oracle.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
 
@@ -47,6 +50,134 @@ struct HostDense {
 };
 
 inline float nan_value() { return std::numeric_limits<float>::quiet_NaN(); }
+
+// ---- one randomized product on the host, checked against the fp64 oracle (cpu/oracle.hpp) ----
+
+// Shapes are given by the sparse operand (rows x cols, blocks bm x bk) and the one extent the
+// pattern does not fix: dsd -> N, dds -> M, sdd -> K.
+struct CaseSpec {
+  OpKind kind = OpKind::dsd;
+  Op op = Op::none;
+  int64_t rows = 64, cols = 64;
+  int bm = 16, bk = 16;
+  int64_t free = 33;
+  PatternKind pattern = PatternKind::bernoulli;
+  double density = 0.3;
+  const Pattern* custom = nullptr;  // explicit pattern instead of the generator
+  DType in = DType::f32, out = DType::f32;
+  Layout la = Layout::row_major, lb = Layout::row_major, lc = Layout::row_major;
+  int64_t pad = 0;  // extra leading-dimension elements on every dense operand
+  float alpha = 1.f, beta = 0.f;
+  bool integers = false;  // integer-valued inputs: the result must match exactly
+  uint64_t seed = 1;
+};
+
+struct GemmCase {
+  CaseSpec spec;
+  BsrMatrix sparse;
+  std::unique_ptr<HostDense> a, b, c;  // the dense operands this kind uses (others null)
+  GemmArgs args;
+};
+
+// Builds the operands; the output is NaN-poisoned when beta == 0 (random when beta != 0).
+inline std::unique_ptr<GemmCase> make_case(const CaseSpec& s) {
+  auto gc = std::make_unique<GemmCase>();
+  gc->spec = s;
+  const DType sparse_dtype = s.kind == OpKind::sdd ? s.out : s.in;
+  if (s.custom) {
+    gc->sparse = BsrMatrix(s.rows, s.cols, s.bm, s.bk, s.custom->row_ptr, s.custom->col_idx, sparse_dtype);
+    gc->sparse.fill_random(s.seed, s.integers);
+  } else {
+    gc->sparse = random_bsr(s.pattern, s.rows, s.cols, s.bm, s.bk, s.density, sparse_dtype, s.seed, s.integers);
+  }
+  const bool tr = s.op == Op::trans;
+  int64_t M = 0, N = 0, K = 0;
+  switch (s.kind) {
+    case OpKind::dsd: M = tr ? s.cols : s.rows; K = tr ? s.rows : s.cols; N = s.free; break;
+    case OpKind::dds: K = tr ? s.cols : s.rows; N = tr ? s.rows : s.cols; M = s.free; break;
+    case OpKind::sdd: M = s.rows; N = s.cols; K = s.free; break;
+  }
+  GemmArgs& g = gc->args;
+  g.kind = s.kind;
+  g.op = s.op;
+  g.alpha = s.alpha;
+  g.beta = s.beta;
+  if (s.kind != OpKind::dsd) {
+    gc->a = std::make_unique<HostDense>(M, K, s.in, s.la, s.pad);
+    gc->a->fill_random(s.seed + 11, s.integers);
+    g.a = gc->a->view;
+  }
+  if (s.kind != OpKind::dds) {
+    gc->b = std::make_unique<HostDense>(K, N, s.in, s.lb, s.pad);
+    gc->b->fill_random(s.seed + 22, s.integers);
+    g.b = gc->b->view;
+  }
+  if (s.kind != OpKind::sdd) {
+    gc->c = std::make_unique<HostDense>(M, N, s.out, s.lc, s.pad);
+    if (s.beta == 0.f) gc->c->fill(nan_value()); else gc->c->fill_random(s.seed + 33, s.integers);
+    g.c = gc->c->view;
+  } else if (s.beta == 0.f) {
+    const int64_t n = gc->sparse.nnzb() * s.bm * s.bk;
+    for (int64_t i = 0; i < n; ++i) store_from_float(gc->sparse.value_bytes().data(), s.out, i, nan_value());
+  }
+  g.sparse = gc->sparse.view();
+  return gc;
+}
+
+// Output elements in a fixed order (dense C: row-major M x N; sdd: C's values in block order).
+inline std::vector<float> output_values(const GemmCase& gc) {
+  std::vector<float> v;
+  if (gc.args.kind == OpKind::sdd) {
+    const int64_t n = gc.sparse.nnzb() * gc.sparse.bm() * gc.sparse.bk();
+    for (int64_t i = 0; i < n; ++i) v.push_back(load_as_float(gc.sparse.value_bytes().data(), gc.spec.out, i));
+  } else {
+    for (int64_t r = 0; r < gc.c->view.rows; ++r)
+      for (int64_t c = 0; c < gc.c->view.cols; ++c) v.push_back(gc.c->get(r, c));
+  }
+  return v;
+}
+
+// Tolerance on max_rel_error for real-valued inputs: f32 accumulation, then output rounding.
+inline double tolerance(DType out) { return out == DType::f32 ? 2e-5 : out == DType::f16 ? 1.5e-3 : 1e-2; }
+
+// Runs the product through gemm() and checks it against the oracle: exactly (after rounding the
+// exact result to the output dtype) for integer inputs, within tolerance() otherwise. Also checks
+// that the padding of a dense C (elements outside its rows x cols) is left untouched.
+inline void run_and_check(GemmCase& gc, const Options& opt = {}) {
+  const std::vector<double> ref = oracle(gc.args);  // before the run: C is read when beta != 0
+  const std::vector<uint8_t> before = gc.c ? gc.c->bytes : std::vector<uint8_t>();
+  gemm(gc.args, opt);
+  if (gc.spec.integers) {
+    const std::vector<float> got = output_values(gc);
+    ASSERT_EQ(got.size(), ref.size());
+    int bad = 0;
+    for (size_t e = 0; e < ref.size() && bad < 5; ++e) {
+      float want = 0.f;
+      store_from_float(&want, gc.spec.out, 0, float(ref[e]));  // round to the output dtype
+      want = load_as_float(&want, gc.spec.out, 0);
+      if (!(got[e] == want)) {
+        ADD_FAILURE() << "element " << e << ": got " << got[e] << ", want " << want << " (exact " << ref[e] << ")";
+        ++bad;
+      }
+    }
+  } else {
+    EXPECT_LE(max_rel_error(gc.args, ref), tolerance(gc.spec.out));
+  }
+  if (gc.c) {
+    const DenseView& v = gc.c->view;
+    const size_t es = dtype_size(v.dtype);
+    const int64_t n = int64_t(before.size() / es);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t major = i / v.ld, minor = i % v.ld;
+      const bool inside = v.layout == Layout::row_major ? (major < v.rows && minor < v.cols)
+                                                        : (minor < v.rows && major < v.cols);
+      if (!inside && std::memcmp(&before[size_t(i) * es], &gc.c->bytes[size_t(i) * es], es) != 0) {
+        ADD_FAILURE() << "C padding element " << i << " was written";
+        break;
+      }
+    }
+  }
+}
 
 }  // namespace sparsek::test
 

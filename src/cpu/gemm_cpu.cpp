@@ -1,5 +1,393 @@
-// Placeholder until this backend lands: contributes no variants yet.
+// CPU backend: DSD, DDS and SDD on host memory, multi-threaded, fp32 accumulation.
+//
+// Every product is brought onto float operands and one of two loops:
+//
+//  * row product  O (R x Nc) = S * D     S: float BSR with (p x q) blocks, D: float row-major
+//                                         panel (S.kb*q x Np), Np = Nc rounded up to 16.
+//      dsd none :  O = C,    S = A,    D = B
+//      dsd trans:  O = C,    S = A^T,  D = B
+//      dds none :  O = C^T,  S = B^T,  D = A^T      (C^T = B^T A^T)
+//      dds trans:  O = C^T,  S = B,    D = A^T      (C^T = B A^T)
+//    A work item is (block row of S, 128-column chunk of D); it owns its output tile, so no two
+//    threads ever add into the same element.
+//  * block product (SDD): each stored block of C = A[rows of the block, :] * B[:, cols of the
+//    block]; a work item is one stored block.
+//
+// Determinism: an output element is reduced by exactly one work item, over S's blocks in stored
+// order (k ascending inside a block), or over k ascending (SDD). The chunking depends only on the
+// problem, never on the thread count, so any thread count gives bit-identical results.
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
 #include "plan/backends.hpp"
+
 namespace sparsek {
-std::vector<Variant> cpu_variants() { return {}; }
+
+namespace {
+
+constexpr int64_t kChunk = 128;  // D columns per row-product work item (multiple of 16)
+
+// ---------------------------------------------------------------- threads
+
+int thread_count(const Options& o, double flops) {
+  if (o.threads < 0)
+    throw Error(Status::invalid_argument, "options.threads=" + std::to_string(o.threads) + " is negative");
+  int t = o.threads;
+  if (t == 0) t = int(std::thread::hardware_concurrency());
+  if (t <= 0) t = 1;
+  // Starting a thread costs tens of microseconds: give each at least ~4 MFLOP of work.
+  int64_t by_work = int64_t(flops / 4e6) + 1;
+  return int(std::min<int64_t>(t, by_work));
+}
+
+// Runs f(item, worker) for item in [0, n) on up to `threads` workers (the caller is worker 0).
+// Items are handed out dynamically; the first exception is rethrown after all workers joined.
+template <class F>
+void parallel_for(int64_t n, int threads, const F& f) {
+  if (n <= 0) return;
+  const int t = int(std::min<int64_t>(std::max(threads, 1), n));
+  if (t == 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  auto worker = [&](int w) {
+    try {
+      for (int64_t i = next++; i < n; i = next++) f(i, w);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!err) err = std::current_exception();
+      next = n;  // stop the others early
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(t - 1));
+  try {
+    for (int w = 1; w < t; ++w) pool.emplace_back(worker, w);
+  } catch (...) {
+    // Could not start more threads: the ones running (and this one) finish the work.
+  }
+  worker(0);
+  for (std::thread& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+}
+
+// ---------------------------------------------------------------- element access
+
+template <class T> inline float to_f(T v);
+template <> inline float to_f<float>(float v) { return v; }
+template <> inline float to_f<half_t>(half_t v) { return half_to_float(v); }
+template <> inline float to_f<bfloat16_t>(bfloat16_t v) { return bf16_to_float(v); }
+template <class T> inline T from_f(float v);
+template <> inline float from_f<float>(float v) { return v; }
+template <> inline half_t from_f<half_t>(float v) { return float_to_half(v); }
+template <> inline bfloat16_t from_f<bfloat16_t>(float v) { return float_to_bf16(v); }
+
+// Calls f(T*) with the pointer cast to the storage type of dtype.
+template <class F>
+void with_type(DType d, void* p, const F& f) {
+  switch (d) {
+    case DType::f32: f(static_cast<float*>(p)); return;
+    case DType::f16: f(static_cast<half_t*>(p)); return;
+    case DType::bf16: f(static_cast<bfloat16_t*>(p)); return;
+  }
+  throw Error(Status::internal, "cpu backend: unknown dtype " + std::to_string(int(d)));
+}
+
+// The same matrix seen as its transpose (no copy): rows <-> cols and the layout flips.
+DenseView transposed(const DenseView& d) {
+  DenseView t = d;
+  t.rows = d.cols;
+  t.cols = d.rows;
+  t.layout = d.layout == Layout::row_major ? Layout::col_major : Layout::row_major;
+  return t;
+}
+
+// Element strides of a dense view: element (r, c) is at r*rs + c*cs.
+void strides(const DenseView& d, int64_t& rs, int64_t& cs) {
+  if (d.layout == Layout::row_major) {
+    rs = d.ld;
+    cs = 1;
+  } else {
+    rs = 1;
+    cs = d.ld;
+  }
+}
+
+// ---------------------------------------------------------------- float operands
+
+// A dense operand as a float row-major panel: rows x width, row stride ld; columns
+// [source cols, width) are zero.
+struct Panel {
+  const float* data = nullptr;
+  int64_t width = 0, ld = 0;
+  std::vector<float> store;
+};
+
+// pad16: round the width up to a multiple of 16 (the micro-kernel's width). An f32 row-major
+// source that needs no padding is used in place.
+void make_panel(const DenseView& d, bool pad16, int threads, Panel& out) {
+  out.width = pad16 ? (d.cols + 15) / 16 * 16 : d.cols;
+  if (d.dtype == DType::f32 && d.layout == Layout::row_major && d.cols == out.width) {
+    out.data = static_cast<const float*>(d.data);
+    out.ld = d.ld;
+    return;
+  }
+  out.ld = std::max<int64_t>(out.width, 1);
+  out.store.assign(size_t(d.rows * out.ld), 0.f);
+  out.data = out.store.data();
+  int64_t rs, cs;
+  strides(d, rs, cs);
+  // Chunks of 16 rows: for column-major sources the inner row loop then reads 16 contiguous
+  // elements per column.
+  const int64_t chunks = (d.rows + 15) / 16;
+  with_type(d.dtype, d.data, [&](auto* src) {
+    parallel_for(chunks, threads, [&](int64_t ch, int) {
+      const int64_t r0 = ch * 16, r1 = std::min(d.rows, r0 + 16);
+      float* dst = out.store.data();
+      for (int64_t c = 0; c < d.cols; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[r * out.ld + c] = to_f(src[r * rs + c * cs]);
+    });
+  });
+}
+
+// The pattern-dependent part of a product (SPEC §4: prepared once per pattern).
+struct CpuState : VariantState {
+  // Transposed traversal (for dsd trans / dds none): block rows of S = block columns of the
+  // stored matrix; src[t] = the stored block that S's block t comes from, in ascending block-row
+  // order inside each S row (counting sort keeps it deterministic).
+  bool transpose = false;
+  std::vector<int32_t> t_row_ptr, t_col_idx;
+  std::vector<int64_t> src;
+  // S's block rows, longest first (load balance; does not change any result).
+  std::vector<int32_t> order;
+};
+
+bool needs_transpose(const GemmArgs& g) {
+  if (g.kind == OpKind::dsd) return g.op == Op::trans;
+  if (g.kind == OpKind::dds) return g.op == Op::none;
+  return false;
+}
+
+std::unique_ptr<CpuState> build_state(const GemmArgs& g) {
+  auto st = std::make_unique<CpuState>();
+  const BsrView& a = g.sparse;
+  const int64_t mb = a.mb(), kb = a.kb();
+  int64_t s_mb = mb;
+  const int32_t* rp = a.row_ptr;
+  if (g.kind != OpKind::sdd && needs_transpose(g)) {
+    st->transpose = true;
+    st->t_row_ptr.assign(size_t(kb + 1), 0);
+    st->t_col_idx.resize(size_t(a.nnzb));
+    st->src.resize(size_t(a.nnzb));
+    for (int64_t j = 0; j < a.nnzb; ++j) st->t_row_ptr[size_t(a.col_idx[j]) + 1]++;
+    for (int64_t c = 0; c < kb; ++c) st->t_row_ptr[size_t(c + 1)] += st->t_row_ptr[size_t(c)];
+    std::vector<int32_t> pos(st->t_row_ptr.begin(), st->t_row_ptr.end() - 1);
+    for (int64_t i = 0; i < mb; ++i)
+      for (int64_t j = a.row_ptr[i]; j < a.row_ptr[i + 1]; ++j) {
+        const int32_t t = pos[size_t(a.col_idx[j])]++;
+        st->t_col_idx[size_t(t)] = int32_t(i);
+        st->src[size_t(t)] = j;
+      }
+    s_mb = kb;
+    rp = st->t_row_ptr.data();
+  }
+  st->order.resize(size_t(s_mb));
+  for (int64_t i = 0; i < s_mb; ++i) st->order[size_t(i)] = int32_t(i);
+  std::stable_sort(st->order.begin(), st->order.end(),
+                   [&](int32_t x, int32_t y) { return rp[x + 1] - rp[x] > rp[y + 1] - rp[y]; });
+  return st;
+}
+
+// ---------------------------------------------------------------- micro-kernel
+
+// acc (4 x 16, row stride ldc) += a (4 x K, row stride lda) * b (K x 16, row stride ldb).
+// k runs ascending for every element: the reduction order is fixed.
+inline void kernel_4x16(const float* __restrict a, int64_t lda, const float* __restrict b, int64_t ldb,
+                        int64_t K, float* __restrict acc, int64_t ldc) {
+  float c0[16], c1[16], c2[16], c3[16];
+  for (int j = 0; j < 16; ++j) {
+    c0[j] = acc[j];
+    c1[j] = acc[ldc + j];
+    c2[j] = acc[2 * ldc + j];
+    c3[j] = acc[3 * ldc + j];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = b + k * ldb;
+    const float a0 = a[k], a1 = a[lda + k], a2 = a[2 * lda + k], a3 = a[3 * lda + k];
+    for (int j = 0; j < 16; ++j) {
+      c0[j] += a0 * bk[j];
+      c1[j] += a1 * bk[j];
+      c2[j] += a2 * bk[j];
+      c3[j] += a3 * bk[j];
+    }
+  }
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = c0[j];
+    acc[ldc + j] = c1[j];
+    acc[2 * ldc + j] = c2[j];
+    acc[3 * ldc + j] = c3[j];
+  }
+}
+
+// out (rows x cols at base, strides rs/cs) = alpha*acc + beta*out; out is not read when beta == 0.
+template <class T>
+void write_tile(T* base, int64_t rs, int64_t cs, int64_t rows, int64_t cols, const float* acc, int64_t ldacc,
+                float alpha, float beta) {
+  auto one = [&](int64_t r, int64_t c) {
+    T& o = base[r * rs + c * cs];
+    float v = alpha * acc[r * ldacc + c];
+    if (beta != 0.f) v += beta * to_f(o);
+    o = from_f<T>(v);
+  };
+  if (cs == 1 || rs != 1) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) one(r, c);
+  } else {  // column-major output: walk down columns
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) one(r, c);
+  }
+}
+
+// ---------------------------------------------------------------- DSD / DDS
+
+void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
+  const BsrView& a = g.sparse;
+  const bool dds = g.kind == OpKind::dds;
+  // Output and dense operand in the row-product frame.
+  const DenseView out = dds ? transposed(g.c) : g.c;
+  const DenseView dense = dds ? transposed(g.a) : g.b;
+  const int64_t R = out.rows, Nc = out.cols;
+  if (R == 0 || Nc == 0) return;
+  const int threads = thread_count(o, g.effective_flops() + double(R) * double(Nc));
+
+  // S: block shape p x q, float values [nnzb][p][q].
+  const int p = st.transpose ? a.bk : a.bm, q = st.transpose ? a.bm : a.bk;
+  const int32_t* s_rp = st.transpose ? st.t_row_ptr.data() : a.row_ptr;
+  const int32_t* s_ci = st.transpose ? st.t_col_idx.data() : a.col_idx;
+  const int64_t bsz = int64_t(a.bm) * a.bk;
+  std::vector<float> s_store;
+  const float* s_vals = static_cast<const float*>(a.values);
+  if (st.transpose || a.dtype != DType::f32) {
+    s_store.resize(size_t(a.nnzb * bsz));
+    with_type(a.dtype, a.values, [&](auto* v) {
+      parallel_for(a.nnzb, threads, [&](int64_t t, int) {
+        const int64_t j = st.transpose ? st.src[size_t(t)] : t;
+        const auto* blk = v + j * bsz;
+        float* dst = s_store.data() + t * bsz;
+        if (st.transpose) {
+          for (int r = 0; r < a.bm; ++r)
+            for (int c = 0; c < a.bk; ++c) dst[int64_t(c) * a.bm + r] = to_f(blk[int64_t(r) * a.bk + c]);
+        } else {
+          for (int64_t e = 0; e < bsz; ++e) dst[e] = to_f(blk[e]);
+        }
+      });
+    });
+    s_vals = s_store.data();
+  }
+
+  Panel d;
+  make_panel(dense, /*pad16=*/true, threads, d);
+
+  const int64_t s_mb = R / p;
+  const int64_t chunks = (d.width + kChunk - 1) / kChunk;
+  const int workers = int(std::min<int64_t>(threads, s_mb * chunks));
+  std::vector<std::vector<float>> accs(size_t(std::max(workers, 1)));
+  int64_t rs, cs;
+  strides(out, rs, cs);
+
+  with_type(out.dtype, out.data, [&](auto* cdata) {
+    parallel_for(s_mb * chunks, workers, [&](int64_t item, int w) {
+      const int64_t i = st.order[size_t(item / chunks)];
+      const int64_t n0 = (item % chunks) * kChunk;
+      const int64_t nt = std::min(kChunk, d.width - n0);  // multiple of 16
+      std::vector<float>& acc = accs[size_t(w)];
+      acc.assign(size_t(p * nt), 0.f);
+      for (int64_t j = s_rp[i]; j < s_rp[i + 1]; ++j) {
+        const float* blk = s_vals + j * bsz;                        // (p, q)
+        const float* bp = d.data + int64_t(s_ci[j]) * q * d.ld + n0;  // (q, nt), stride d.ld
+        for (int r0 = 0; r0 < p; r0 += 4)
+          for (int64_t c0 = 0; c0 < nt; c0 += 16)
+            kernel_4x16(blk + int64_t(r0) * q, q, bp + c0, d.ld, q, acc.data() + r0 * nt + c0, nt);
+      }
+      const int64_t cols = std::min(nt, Nc - n0);
+      if (cols <= 0) return;
+      write_tile(cdata + (i * p) * rs + n0 * cs, rs, cs, p, cols, acc.data(), nt, g.alpha, g.beta);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- SDD
+
+void run_sdd(const GemmArgs& g, const Options& o) {
+  const BsrView& c = g.sparse;
+  if (c.nnzb == 0) return;
+  const int threads = thread_count(o, g.effective_flops() + double(c.nnzb) * c.bm * c.bk);
+  Panel a, b;
+  make_panel(g.a, /*pad16=*/false, threads, a);  // (M, K)
+  make_panel(g.b, /*pad16=*/false, threads, b);  // (K, N); N = kb*bk is a multiple of 16
+  const int64_t K = g.a.cols;
+  const int bm = c.bm, bk = c.bk;
+  const int64_t bsz = int64_t(bm) * bk;
+  // Block row of every stored block.
+  std::vector<int32_t> brow(size_t(c.nnzb));
+  for (int64_t i = 0; i < c.mb(); ++i)
+    for (int64_t j = c.row_ptr[i]; j < c.row_ptr[i + 1]; ++j) brow[size_t(j)] = int32_t(i);
+  const int workers = int(std::min<int64_t>(threads, c.nnzb));
+  std::vector<std::vector<float>> accs(size_t(std::max(workers, 1)));
+  with_type(c.dtype, c.values, [&](auto* vals) {
+    parallel_for(c.nnzb, workers, [&](int64_t j, int w) {
+      std::vector<float>& acc = accs[size_t(w)];
+      acc.assign(size_t(bsz), 0.f);
+      const float* ap = a.data + int64_t(brow[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
+      const float* bp = b.data + int64_t(c.col_idx[j]) * bk;             // (K, bk), stride b.ld
+      if (K > 0)
+        for (int r0 = 0; r0 < bm; r0 += 4)
+          for (int c0 = 0; c0 < bk; c0 += 16)
+            kernel_4x16(ap + int64_t(r0) * a.ld, a.ld, bp + c0, b.ld, K, acc.data() + r0 * bk + c0, bk);
+      write_tile(vals + j * bsz, bk, 1, bm, bk, acc.data(), bk, g.alpha, g.beta);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- variant
+
+std::string cpu_why_not(const GemmArgs& g) {
+  auto dev = [](const char* name) {
+    return std::string("cpu backend needs host memory, but ") + name + " is in device memory";
+  };
+  if (g.sparse.memory != Memory::host) return dev(g.kind == OpKind::sdd ? "C" : g.kind == OpKind::dsd ? "A" : "B");
+  if (g.kind != OpKind::dds && g.b.memory != Memory::host) return dev("B");
+  if (g.kind != OpKind::dsd && g.a.memory != Memory::host) return dev("A");
+  if (g.kind != OpKind::sdd && g.c.memory != Memory::host) return dev("C");
+  return "";
+}
+
+std::unique_ptr<VariantState> cpu_prepare(const GemmArgs& g, const Options&) { return build_state(g); }
+
+void cpu_run(const GemmArgs& g, const Options& o, VariantState* state) {
+  std::unique_ptr<CpuState> own;
+  const CpuState* st = dynamic_cast<const CpuState*>(state);
+  if (!st && g.kind != OpKind::sdd) {
+    own = build_state(g);
+    st = own.get();
+  }
+  if (g.kind == OpKind::sdd)
+    run_sdd(g, o);
+  else
+    run_row_product(g, o, *st);
+}
+
+}  // namespace
+
+std::vector<Variant> cpu_variants() {
+  return {Variant{"cpu", Backend::cpu, false, &cpu_why_not, &cpu_prepare, &cpu_run}};
+}
+
 }  // namespace sparsek

@@ -1,5 +1,7 @@
 // BSR and dense validation (SPEC §2). Every message names the array, the first offending index
 // and its value, so a user can find the bad entry without a debugger.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "sparsek/bsr.hpp"
@@ -24,6 +26,7 @@ void validate(const BsrView& a, bool check_indices) {
   // int32 indices: block counts and nnzb must fit.
   if (a.mb() > INT32_MAX || a.kb() > INT32_MAX) bad("block dims " + s(a.mb()) + "x" + s(a.kb()) + " overflow int32 indices");
   if (a.nnzb < 0) bad("nnzb=" + s(a.nnzb) + " is negative");
+  if (a.nnzb > INT32_MAX) bad("nnzb=" + s(a.nnzb) + " overflows the int32 row_ptr");
   if (a.nnzb > a.mb() * a.kb())
     bad("nnzb=" + s(a.nnzb) + " exceeds the " + s(a.mb() * a.kb()) + " block positions of a " + s(a.mb()) + "x" +
         s(a.kb()) + " block grid");

@@ -76,6 +76,19 @@ void validate(const GemmArgs& g, bool check_indices) {
   } catch (const Error& e) {
     bad(std::string(sname) + ": " + e.what());
   }
+  // All operands in one memory space.
+  Memory mem = g.sparse.memory;
+  auto same_mem = [&](const DenseView& d, const char* name) {
+    if (d.memory != mem)
+      bad(std::string(name) + " is in " + to_string(d.memory) + " memory but the sparse operand is in " +
+          to_string(mem) + " memory");
+  };
+  if (g.kind != OpKind::dds) same_mem(g.b, "B");
+  if (g.kind != OpKind::dsd) same_mem(g.a, "A");
+  if (g.kind != OpKind::sdd) same_mem(g.c, "C");
+  // Device operands need a device before anything touches them (the index copy below included).
+  if (mem == Memory::device && !device_info().available)
+    throw Error(Status::no_device, "operands are in device memory but no CUDA device answers: " + device_info().why_not);
   if (g.sparse.memory == Memory::device && check_indices && g.sparse.nnzb >= 0) {
     // Copy the pattern to the host once and run the O(nnzb) checks there.
     std::vector<int32_t> rp(size_t(g.sparse.mb() + 1)), ci(size_t(g.sparse.nnzb));
@@ -127,16 +140,6 @@ void validate(const GemmArgs& g, bool check_indices) {
   DType out = g.kind == OpKind::sdd ? g.sparse.dtype : g.c.dtype;
   if (in == DType::f32 && out != DType::f32)
     bad(std::string("output dtype must be f32 for f32 inputs, got ") + to_string(out));
-  // All operands in one memory space.
-  Memory mem = g.sparse.memory;
-  auto same_mem = [&](const DenseView& d, const char* name) {
-    if (d.memory != mem)
-      bad(std::string(name) + " is in " + to_string(d.memory) + " memory but the sparse operand is in " +
-          to_string(mem) + " memory");
-  };
-  if (g.kind != OpKind::dds) same_mem(g.b, "B");
-  if (g.kind != OpKind::dsd) same_mem(g.a, "A");
-  if (g.kind != OpKind::sdd) same_mem(g.c, "C");
   if (!(g.alpha == g.alpha) || !(g.beta == g.beta))
     bad("alpha and beta must not be NaN (alpha=" + std::to_string(g.alpha) + ", beta=" + std::to_string(g.beta) + ")");
 }

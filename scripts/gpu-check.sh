@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
+# Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
+#
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench python (default: all)
+#
+# Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
+# flags), SAN_FILTER (gtest filter for the sanitizer runs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+GENCODE=${GENCODE:-90a}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench python)
+summary=()
+note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+export PATH=/usr/local/cuda/bin:$PATH
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+gpu=$(sed -n 2p "$OUT/gpu.txt")
+
+if want build; then
+  t0=$(date +%s)
+  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARSEK_CUDA_GENCODE="$GENCODE" \
+        -DSPARSEK_BUILD_PYTHON=ON > "$OUT/build.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$(nproc)" >> "$OUT/build.log" 2>&1; then
+    note build "ok ($(( $(date +%s) - t0 )) s, gencode $GENCODE)"
+  else
+    tail -40 "$OUT/build.log"; note build "FAILED (see build.log)"; printf '%s\n' "${summary[@]}"; exit 1
+  fi
+fi
+B=./$BUILD
+
+if want test; then
+  $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
+  rc=$?
+  note gpu-tests "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/gpu-tests.log") skipped"
+  [ $rc -ne 0 ] && grep -E '^\[  FAILED|Failure|error' "$OUT/gpu-tests.log" | head -20
+  $B/sparsek_cpu_tests --gtest_brief=1 > "$OUT/cpu-tests.log" 2>&1
+  note cpu-tests "rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cpu-tests.log" | tr '\n' ' ')"
+fi
+
+if want verify; then
+  $B/sparsek verify > "$OUT/verify.log" 2>&1
+  note verify "rc=$? $(tail -1 "$OUT/verify.log")"
+fi
+
+if want sanitize; then
+  f=${SAN_FILTER:-*}
+  compute-sanitizer --tool memcheck --error-exitcode 9 $B/sparsek_gpu_tests --gtest_brief=1 --gtest_filter="$f" \
+    > "$OUT/memcheck.log" 2>&1
+  note memcheck "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  compute-sanitizer --tool racecheck --error-exitcode 9 $B/sparsek_gpu_tests --gtest_brief=1 \
+    --gtest_filter="${SAN_RACE_FILTER:-*Small*:*small*:*Edge*}" > "$OUT/racecheck.log" 2>&1
+  note racecheck "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
+fi
+
+if want bench; then
+  $B/sparsek bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
+  note bench "rc=$? (bench.txt, bench.json)"
+fi
+
+if want python; then
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1
+  note pytest "rc=$? $(tail -1 "$OUT/pytest.log")"
+  if [ -f bench/torch_peers.py ]; then
+    PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --json "$OUT/torch_peers.json" \
+      > "$OUT/torch_peers.txt" 2>&1
+    note torch-peers "rc=$? (torch_peers.txt)"
+  fi
+fi
+
+echo
+[ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
+echo "== gpu-check on: $gpu"
+printf '%s\n' "${summary[@]}"

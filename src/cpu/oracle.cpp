@@ -1,0 +1,117 @@
+// The fp64 reference. Deliberately naive and independent of the fast path (src/cpu/gemm_cpu.cpp):
+// it walks the stored blocks element by element, reads every operand through DenseView::index and
+// load_as_float, and accumulates in double. Slow is fine; obviously right is the point.
+#include "cpu/oracle.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace sparsek {
+
+namespace {
+
+double dense_at(const DenseView& d, int64_t r, int64_t c) {
+  return double(load_as_float(d.data, d.dtype, d.index(r, c)));
+}
+
+double bsr_at(const BsrView& s, int64_t block, int r, int c) {
+  return double(load_as_float(s.values, s.dtype, (block * s.bm + r) * s.bk + c));
+}
+
+void require_host(const GemmArgs& g) {
+  bool host = g.sparse.memory == Memory::host;
+  if (g.kind != OpKind::dds) host = host && g.b.memory == Memory::host;
+  if (g.kind != OpKind::dsd) host = host && g.a.memory == Memory::host;
+  if (g.kind != OpKind::sdd) host = host && g.c.memory == Memory::host;
+  if (!host) throw Error(Status::invalid_argument, "oracle: all operands must be in host memory");
+}
+
+}  // namespace
+
+std::vector<double> oracle(const GemmArgs& g) {
+  require_host(g);
+  const BsrView& s = g.sparse;
+  const int64_t M = g.m(), N = g.n(), K = g.k();
+
+  if (g.kind == OpKind::sdd) {
+    // Every stored block (i, c) of C: sum over k of A(i*bm + r, k) * B(k, c*bk + cc).
+    std::vector<double> out(size_t(s.nnzb * s.bm * s.bk), 0.0);
+    for (int64_t i = 0; i < s.mb(); ++i)
+      for (int64_t j = s.row_ptr[i]; j < s.row_ptr[i + 1]; ++j)
+        for (int r = 0; r < s.bm; ++r)
+          for (int cc = 0; cc < s.bk; ++cc) {
+            const int64_t row = i * s.bm + r, col = int64_t(s.col_idx[j]) * s.bk + cc;
+            double sum = 0.0;
+            for (int64_t k = 0; k < K; ++k) sum += dense_at(g.a, row, k) * dense_at(g.b, k, col);
+            double v = double(g.alpha) * sum;
+            if (g.beta != 0.f) v += double(g.beta) * bsr_at(s, j, r, cc);
+            out[size_t((j * s.bm + r) * s.bk + cc)] = v;
+          }
+    return out;
+  }
+
+  // dsd / dds: accumulate the product into sum (M x N, row-major), one stored element at a time.
+  std::vector<double> sum(size_t(M * N), 0.0);
+  for (int64_t i = 0; i < s.mb(); ++i)
+    for (int64_t j = s.row_ptr[i]; j < s.row_ptr[i + 1]; ++j)
+      for (int r = 0; r < s.bm; ++r)
+        for (int cc = 0; cc < s.bk; ++cc) {
+          const double v = bsr_at(s, j, r, cc);
+          // Position of this element in the stored matrix and in op(stored).
+          const int64_t sr = i * s.bm + r, sc = int64_t(s.col_idx[j]) * s.bk + cc;
+          const int64_t opr = g.op == Op::none ? sr : sc, opc = g.op == Op::none ? sc : sr;
+          if (g.kind == OpKind::dsd) {
+            // C(opr, n) += op(A)(opr, opc) * B(opc, n)
+            for (int64_t n = 0; n < N; ++n) sum[size_t(opr * N + n)] += v * dense_at(g.b, opc, n);
+          } else {
+            // C(m, opc) += A(m, opr) * op(B)(opr, opc)
+            for (int64_t m = 0; m < M; ++m) sum[size_t(m * N + opc)] += dense_at(g.a, m, opr) * v;
+          }
+        }
+  (void)K;
+  std::vector<double> out(sum.size());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double v = double(g.alpha) * sum[size_t(m * N + n)];
+      if (g.beta != 0.f) v += double(g.beta) * dense_at(g.c, m, n);
+      out[size_t(m * N + n)] = v;
+    }
+  return out;
+}
+
+double max_rel_error(const GemmArgs& g, const std::vector<double>& ref) {
+  require_host(g);
+  std::vector<double> got;
+  if (g.kind == OpKind::sdd) {
+    const BsrView& s = g.sparse;
+    got.resize(size_t(s.nnzb * s.bm * s.bk));
+    for (size_t e = 0; e < got.size(); ++e) got[e] = double(load_as_float(s.values, s.dtype, int64_t(e)));
+  } else {
+    const int64_t M = g.c.rows, N = g.c.cols;
+    got.resize(size_t(M * N));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) got[size_t(m * N + n)] = dense_at(g.c, m, n);
+  }
+  if (got.size() != ref.size())
+    throw Error(Status::invalid_argument, "max_rel_error: output has " + std::to_string(got.size()) +
+                                              " elements but the reference " + std::to_string(ref.size()));
+  double scale = 0.0;
+  for (double r : ref)
+    if (std::isfinite(r)) scale = std::max(scale, std::fabs(r));
+  scale += 1e-30;  // an all-zero reference must be matched exactly
+  double worst = 0.0;
+  for (size_t e = 0; e < ref.size(); ++e) {
+    const double x = got[e], r = ref[e];
+    if (!std::isfinite(x) || !std::isfinite(r)) {
+      // Non-finite output is only right where the reference is the same non-finite value.
+      const bool same = (std::isnan(x) && std::isnan(r)) || x == r;
+      if (!same) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    worst = std::max(worst, std::fabs(x - r) / scale);
+  }
+  return worst;
+}
+
+}  // namespace sparsek
