@@ -48,7 +48,8 @@ struct Tile {
   static constexpr int SMEM = kStages * (A_BYTES + B_BYTES) + 2 * kIdxCap * 4;
   // The epilogue reuses the pipeline's shared memory for the f32 output tile, padded by 4
   // floats per row (16-byte aligned rows, fewer bank conflicts).
-  static constexpr int C_BYTES = (BM > BN ? BM : BN) * ((BM > BN ? BN : BM) + 4) * 4;
+  static constexpr int C_ROW_MAJOR_BYTES = BM * (BN + 4) * 4, C_COL_MAJOR_BYTES = BN * (BM + 4) * 4;
+  static constexpr int C_BYTES = C_ROW_MAJOR_BYTES > C_COL_MAJOR_BYTES ? C_ROW_MAJOR_BYTES : C_COL_MAJOR_BYTES;
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must hold whole m16 fragments and n16 pairs");
   static_assert(SMEM <= 227 * 1024, "shared memory per CTA exceeds the sm_90 limit (227 KB)");
   static_assert(2 * SMEM <= 163 * 1024, "two CTAs per SM must fit in sm_80's 164 KB of shared memory");
@@ -527,6 +528,16 @@ std::unique_ptr<VariantState> prepare_portable(const GemmArgs& g, const Options&
   check_cuda(cudaMemcpy(rp.data(), s.row_ptr, rp.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(row_ptr)");
   if (nnzb > 0)
     check_cuda(cudaMemcpy(ci.data(), s.col_idx, ci.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(col_idx)");
+  // The sort below indexes by these values: re-check them here, since callers may skip the
+  // O(nnzb) validation (Options::check_indices = false).
+  for (int64_t i = 0; i < mb; ++i)
+    if (rp[size_t(i)] < 0 || rp[size_t(i + 1)] < rp[size_t(i)] || rp[size_t(i + 1)] > nnzb)
+      throw Error(Status::invalid_argument, "row_ptr[" + std::to_string(i + 1) + "] = " +
+                                                std::to_string(rp[size_t(i + 1)]) + " is out of order or range");
+  for (int64_t j = 0; j < nnzb; ++j)
+    if (ci[size_t(j)] < 0 || ci[size_t(j)] >= kb)
+      throw Error(Status::invalid_argument, "col_idx[" + std::to_string(j) + "] = " + std::to_string(ci[size_t(j)]) +
+                                                " is outside [0, " + std::to_string(kb) + ")");
   // Counting sort by column; walking A's rows in order keeps each new row's entries sorted.
   std::vector<int32_t> trp(static_cast<size_t>(kb + 1), 0), tcol(static_cast<size_t>(nnzb)),
       tperm(static_cast<size_t>(nnzb));
@@ -661,7 +672,7 @@ std::string why_not_portable(const GemmArgs& g) {
   if (!is_block_dim(s.bm)) return "bm=" + std::to_string(s.bm) + " not in {16,32,64,128}";
   if (!is_block_dim(s.bk)) return "bk=" + std::to_string(s.bk) + " not in {16,32,64,128}";
   if (g.kind != OpKind::sdd) {
-    const int64_t n = g.n();
+    const int64_t n = g.kind == OpKind::dsd ? g.n() : g.m();  // DDS runs as DSD on C^T
     if ((n + BN - 1) / BN > kMaxGridY)
       return "N=" + std::to_string(n) + " exceeds the grid limit (" + std::to_string(kMaxGridY * BN) + ")";
   }
