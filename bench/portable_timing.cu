@@ -23,7 +23,23 @@
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
 
+// Tile-configuration experiments (bench/portable_configs.sh): PORTABLE_SRC names a copy of
+// src/cuda/gemm/portable_sm80.cu with other Config<BM> rows and portable_variants renamed to
+// portable_variants_exp; its run() is called directly instead of gemm().
+#ifdef PORTABLE_SRC
+#include PORTABLE_SRC
+#endif
+
 using namespace sparsek;
+
+void call_portable(const GemmArgs& g, const Options& o) {
+#ifdef PORTABLE_SRC
+  static const Variant v = portable_variants_exp()[0];
+  v.run(g, o, nullptr);  // DSD op none / DDS op trans / SDD only: no prepared state needed
+#else
+  gemm(g, o);
+#endif
+}
 
 #define CK(x)                                                                               \
   do {                                                                                      \
@@ -145,7 +161,8 @@ void run_workload(const Workload& w, int reps) {
   Options o;
   o.variant = "portable";
   o.check_indices = false;  // checked once below; timing measures the kernel, not validation
-  gemm(args[0], Options{o.backend, o.variant, nullptr, true});
+  gemm(args[0], Options{o.backend, o.variant, nullptr, true});  // validates the pattern once
+  call_portable(args[0], o);
   CK(cudaDeviceSynchronize());
 
   cudaEvent_t e0, e1;
@@ -154,7 +171,7 @@ void run_workload(const Workload& w, int reps) {
   const int batch = 2 * nsets;
   auto time_batch = [&]() {
     CK(cudaEventRecord(e0));
-    for (int i = 0; i < batch; ++i) gemm(args[size_t(i % nsets)], o);
+    for (int i = 0; i < batch; ++i) call_portable(args[size_t(i % nsets)], o);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
@@ -271,8 +288,21 @@ void cublas_dense(int64_t n, int reps) {
   cublasDestroy(h);
 }
 
+bool selected(const std::string& name, const std::string& filters) {
+  if (filters.empty()) return true;
+  size_t start = 0;
+  while (start <= filters.size()) {
+    const size_t end = std::min(filters.find(',', start), filters.size());
+    if (name.find(filters.substr(start, end - start)) != std::string::npos) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+// portable_timing [reps [workload substrings, comma-separated]]
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
+  const std::string only = argc > 2 ? argv[2] : "";
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB; median of %d batches\n", prop.name, prop.multiProcessorCount,
@@ -291,7 +321,8 @@ int main(int argc, char** argv) {
       {"dds op=trans (x W^T) 8192^3 128x32 6.25% f16", OpKind::dds, Op::trans, 8192, 8192, 8192, 128, 32, 0.0625, h, h},
       {"sdd 8192^3 128x128 12.5% f16", OpKind::sdd, Op::none, 8192, 8192, 8192, 128, 128, 0.125, h, h},
   };
-  for (const Workload& w : ws) run_workload(w, reps);
-  cublas_dense(8192, reps);
+  for (const Workload& w : ws)
+    if (selected(w.name, only)) run_workload(w, reps);
+  if (only.empty()) cublas_dense(8192, reps);
   return 0;
 }

@@ -28,33 +28,69 @@ using sm80::cp_async_16;
 using sm80::smem_addr;
 
 constexpr int kThreads = 256;  // 8 warps
-constexpr int KC = 32;         // K per pipeline stage (two 16-deep slices)
-constexpr int kSlices = KC / 16;  // a slice: 16 of K from one block (the smallest block depth)
-constexpr int kStages = 4;
-constexpr int BN = 128;        // output columns per CTA
-constexpr int kIdxCap = 1024;  // block indices of one row staged in shared memory
 
-// ---- per-BM tile geometry ----
+// Tile configuration per block height BM (= the CTA's rows): output columns per CTA (BN), warp
+// grid (WARPS_M x 8 / WARPS_M), K per pipeline stage (KC, a multiple of the 16-deep slice),
+// pipeline depth (STAGES), block indices staged per segment (IDX_CAP) and the CTAs per SM the
+// register budget aims at (MIN_CTAS, for __launch_bounds__).
+template <int BM>
+struct Config;
+template <>
+struct Config<16> {
+  static constexpr int BN = 128, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+};
+template <>
+struct Config<32> {
+  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+};
+template <>
+struct Config<64> {
+  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+};
+template <>
+struct Config<128> {
+  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+};
+
+// Smallest number of column passes (1, 2, 4, 8) in which the epilogue's f32 output tile, padded
+// by 4 floats per row, fits in `bytes` of shared memory in either orientation.
+constexpr int epilogue_passes(int bm, int bn, int bytes) {
+  int p = 1;
+  while (p < 8 && ((bm * (bn / p + 4) * 4 > bytes) || ((bn / p) * (bm + 4) * 4 > bytes))) p *= 2;
+  return p;
+}
+
 template <int BM>
 struct Tile {
-  static constexpr int WARPS_M = BM >= 32 ? 2 : 1;
-  static constexpr int WARPS_N = (kThreads / 32) / WARPS_M;
+  using C = Config<BM>;
+  static constexpr int BN = C::BN, KC = C::KC, STAGES = C::STAGES, IDX_CAP = C::IDX_CAP;
+  static constexpr int SLICES = KC / 16;  // a slice: 16 of K from one block (the smallest block depth)
+  static constexpr int WARPS_M = C::WARPS_M, WARPS_N = (kThreads / 32) / WARPS_M;
   static constexpr int WM = BM / WARPS_M;  // warp tile
   static constexpr int WN = BN / WARPS_N;
   static constexpr int MI = WM / 16;  // m16 fragments per warp
   static constexpr int NI = WN / 8;   // n8 fragments per warp
   static constexpr int A_BYTES = BM * KC * 2;
   static constexpr int B_BYTES = BN * KC * 2;
-  static constexpr int SMEM = kStages * (A_BYTES + B_BYTES) + 2 * kIdxCap * 4;
-  // The epilogue reuses the pipeline's shared memory for the f32 output tile, padded by 4
-  // floats per row (16-byte aligned rows, fewer bank conflicts).
-  static constexpr int C_ROW_MAJOR_BYTES = BM * (BN + 4) * 4, C_COL_MAJOR_BYTES = BN * (BM + 4) * 4;
-  static constexpr int C_BYTES = C_ROW_MAJOR_BYTES > C_COL_MAJOR_BYTES ? C_ROW_MAJOR_BYTES : C_COL_MAJOR_BYTES;
+  static constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * IDX_CAP * 4;
+  // The epilogue reuses all of it for the f32 output tile, BNP columns at a time.
+  static constexpr int C_PASSES = epilogue_passes(BM, BN, SMEM), BNP = BN / C_PASSES;
+  static_assert(KC % 16 == 0 && STAGES >= 2, "a stage holds whole 16-deep slices");
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must hold whole m16 fragments and n16 pairs");
-  static_assert(SMEM <= 227 * 1024, "shared memory per CTA exceeds the sm_90 limit (227 KB)");
-  static_assert(2 * SMEM <= 163 * 1024, "two CTAs per SM must fit in sm_80's 164 KB of shared memory");
-  static_assert(C_BYTES <= SMEM, "the epilogue's output tile must fit in the pipeline's shared memory");
+  static_assert(SMEM <= 99 * 1024, "sm_86/sm_89 allow at most 99 KB of shared memory per block");
+  static_assert(BM * (BNP + 4) * 4 <= SMEM && BNP * (BM + 4) * 4 <= SMEM && BNP % WN == 0,
+                "each epilogue pass holds whole warp tiles");
 };
+
+// Output columns per CTA for a run-time block height.
+int bn_for(int bm) {
+  switch (bm) {
+    case 16: return Tile<16>::BN;
+    case 32: return Tile<32>::BN;
+    case 64: return Tile<64>::BN;
+    default: return Tile<128>::BN;
+  }
+}
 
 // Byte offset of 16-byte chunk `c` of row `r` in a tile whose rows are ROW_BYTES long. The chunk
 // index is XOR-swizzled with the row so that the 8 row addresses of one ldmatrix matrix (8
@@ -85,7 +121,7 @@ struct LoadMap {
   static constexpr int CPR = ROW_BYTES / 16;  // chunks per row
   static constexpr int RPI = kThreads / CPR;  // rows per pass
   static constexpr int IT = (ROWS + RPI - 1) / RPI;
-  static_assert(kThreads % CPR == 0 && RPI % 16 == 0, "a pass covers whole 16-row slices");
+  static_assert(kThreads % CPR == 0 && (RPI % 16 == 0 || RPI == 8), "a pass covers whole or half 16-row slices");
   static_assert(IT <= 32, "b_rows_ok holds one bit per pass");
   // A pass moves RPI rows down, a multiple of swz's 8-row period, so the swizzled offset of pass
   // it is the first pass's plus it * RPI rows.
@@ -96,6 +132,12 @@ struct LoadMap {
       : r0((tid / CPR) & (RPI - 1)), c(tid % CPR), soff0(swz<ROW_BYTES>(r0, c)) {}
   __device__ __forceinline__ bool active(int it) const { return ROWS % RPI == 0 || r0 + it * RPI < ROWS; }
   __device__ __forceinline__ int soff(int it) const { return soff0 + it * RPI * ROW_BYTES; }
+  // In a K-row (M/N-major) tile: the 16-row slice of pass it, and its row inside the slice.
+  __device__ __forceinline__ int slice(int it) const { return (r0 + it * RPI) / 16; }
+  __device__ __forceinline__ int slice_row(int it) const {
+    if constexpr (RPI % 16 == 0) return r0 & 15;  // the same row in every pass
+    else return r0 + (it & 1) * 8;                // RPI == 8, r0 < 8
+  }
 };
 
 // The unaligned-source path of load_chunk: element loads, synchronous. Kept out of line so the
@@ -228,8 +270,9 @@ __device__ __forceinline__ void write_tile(const float* tile, const Params& p, v
 // A_KMAJOR: the A tile is K-contiguous in memory (DSD op none; SDD A row-major), else
 // M-contiguous (DSD op trans; SDD A column-major). B_KMAJOR: B is column-major.
 template <int BM, typename T, bool A_KMAJOR, bool B_KMAJOR, bool SDD>
-__global__ void __launch_bounds__(kThreads, 2) portable_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, Config<BM>::MIN_CTAS) portable_kernel(const Params p) {
   using G = Tile<BM>;
+  constexpr int BN = G::BN, KC = G::KC, kStages = G::STAGES, kSlices = G::SLICES, kIdxCap = G::IDX_CAP;
   // Tile shapes in shared memory, per stage (rows x row bytes):
   //   A: K-major (BM, KC*2) | M-major (KC, BM*2)      B: K-major (BN, KC*2) | N-major (KC, BN*2)
   constexpr int A_ROW = A_KMAJOR ? KC * 2 : BM * 2, A_ROWS = A_KMAJOR ? BM : KC;
@@ -283,9 +326,8 @@ __global__ void __launch_bounds__(kThreads, 2) portable_kernel(const Params p) {
   int b_valid = 8;
   uint32_t b_rows_ok = ~0u;
   if constexpr (!SDD) {
-    a_off = A_KMAJOR ? la.r0 * p.bk_eff + (la.c & 1) * 8 : (la.r0 & 15) * BM + la.c * 8;
-    b_off = B_KMAJOR ? int64_t(lb.r0) * p.ldb + (lb.c & 1) * 8
-                     : int64_t(lb.r0 & 15) * p.ldb + lb.c * 8;
+    a_off = A_KMAJOR ? la.r0 * p.bk_eff + (la.c & 1) * 8 : la.slice_row(0) * BM + la.c * 8;
+    b_off = B_KMAJOR ? int64_t(lb.r0) * p.ldb + (lb.c & 1) * 8 : int64_t(lb.slice_row(0)) * p.ldb + lb.c * 8;
   } else {
     a_off = 0;  // SDD offsets are 64-bit and computed per pass below
     b_off = 0;
@@ -324,16 +366,18 @@ __global__ void __launch_bounds__(kThreads, 2) portable_kernel(const Params p) {
       for (int it = 0; it < LA::IT; ++it) {
         if (!la.active(it)) break;
         // K-major: the chunk column names the slice (2 chunks each); M-major: the row (16 each).
-        const int s = A_KMAJOR ? la.c / 2 : (la.r0 + it * LA::RPI) / 16;
+        const int s = A_KMAJOR ? la.c / 2 : la.slice(it);
         const bool v = pick(ok, s);
-        const uint16_t* src = pick(sa, s) + a_off + (A_KMAJOR ? it * LA::RPI * p.bk_eff : 0);
+        const uint16_t* src =
+            pick(sa, s) + a_off + (A_KMAJOR ? it * LA::RPI * p.bk_eff : (la.slice_row(it) - la.slice_row(0)) * BM);
         load_chunk(a_s + la.soff(it), src, v ? 8 : 0, p.vec_a);
       }
 #pragma unroll
       for (int it = 0; it < LB::IT; ++it) {
-        const int s = B_KMAJOR ? lb.c / 2 : (lb.r0 + it * LB::RPI) / 16;
+        const int s = B_KMAJOR ? lb.c / 2 : lb.slice(it);
         const int v = pick(ok, s) ? (B_KMAJOR ? ((b_rows_ok >> it) & 1) * 8 : b_valid) : 0;
-        const uint16_t* src = pick(sb, s) + b_off + (B_KMAJOR ? it * LB::RPI * p.ldb : 0);
+        const uint16_t* src = pick(sb, s) + b_off +
+                              (B_KMAJOR ? it * LB::RPI * p.ldb : (lb.slice_row(it) - lb.slice_row(0)) * p.ldb);
         load_chunk(b_s + lb.soff(it), src, v, p.vec_b);
       }
     } else {
@@ -452,37 +496,41 @@ __global__ void __launch_bounds__(kThreads, 2) portable_kernel(const Params p) {
   __syncthreads();  // every warp is done with the pipeline buffers: reuse them for the output
 
   // ---- epilogue: acc -> shared f32 tile laid out like the output (its contiguous index
-  // inner), then coalesced out = alpha * acc + beta * out ----
+  // inner), then coalesced out = alpha * acc + beta * out; BNP columns per pass ----
   float* tile = reinterpret_cast<float*>(smem);
-  const bool col_major = !SDD && !p.c_row_major;  // tile (BN, BM + 4) instead of (BM, BN + 4)
-  if (warp_active) {
-    const int g = lane >> 2, t4 = lane & 3;
+  const bool col_major = !SDD && !p.c_row_major;  // tile (BNP, BM + 4) instead of (BM, BNP + 4)
+  const int es = dtype_bytes(p.c_dtype);
+  // out(r, c) of this CTA's tile: C's block (bm, bk) row-major for SDD, else C at (row0, n0).
+  uint8_t* out = static_cast<uint8_t*>(p.c) +
+                 (SDD ? blk * BM * p.bk + n0 : col_major ? int64_t(n0) * p.ldc + row0 : row0 * p.ldc + n0) * es;
+  const int64_t ldo = SDD ? p.bk : p.ldc;
 #pragma unroll
-    for (int mi = 0; mi < G::MI; ++mi)
+  for (int pass = 0; pass < G::C_PASSES; ++pass) {
+    const int c0 = pass * G::BNP;  // first column of the pass
+    if (c0 >= nvalid) break;
+    if (pass > 0) __syncthreads();  // the previous pass has read the tile
+    if (warp_active && wn * G::WN / G::BNP == pass) {
+      const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-      for (int ni = 0; ni < G::NI; ++ni)
+      for (int mi = 0; mi < G::MI; ++mi)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm * G::WM + mi * 16 + g + h * 8, c = wn * G::WN + ni * 8 + t4 * 2;
-          const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-          if (col_major) {
-            tile[c * (BM + 4) + r] = v0;
-            tile[(c + 1) * (BM + 4) + r] = v1;
-          } else {
-            *reinterpret_cast<float2*>(tile + r * (BN + 4) + c) = make_float2(v0, v1);
+        for (int ni = 0; ni < G::NI; ++ni)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = wm * G::WM + mi * 16 + g + h * 8, c = wn * G::WN + ni * 8 + t4 * 2 - c0;
+            const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+            if (col_major) {
+              tile[c * (BM + 4) + r] = v0;
+              tile[(c + 1) * (BM + 4) + r] = v1;
+            } else {
+              *reinterpret_cast<float2*>(tile + r * (G::BNP + 4) + c) = make_float2(v0, v1);
+            }
           }
-        }
-  }
-  __syncthreads();
-  if constexpr (SDD) {  // C's block (bm, bk), row-major
-    void* out = static_cast<uint8_t*>(p.c) + (blk * BM * p.bk + n0) * int64_t(dtype_bytes(p.c_dtype));
-    write_tile<BM, BN>(tile, p, out, p.bk, BM, nvalid);
-  } else if (col_major) {
-    void* out = static_cast<uint8_t*>(p.c) + (int64_t(n0) * p.ldc + row0) * int64_t(dtype_bytes(p.c_dtype));
-    write_tile<BN, BM>(tile, p, out, p.ldc, nvalid, BM);
-  } else {
-    void* out = static_cast<uint8_t*>(p.c) + (row0 * p.ldc + n0) * int64_t(dtype_bytes(p.c_dtype));
-    write_tile<BM, BN>(tile, p, out, p.ldc, BM, nvalid);
+    }
+    __syncthreads();
+    const int ncols = nvalid - c0 < G::BNP ? nvalid - c0 : G::BNP;
+    if (col_major) write_tile<G::BNP, BM>(tile, p, out + int64_t(c0) * ldo * es, ldo, ncols, BM);
+    else write_tile<BM, G::BNP>(tile, p, out + int64_t(c0) * es, ldo, BM, ncols);
   }
 }
 
@@ -561,10 +609,12 @@ std::unique_ptr<VariantState> prepare_portable(const GemmArgs& g, const Options&
   return st;
 }
 
+// grid: (work items, column tiles of `ncols`).
 template <int BM, typename T, bool AK, bool BK, bool SDD>
-void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+void launch(const Params& p, unsigned items, int64_t ncols, cudaStream_t stream) {
   auto kernel = portable_kernel<BM, T, AK, BK, SDD>;
   constexpr int smem = Tile<BM>::SMEM;
+  const dim3 grid(items, unsigned((ncols + Tile<BM>::BN - 1) / Tile<BM>::BN));
   // NOTE: more than 48 KB of dynamic shared memory needs an explicit opt-in per kernel.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute(portable_kernel)");
@@ -574,23 +624,24 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
 
 // Runtime -> compile-time: block height, dtype, the two operand orientations, DSD or SDD.
 template <typename T, bool AK, bool BK, bool SDD>
-void launch_bm(int bm, const Params& p, dim3 grid, cudaStream_t s) {
+void launch_bm(int bm, const Params& p, unsigned items, int64_t ncols, cudaStream_t s) {
   switch (bm) {
-    case 16: return launch<16, T, AK, BK, SDD>(p, grid, s);
-    case 32: return launch<32, T, AK, BK, SDD>(p, grid, s);
-    case 64: return launch<64, T, AK, BK, SDD>(p, grid, s);
-    case 128: return launch<128, T, AK, BK, SDD>(p, grid, s);
+    case 16: return launch<16, T, AK, BK, SDD>(p, items, ncols, s);
+    case 32: return launch<32, T, AK, BK, SDD>(p, items, ncols, s);
+    case 64: return launch<64, T, AK, BK, SDD>(p, items, ncols, s);
+    case 128: return launch<128, T, AK, BK, SDD>(p, items, ncols, s);
   }
   throw Error(Status::internal, "portable: block height " + std::to_string(bm) + " has no kernel");
 }
 template <bool SDD>
-void dispatch(DType in, bool a_kmajor, bool b_kmajor, int bm, const Params& p, dim3 grid, cudaStream_t s) {
+void dispatch(DType in, bool a_kmajor, bool b_kmajor, int bm, const Params& p, unsigned items, int64_t ncols,
+              cudaStream_t s) {
   auto go = [&](auto t) {
     using T = decltype(t);
-    if (a_kmajor && b_kmajor) return launch_bm<T, true, true, SDD>(bm, p, grid, s);
-    if (a_kmajor) return launch_bm<T, true, false, SDD>(bm, p, grid, s);
-    if (b_kmajor) return launch_bm<T, false, true, SDD>(bm, p, grid, s);
-    return launch_bm<T, false, false, SDD>(bm, p, grid, s);
+    if (a_kmajor && b_kmajor) return launch_bm<T, true, true, SDD>(bm, p, items, ncols, s);
+    if (a_kmajor) return launch_bm<T, true, false, SDD>(bm, p, items, ncols, s);
+    if (b_kmajor) return launch_bm<T, false, true, SDD>(bm, p, items, ncols, s);
+    return launch_bm<T, false, false, SDD>(bm, p, items, ncols, s);
   };
   if (in == DType::f16) go(__half{});
   else go(__nv_bfloat16{});
@@ -622,9 +673,8 @@ void run_portable(const GemmArgs& g, const Options& o, VariantState* state) {
     p.vec_a = aligned(p.a, 16) && p.lda % 8 == 0;
     p.vec_b = aligned(p.b, 16) && p.ldb % 8 == 0;
     p.vec_c = aligned(p.c, 4 * dtype_size(s.dtype));  // bk % 4 == 0: every row stays aligned
-    dim3 grid(unsigned(s.nnzb), unsigned((s.bk + BN - 1) / BN));
-    dispatch<true>(g.a.dtype, g.a.layout == Layout::row_major, g.b.layout == Layout::col_major, s.bm, p, grid,
-                   stream);
+    dispatch<true>(g.a.dtype, g.a.layout == Layout::row_major, g.b.layout == Layout::col_major, s.bm, p,
+                   unsigned(s.nnzb), s.bk, stream);
     return;
   }
   // DSD on (op(A), B, C); DDS as DSD on (op(B)^T, A^T, C^T): a row-major matrix read as
@@ -659,8 +709,7 @@ void run_portable(const GemmArgs& g, const Options& o, VariantState* state) {
   p.vec_a = aligned(p.vals, 16);
   p.vec_b = aligned(p.b, 16) && p.ldb % 8 == 0;
   p.vec_c = aligned(p.c, 4 * dtype_size(C.dtype)) && p.ldc % 4 == 0;
-  dim3 grid(unsigned(mb_eff), unsigned((C.cols + BN - 1) / BN));
-  dispatch<false>(s.dtype, !trans, B.layout == Layout::col_major, bm_eff, p, grid, stream);
+  dispatch<false>(s.dtype, !trans, B.layout == Layout::col_major, bm_eff, p, unsigned(mb_eff), C.cols, stream);
 }
 
 std::string why_not_portable(const GemmArgs& g) {
@@ -673,8 +722,9 @@ std::string why_not_portable(const GemmArgs& g) {
   if (!is_block_dim(s.bk)) return "bk=" + std::to_string(s.bk) + " not in {16,32,64,128}";
   if (g.kind != OpKind::sdd) {
     const int64_t n = g.kind == OpKind::dsd ? g.n() : g.m();  // DDS runs as DSD on C^T
-    if ((n + BN - 1) / BN > kMaxGridY)
-      return "N=" + std::to_string(n) + " exceeds the grid limit (" + std::to_string(kMaxGridY * BN) + ")";
+    const int bn = bn_for(needs_transpose(g) ? s.bk : s.bm);  // by op(A)'s block height (DSD view)
+    if ((n + bn - 1) / bn > kMaxGridY)
+      return "N=" + std::to_string(n) + " exceeds the grid limit (" + std::to_string(kMaxGridY * bn) + ")";
   }
   if (s.nnzb > INT32_MAX) return "nnzb=" + std::to_string(s.nnzb) + " exceeds int32";
   const DeviceInfo& d = device_info();
