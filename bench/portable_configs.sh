@@ -37,6 +37,7 @@ variant bn256s3 "$W128" "128=BN = 256, WARPS_M = 2, KC = 32, STAGES = 3, IDX_CAP
 variant small_bn256 "$WSMALL" "64=BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
   "32=BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
   "16=BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" &
+variant m64_bn256_1 "64x64" "64=BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 1" &
 variant small_kc64 "$WSMALL" "64=BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" \
   "32=BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" \
   "16=BN = 128, WARPS_M = 1, KC = 64, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" &
@@ -46,5 +47,5 @@ for f in "$O"/*.filter; do
   name=$(basename "$f" .filter)
   [ -x "$O/$name" ] || continue
   echo "== $name"
-  LD_LIBRARY_PATH="$B" timeout 120 "$O/$name" "$REPS" "$(cat "$f")" | grep -v '^device'
+  LD_LIBRARY_PATH="$B" timeout 120 "$O/$name" "$REPS" "$(cat "$f")" | grep -v '^device' | sed "s/^RESULT|/RESULT|$name|/"
 done

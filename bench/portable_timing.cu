@@ -235,6 +235,7 @@ void run_workload(const Workload& w, int reps) {
   }
   std::printf("%-44s %9.4f ms  %7.1f eff TFLOPS  (min %.4f max %.4f, %d sets x %d calls, err %.1e)\n",
               w.name.c_str(), ms, flops / (ms * 1e-3) / 1e12, tmin, tmax, nsets, batch, worst / (scale + 1e-30));
+  std::printf("RESULT|%s|%.5f|%.2f|%.2e\n", w.name.c_str(), ms, flops / (ms * 1e-3) / 1e12, worst / (scale + 1e-30));
   std::fflush(stdout);
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
