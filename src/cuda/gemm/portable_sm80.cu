@@ -37,19 +37,19 @@ template <int BM>
 struct Config;
 template <>
 struct Config<16> {
-  static constexpr int BN = 128, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+  static constexpr int BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
 };
 template <>
 struct Config<32> {
-  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+  static constexpr int BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
 };
 template <>
 struct Config<64> {
-  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+  static constexpr int BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
 };
 template <>
 struct Config<128> {
-  static constexpr int BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2;
+  static constexpr int BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 256, MIN_CTAS = 2;
 };
 
 // Smallest number of column passes (1, 2, 4, 8) in which the epilogue's f32 output tile, padded
