@@ -20,7 +20,11 @@ build: configure
 # The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
-	@bash scripts/python-tests
+	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
+
+# Only the Python suite (builds the nanobind extension inside $(BUILD); see scripts/python-tests).
+test-python: build
+	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
 
 run: build
 	$(SPARSEK) bench

@@ -50,7 +50,9 @@ struct Options {
 };
 
 // Validates everything (throws Error naming the bad argument), picks a variant, runs it.
-// Device work is enqueued on options.stream and not synchronized.
+// Device work is enqueued on options.stream and not synchronized. Internally plan() + run()
+// through a small cache of recent plans (plan.hpp says what it is keyed by; a device pattern
+// edited in place between calls needs check_indices, the default, or an explicit plan).
 void gemm(const GemmArgs& args, const Options& options = {});
 
 // Convenience wrappers.

@@ -61,6 +61,38 @@ sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_de
 /* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
 
+/* ---- Plans (SPEC §4): check and prepare once per pattern, run many times ---- */
+typedef enum { SPARSEK_DSD = 0, SPARSEK_DDS = 1, SPARSEK_SDD = 2 } sparsek_kind;
+
+/* One product. Slots by kind (unused ones are ignored):
+ *   DSD: sparse = A, b = B, c = C     DDS: a = A, sparse = B, c = C
+ *   SDD: a = A, b = B, sparse = C (its values are the output) */
+typedef struct {
+  sparsek_kind kind;
+  sparsek_op op; /* on the sparse operand; SPARSEK_OP_NONE for SDD */
+  float alpha, beta;
+  sparsek_bsr sparse;
+  sparsek_dense a, b, c;
+} sparsek_gemm_args;
+
+typedef struct sparsek_plan_s* sparsek_plan;
+
+/* Makes a plan for `problem`: all checks incl. the O(nnzb) index checks (device indices are copied
+ * to the host once), row-length analysis, the variant choice and its set-up. `variant`: NULL or ""
+ * = automatic (tuning cache / heuristic per SPARSEK_TUNE), else a variant name. The pattern arrays
+ * must outlive the plan unchanged. On failure *plan is set to NULL. */
+sparsek_status sparsek_plan_create(sparsek_plan* plan, const sparsek_gemm_args* problem, const char* variant);
+/* Runs the plan on args: same kind, op, shapes, dtypes, layouts, lds, memory and pattern pointers
+ * as the problem (values, dense pointers, alpha and beta may differ). Allocates nothing; device work
+ * goes on `stream` (a cudaStream_t or NULL), unsynchronized, and may be captured in a CUDA graph. */
+sparsek_status sparsek_plan_run(sparsek_plan plan, const sparsek_gemm_args* args, void* stream);
+/* Frees the plan (NULL is accepted). */
+sparsek_status sparsek_plan_destroy(sparsek_plan plan);
+/* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
+const char* sparsek_plan_variant(sparsek_plan plan);
+/* Scratch memory the plan holds, in bytes (0 when none). */
+sparsek_status sparsek_plan_workspace_bytes(sparsek_plan plan, uint64_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif

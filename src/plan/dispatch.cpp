@@ -1,13 +1,18 @@
-// The one-shot entry: validate -> pick a variant -> run. (A plan/run split sits on the same
-// pieces: validation and the variant table.)
+// Validation, the variant table, and the one-shot entry gemm() = plan + run through a small
+// in-process plan cache (plan.cpp holds plan()/run()).
 #include <cuda_runtime.h>
 
+#include <iterator>
+#include <list>
+#include <mutex>
 #include <sstream>
 
 #include "core/device.hpp"
 #include "plan/backends.hpp"
+#include "plan/plan_internal.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/gemm.hpp"
+#include "sparsek/tune.hpp"
 
 namespace sparsek {
 
@@ -65,14 +70,53 @@ double GemmArgs::effective_flops() const {
   return 0;
 }
 
+namespace {
+const char* sparse_name(const GemmArgs& g) {
+  return g.kind == OpKind::dsd ? "A (sparse)" : g.kind == OpKind::dds ? "B (sparse)" : "C (sparse)";
+}
+}  // namespace
+
+HostPattern host_pattern(const BsrView& s, bool with_col_idx) {
+  HostPattern hp;
+  if (s.memory == Memory::host) {
+    hp.row_ptr = s.row_ptr;
+    hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
+    return hp;
+  }
+  hp.row_ptr_copy.resize(size_t(s.mb() + 1));
+  check_cuda(cudaMemcpy(hp.row_ptr_copy.data(), s.row_ptr, hp.row_ptr_copy.size() * 4, cudaMemcpyDeviceToHost),
+             "cudaMemcpy(row_ptr to host)");
+  hp.row_ptr = hp.row_ptr_copy.data();
+  if (with_col_idx && s.nnzb > 0) {
+    hp.col_idx_copy.resize(size_t(s.nnzb));
+    check_cuda(cudaMemcpy(hp.col_idx_copy.data(), s.col_idx, hp.col_idx_copy.size() * 4, cudaMemcpyDeviceToHost),
+               "cudaMemcpy(col_idx to host)");
+    hp.col_idx = hp.col_idx_copy.data();
+  }
+  return hp;
+}
+
+void validate_pattern(const GemmArgs& g, const HostPattern& hp) {
+  BsrView h = g.sparse;
+  h.row_ptr = hp.row_ptr;
+  h.col_idx = hp.col_idx;
+  h.values = g.sparse.nnzb > 0 ? reinterpret_cast<void*>(16) : nullptr;  // values are not read by the checks
+  h.memory = Memory::host;
+  try {
+    validate(h, true);
+  } catch (const Error& e) {
+    bad(std::string(sparse_name(g)) + ": " + e.what());
+  }
+}
+
 void validate(const GemmArgs& g, bool check_indices) {
-  const char* sname = g.kind == OpKind::dsd ? "A (sparse)" : g.kind == OpKind::dds ? "B (sparse)" : "C (sparse)";
+  const char* sname = sparse_name(g);
   if (int(g.op) != 0 && int(g.op) != 1) bad("op must be none or trans, got " + std::to_string(int(g.op)));
   if (g.kind == OpKind::sdd && g.op != Op::none) bad("op must be none for sdd (got trans)");
   if (int(g.kind) < 0 || int(g.kind) > 2) bad("kind must be dsd, dds or sdd, got " + std::to_string(int(g.kind)));
-  // BSR invariants (cheap ones always; index checks when asked and reachable from the host).
+  // BSR invariants: the cheap ones here, the O(nnzb) index checks on a host view of the pattern.
   try {
-    validate(g.sparse, check_indices && g.sparse.memory == Memory::host);
+    validate(g.sparse, false);
   } catch (const Error& e) {
     bad(std::string(sname) + ": " + e.what());
   }
@@ -89,25 +133,7 @@ void validate(const GemmArgs& g, bool check_indices) {
   // Device operands need a device before anything touches them (the index copy below included).
   if (mem == Memory::device && !device_info().available)
     throw Error(Status::no_device, "operands are in device memory but no CUDA device answers: " + device_info().why_not);
-  if (g.sparse.memory == Memory::device && check_indices && g.sparse.nnzb >= 0) {
-    // Copy the pattern to the host once and run the O(nnzb) checks there.
-    std::vector<int32_t> rp(size_t(g.sparse.mb() + 1)), ci(size_t(g.sparse.nnzb));
-    check_cuda(cudaMemcpy(rp.data(), g.sparse.row_ptr, rp.size() * 4, cudaMemcpyDeviceToHost),
-               "cudaMemcpy(row_ptr)");
-    if (!ci.empty())
-      check_cuda(cudaMemcpy(ci.data(), g.sparse.col_idx, ci.size() * 4, cudaMemcpyDeviceToHost),
-                 "cudaMemcpy(col_idx)");
-    BsrView h = g.sparse;
-    h.row_ptr = rp.data();
-    h.col_idx = ci.data();
-    h.values = ci.empty() ? nullptr : reinterpret_cast<void*>(1);  // values are not read by the checks
-    h.memory = Memory::host;
-    try {
-      validate(h, true);
-    } catch (const Error& e) {
-      bad(std::string(sname) + ": " + e.what());
-    }
-  }
+  if (check_indices) validate_pattern(g, host_pattern(g.sparse, true));
   const int64_t M = g.m(), N = g.n(), K = g.k();
   DType in = g.sparse.dtype;
   switch (g.kind) {
@@ -161,20 +187,64 @@ const Variant* find_variant(const std::string& name) {
 }
 
 namespace {
-Backend backend_for(const GemmArgs& g, const Options& o) {
-  if (o.backend != Backend::automatic) return o.backend;
-  return g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
-}
-void run_variant(const Variant& v, const GemmArgs& g, const Options& o) {
-  std::unique_ptr<VariantState> state = v.prepare ? v.prepare(g, o) : nullptr;
-  v.run(g, o, state.get());
-}
 std::string variant_names() {
   std::string s;
   for (const Variant& v : variants()) s += (s.empty() ? "" : ", ") + std::string(v.name);
   return s;
 }
+const char* backend_name(Backend be) { return be == Backend::cpu ? "cpu" : "cuda"; }
 }  // namespace
+
+Backend resolve_backend(const GemmArgs& g, const Options& o) {
+  if (int(o.backend) < 0 || int(o.backend) > 2)
+    bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
+  Backend be = o.backend;
+  if (be == Backend::automatic) be = g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
+  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
+  if (g.sparse.memory != want)
+    bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
+        " memory, but the operands are in " + to_string(g.sparse.memory) + " memory");
+  if (be == Backend::cuda && !device_info().available)
+    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
+  return be;
+}
+
+const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
+  for (const Variant& v : variants()) {
+    if (v.backend != be || v.peer) continue;
+    std::string why = v.why_not(g);
+    if (why.empty()) return &v;
+    if (reasons) *reasons += std::string("; ") + v.name + ": " + why;
+  }
+  return nullptr;
+}
+
+const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
+  const Variant* v = find_variant(name);
+  if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names());
+  if (v->backend != be) bad("options.variant '" + name + "' is not a " + backend_name(be) + " variant");
+  std::string why = v->why_not(g);
+  if (!why.empty())
+    throw Error(Status::unsupported, "options.variant '" + name + "' does not support this problem: " + why);
+  return *v;
+}
+
+uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb) {
+  // FNV-style mixing over 64-bit words: a few GB/s, far cheaper than the O(nnzb) checks.
+  uint64_t h = 0xcbf29ce484222325ull ^ uint64_t(mb) * 0x9e3779b97f4a7c15ull ^ uint64_t(nnzb);
+  auto mix = [&h](const int32_t* p, int64_t n) {
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+      uint64_t w = uint64_t(uint32_t(p[i])) | uint64_t(uint32_t(p[i + 1])) << 32;
+      h = (h ^ w) * 0x100000001b3ull;
+      h ^= h >> 29;
+    }
+    if (i < n) h = (h ^ uint64_t(uint32_t(p[i]))) * 0x100000001b3ull;
+  };
+  if (row_ptr) mix(row_ptr, mb + 1);
+  if (col_idx) mix(col_idx, nnzb);
+  return h;
+}
 
 std::vector<std::string> supported_variants(const GemmArgs& g) {
   std::vector<std::string> out;
@@ -192,36 +262,148 @@ std::vector<std::string> unsupported_reasons(const GemmArgs& g) {
   return out;
 }
 
+// ---- the one-shot entry: plan + run through a small LRU of plans keyed by the problem ----
+//
+// Key: everything a plan is made for (kind, op, shapes, block shape, dtypes, layouts, lds, memory,
+// pattern pointers, nnzb) plus the options that steer planning. Host patterns add a hash of
+// row_ptr/col_idx, so an array edited in place gets a new plan. Device patterns are keyed by
+// their pointers (hashing would need a copy to the host) unless Options::check_indices is set, in
+// which case the pattern is copied and checked anyway and its hash joins the key: so a device
+// pattern mutated in place between one-shot calls needs check_indices (the default) or an
+// explicit plan. Device keys also carry the stream, so a plan's workspace is only ever used in
+// one stream's order; a plan is taken out of the cache while it runs, so two threads never share
+// one.
+namespace {
+
+struct DenseKey {
+  int64_t rows = 0, cols = 0, ld = 0;
+  int layout = 0, dtype = 0, memory = 0;
+  bool operator==(const DenseKey& o) const {
+    return rows == o.rows && cols == o.cols && ld == o.ld && layout == o.layout && dtype == o.dtype &&
+           memory == o.memory;
+  }
+};
+
+struct PlanKey {
+  int kind = 0, op = 0;
+  int64_t rows = 0, cols = 0, nnzb = 0;
+  int bm = 0, bk = 0, dtype = 0, memory = 0;
+  const int32_t* row_ptr = nullptr;
+  const int32_t* col_idx = nullptr;
+  DenseKey a, b, c;
+  int backend = 0, threads = 0, tune = 0;
+  std::string variant;
+  void* stream = nullptr;
+  uint64_t pattern_hash = 0;
+  bool operator==(const PlanKey& o) const {
+    return kind == o.kind && op == o.op && rows == o.rows && cols == o.cols && nnzb == o.nnzb && bm == o.bm &&
+           bk == o.bk && dtype == o.dtype && memory == o.memory && row_ptr == o.row_ptr && col_idx == o.col_idx &&
+           a == o.a && b == o.b && c == o.c && backend == o.backend && threads == o.threads && tune == o.tune &&
+           variant == o.variant && stream == o.stream && pattern_hash == o.pattern_hash;
+  }
+};
+
+DenseKey dense_key(const DenseView& d) {
+  return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory)};
+}
+
+class PlanCache {
+ public:
+  static constexpr size_t kCapacity = 16;
+  // Removes and returns the plan for key (empty Plan on a miss).
+  Plan take(const PlanKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end(); ++it)
+      if (it->first == key) {
+        Plan p = std::move(it->second);
+        lru_.erase(it);
+        ++hits_;
+        return p;
+      }
+    ++misses_;
+    return Plan();
+  }
+  void put(PlanKey key, Plan p) {
+    std::list<std::pair<PlanKey, Plan>> evicted;  // destroyed outside the lock (may free device memory)
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end(); ++it)
+      if (it->first == key) {
+        evicted.splice(evicted.end(), lru_, it);
+        break;
+      }
+    lru_.emplace_front(std::move(key), std::move(p));
+    while (lru_.size() > kCapacity) evicted.splice(evicted.end(), lru_, std::prev(lru_.end()));
+  }
+  void clear() {
+    std::list<std::pair<PlanKey, Plan>> evicted;
+    std::lock_guard<std::mutex> lock(mu_);
+    evicted.swap(lru_);
+    hits_ = misses_ = 0;
+  }
+  PlanCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {hits_, misses_, lru_.size()};
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<PlanKey, Plan>> lru_;  // most recently used first
+  size_t hits_ = 0, misses_ = 0;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;  // leaked on purpose: no destruction-order issues at exit
+  return *cache;
+}
+
+}  // namespace
+
+PlanCacheStats one_shot_plan_cache_stats() { return plan_cache().stats(); }
+void clear_one_shot_plan_cache() { plan_cache().clear(); }
+
 void gemm(const GemmArgs& g, const Options& o) {
-  validate(g, o.check_indices);
-  Backend be = backend_for(g, o);
-  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
-  if (g.sparse.memory != want)
-    bad(std::string("backend ") + (be == Backend::cpu ? "cpu" : "cuda") + " needs " + to_string(want) +
-        " memory, but the operands are in " + to_string(g.sparse.memory) + " memory");
-  if (be == Backend::cuda && !device_info().available)
-    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
-  if (!o.variant.empty()) {
-    const Variant* v = find_variant(o.variant);
-    if (!v) bad("variant '" + o.variant + "' is not one of: " + variant_names());
-    if (v->backend != be)
-      bad("variant '" + o.variant + "' is not a " + (be == Backend::cpu ? "cpu" : "cuda") + " variant");
-    std::string why = v->why_not(g);
-    if (!why.empty()) throw Error(Status::unsupported, "variant '" + o.variant + "' does not support this problem: " + why);
-    run_variant(*v, g, o);
-    return;
+  validate(g, false);
+  Backend be = resolve_backend(g, o);
+  PlanKey key;
+  key.kind = int(g.kind);
+  key.op = int(g.op);
+  key.rows = g.sparse.rows;
+  key.cols = g.sparse.cols;
+  key.nnzb = g.sparse.nnzb;
+  key.bm = g.sparse.bm;
+  key.bk = g.sparse.bk;
+  key.dtype = int(g.sparse.dtype);
+  key.memory = int(g.sparse.memory);
+  key.row_ptr = g.sparse.row_ptr;
+  key.col_idx = g.sparse.col_idx;
+  if (g.kind != OpKind::dds) key.b = dense_key(g.b);
+  if (g.kind != OpKind::dsd) key.a = dense_key(g.a);
+  if (g.kind != OpKind::sdd) key.c = dense_key(g.c);
+  key.backend = int(be);
+  key.threads = o.threads;
+  key.tune = o.variant.empty() ? int(tune_mode()) : -1;
+  key.variant = o.variant;
+  if (be == Backend::cuda) key.stream = o.stream;
+  HostPattern hp;
+  bool have_pattern = false;
+  if (o.check_indices) {
+    hp = host_pattern(g.sparse, true);
+    validate_pattern(g, hp);
+    have_pattern = true;
+    key.pattern_hash = hash_pattern(hp.row_ptr, g.sparse.mb(), hp.col_idx, g.sparse.nnzb);
+  } else if (g.sparse.memory == Memory::host) {
+    key.pattern_hash = hash_pattern(g.sparse.row_ptr, g.sparse.mb(), g.sparse.col_idx, g.sparse.nnzb);
   }
-  std::string reasons;
-  for (const Variant& v : variants()) {
-    if (v.backend != be || v.peer) continue;
-    std::string why = v.why_not(g);
-    if (why.empty()) {
-      run_variant(v, g, o);
-      return;
+  Plan p = plan_cache().take(key);
+  if (!p) {
+    if (!have_pattern) {
+      hp = host_pattern(g.sparse, true);
+      validate_pattern(g, hp);
     }
-    reasons += std::string("; ") + v.name + ": " + why;
+    p = make_plan(g, o, be, hp);
   }
-  throw Error(Status::unsupported, "no variant supports this problem" + reasons);
+  run(p, g, o.stream);
+  plan_cache().put(std::move(key), std::move(p));
 }
 
 void dsd(const BsrView& a, const DenseView& b, DenseView& c, float alpha, float beta, Op op, const Options& o) {

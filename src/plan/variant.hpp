@@ -2,6 +2,7 @@
 // cuSPARSE, cuBLAS on the densified matrix) is one row here. Nothing below plan/ knows about
 // the tuner; nothing in a kernel knows about the public API beyond GemmArgs.
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@ namespace sparsek {
 // descriptors, workspace. It must not depend on the values (they may change between runs).
 struct VariantState {
   virtual ~VariantState() = default;
+  // Scratch memory (device or host) this state holds; reported by workspace_bytes(plan).
+  virtual size_t workspace_bytes() const { return 0; }
 };
 
 struct Variant {

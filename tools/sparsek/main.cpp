@@ -1,3 +1,59 @@
+// `sparsek`: bench, verify, doctor. Exit codes: 0 ok, 1 a check failed (or the work could not
+// run), 2 a command-line mistake (the message names the flag and the value).
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
 #include "sparsek/gemm.hpp"
-int main() { std::printf("sparsek %s\n", sparsek::version()); return 0; }
+
+namespace {
+
+void usage() {
+  std::printf(
+      "Usage: sparsek <command> [flags]\n\n"
+      "sparsek %s: block-sparse (BSR) matrix products for NVIDIA Hopper.\n\n"
+      "Commands:\n"
+      "  bench    time sparsek's variants beside cuSPARSE and cuBLAS (CPU backend when no GPU)\n"
+      "  verify   randomized correctness sweep against the fp64 oracle\n"
+      "  doctor   what this machine has (driver, runtime, GPU, libraries) and what is missing\n"
+      "  tune     time every variant on a workload and store the winner in the tuning cache\n"
+      "  cache    show or clear the tuning cache\n\n"
+      "`sparsek <command> --help` lists a command's flags.\n",
+      sparsek::version());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("sparsek %s\n", sparsek::version());
+    return 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  try {
+    if (cmd == "bench") return sparsek::cli::bench_main(rest);
+    if (cmd == "verify") return sparsek::cli::verify_main(rest);
+    if (cmd == "doctor") return sparsek::cli::doctor_main(rest);
+    if (cmd == "tune") return sparsek::cli::tune_main(rest);
+    if (cmd == "cache") return sparsek::cli::cache_main(rest);
+    std::fprintf(stderr, "sparsek: unknown command '%s' (commands: bench, verify, doctor, tune, cache; see sparsek --help)\n",
+                 cmd.c_str());
+    return 2;
+  } catch (const sparsek::cli::UsageError& e) {
+    std::fprintf(stderr, "sparsek %s: %s\n", cmd.c_str(), e.what());
+    return 2;
+  } catch (const sparsek::Error& e) {
+    std::fprintf(stderr, "sparsek %s: %s error: %s\n", cmd.c_str(), sparsek::to_string(e.status()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparsek %s: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,19 @@
+"""sparsek: block-sparse (BSR) matrix products for NVIDIA Hopper, from NumPy, PyTorch and CuPy.
+
+    import numpy as np, sparsek
+    A = np.random.rand(256, 512).astype(np.float32)
+    A[:, 128:] = 0                                        # whole zero blocks are not stored
+    Ab = sparsek.BSRMatrix.from_dense(A, block=(32, 32))
+    C = sparsek.bsr_mm(Ab, np.ones((512, 64), np.float32))  # == A @ ones
+
+Arrays stay in their framework and on their device (NumPy → the CPU backend; torch/CuPy CUDA
+tensors → the GPU on the framework's current stream). Bad input raises ValueError with the library's
+message. With torch installed the products are also ``torch.ops.sparsek.*`` custom ops.
+"""
+from . import _sparsek
+from ._bsr import BSRMatrix
+from ._ops import bsr_mm, dense_bsr_mm, sampled_mm  # also registers torch.ops.sparsek.* with torch
+
+__version__ = _sparsek.version()
+
+__all__ = ["BSRMatrix", "bsr_mm", "dense_bsr_mm", "sampled_mm", "__version__"]

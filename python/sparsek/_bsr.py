@@ -1,0 +1,268 @@
+"""BSRMatrix: a block-sparse matrix whose arrays live in the framework (and on the device) they came from.
+
+Layout (SPEC §2): row_ptr int32 [mb+1], col_idx int32 [nnzb], values [nnzb, bm, bk], each block
+row-major; the matrix is (mb*bm) x (kb*bk). Conversions (dense <-> BSR, transpose) run in the
+array's own framework, so they work on the GPU too; the BSR invariants are checked by the library
+(sparsek::validate) when a matrix is built from user arrays.
+"""
+import numpy as np
+
+from . import _arrays as A
+from . import _sparsek as _ext
+
+_INT32_MAX = 2**31 - 1
+
+
+def _block_arg(block):
+    try:
+        bm, bk = (int(b) for b in block)
+    except (TypeError, ValueError):
+        raise ValueError(f"block must be a pair (bm, bk) of ints, got {block!r}") from None
+    return bm, bk
+
+
+def _as_int32(x, name):
+    """Index arrays are int32 in sparsek; other integer arrays are converted when the values fit."""
+    dt = A.dtype_name(x)
+    if dt == "int32":
+        return x
+    if not (dt.startswith("int") or dt.startswith("uint")):
+        raise ValueError(f"{name} must hold integers, got dtype {dt}")
+    if A.is_torch(x):
+        y = x.to(A.torch.int32)
+        fits = bool((y.to(x.dtype) == x).all()) if x.numel() else True
+    else:
+        y = x.astype(A.xp(x).int32)
+        fits = bool((y == x).all()) if x.size else True
+    if not fits:
+        raise ValueError(f"{name} holds values that do not fit in int32")
+    return y
+
+
+def _contiguous(x):
+    if A.is_torch(x):
+        return x.contiguous()
+    return A.xp(x).ascontiguousarray(x)
+
+
+class BSRMatrix:
+    """A block-sparse (BSR) matrix.
+
+    Build one with ``BSRMatrix.from_dense``, ``from_torch``, ``from_scipy`` or from its three arrays
+    ``BSRMatrix(row_ptr, col_idx, values, shape)`` (validated: a bad pattern raises ValueError with
+    the library's message naming the array, the index and the value).
+    """
+
+    # NumPy: make `ndarray @ BSRMatrix` defer to __rmatmul__ instead of building an object array.
+    __array_ufunc__ = None
+
+    def __init__(self, row_ptr, col_idx, values, shape, *, check=True):
+        # check=False (internal: arrays built by sparsek itself) keeps this traceable by torch.compile.
+        rows, cols = int(shape[0]), int(shape[1])
+        if check:
+            A.same_framework([("row_ptr", row_ptr), ("col_idx", col_idx), ("values", values)])
+            row_ptr = _contiguous(_as_int32(row_ptr, "row_ptr"))
+            col_idx = _contiguous(_as_int32(col_idx, "col_idx"))
+            A.check_value_dtype(values, "values")
+            values = _contiguous(values)
+            # All BSR invariants, incl. the O(nnzb) index checks (once, here; products skip them).
+            # torch refuses DLPack export of tensors that require grad: validate detached views.
+            det = (lambda t: t.detach()) if A.is_torch(values) else (lambda t: t)
+            _ext.validate_bsr(rows, cols, det(row_ptr), det(col_idx), det(values), True,
+                              A.stream_of(values))
+        self.row_ptr = row_ptr
+        self.col_idx = col_idx
+        self.values = values
+        self.shape = (rows, cols)
+
+    # ---- properties ----
+    @property
+    def block(self):
+        """(bm, bk)."""
+        return (int(self.values.shape[1]), int(self.values.shape[2]))
+
+    @property
+    def nnzb(self):
+        """Number of stored blocks."""
+        return int(self.values.shape[0])
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    @property
+    def density(self):
+        """Stored blocks / all block positions."""
+        bm, bk = self.block
+        total = (self.shape[0] // bm) * (self.shape[1] // bk)
+        return self.nnzb / total if total else 0.0
+
+    @property
+    def T(self):
+        """The BSR matrix of the transpose (block shape (bk, bm)), built in the arrays' framework."""
+        return _transpose(self)
+
+    def __repr__(self):
+        fw = A.framework(self.values)
+        dev = f", device={self.values.device}" if fw != "numpy" else ""
+        return (f"BSRMatrix(shape={self.shape}, block={self.block}, nnzb={self.nnzb}, "
+                f"density={self.density:.4g}, dtype={A.dtype_name(self.values)}, {fw}{dev})")
+
+    # ---- conversions ----
+    @classmethod
+    def from_dense(cls, array, block, mask=None, *, dtype=None):
+        """Cut a dense 2-D array into (bm, bk) blocks.
+
+        mask: a (mb, kb) array of booleans (NumPy or the array's framework) choosing the stored
+        blocks; without it every block holding a non-zero is stored. dtype: convert the values
+        (e.g. float64 NumPy data to float32); sparsek computes in float32, float16 and bfloat16.
+        """
+        fw = A.framework(array, "array")
+        if array.ndim != 2:
+            raise ValueError(f"array must be 2-D, got shape {A.shape_of(array)}")
+        bm, bk = _block_arg(block)
+        rows, cols = A.shape_of(array)
+        _ext.check_block_shape(rows, cols, bm, bk)  # the library's messages for bad block shapes
+        if dtype is not None:
+            array = array.to(dtype) if fw == "torch" else array.astype(dtype)
+        A.check_value_dtype(array, "array")
+        mb, kb = rows // bm, cols // bk
+        if fw == "torch":
+            torch = A.torch
+            blocks = array.reshape(mb, bm, kb, bk).permute(0, 2, 1, 3)  # (mb, kb, bm, bk)
+            if mask is None:
+                mask = (blocks != 0).flatten(2).any(-1)
+            else:
+                mask = torch.as_tensor(mask, device=array.device) != 0
+            _check_mask(mask, mb, kb)
+            r, c = torch.nonzero(mask, as_tuple=True)  # row-major order: sorted by row, then column
+            row_ptr = torch.zeros(mb + 1, dtype=torch.int32, device=array.device)
+            row_ptr[1:] = torch.cumsum(mask.sum(1), 0)
+            values = blocks[r, c].contiguous()  # (nnzb, bm, bk)
+            col_idx = c.to(torch.int32)
+        else:
+            xp = A.xp(array)
+            blocks = array.reshape(mb, bm, kb, bk).transpose(0, 2, 1, 3)  # (mb, kb, bm, bk)
+            if mask is None:
+                mask = (blocks != 0).any(axis=(2, 3))
+            else:
+                mask = xp.asarray(mask) != 0
+            _check_mask(mask, mb, kb)
+            r, c = xp.nonzero(mask)  # row-major order: sorted by row, then column
+            row_ptr = xp.zeros(mb + 1, dtype=xp.int32)
+            row_ptr[1:] = xp.cumsum(mask.sum(axis=1))
+            values = xp.ascontiguousarray(blocks[r, c])  # (nnzb, bm, bk)
+            col_idx = c.astype(xp.int32)
+        return cls(row_ptr, col_idx, values, (rows, cols), check=False)
+
+    def to_dense(self):
+        """The dense (rows x cols) array, in the values' framework and on their device."""
+        rows, cols = self.shape
+        bm, bk = self.block
+        mb, kb = rows // bm, cols // bk
+        block_row = _block_rows(self)
+        if A.is_torch(self.values):
+            out = A.torch.zeros((mb, kb, bm, bk), dtype=self.values.dtype, device=self.values.device)
+            out[block_row, self.col_idx.long()] = self.values
+            return out.permute(0, 2, 1, 3).reshape(rows, cols)
+        xp = A.xp(self.values)
+        out = xp.zeros((mb, kb, bm, bk), dtype=self.values.dtype)
+        out[block_row, self.col_idx] = self.values
+        return out.transpose(0, 2, 1, 3).reshape(rows, cols)
+
+    @classmethod
+    def from_torch(cls, t):
+        """From a 2-D torch ``sparse_bsr`` tensor (any index dtype; values are not copied when
+        already contiguous and the indices are int32)."""
+        torch = A.torch
+        if torch is None or not isinstance(t, torch.Tensor):
+            raise TypeError(f"from_torch expects a torch sparse_bsr tensor, got {type(t).__name__}")
+        if t.layout != torch.sparse_bsr:
+            raise ValueError(f"from_torch expects layout torch.sparse_bsr, got {t.layout} "
+                             "(use BSRMatrix.from_dense for dense tensors)")
+        if t.dim() != 2 or t.values().dim() != 3:
+            raise ValueError(f"only 2-D BSR tensors without batch or dense dimensions are supported, "
+                             f"got shape {tuple(t.shape)} with values of shape {tuple(t.values().shape)}")
+        return cls(t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
+
+    def to_torch(self):
+        """A torch ``sparse_bsr`` tensor sharing this matrix's arrays (torch matrices only)."""
+        if not A.is_torch(self.values):
+            raise TypeError("to_torch needs a matrix whose arrays are torch tensors")
+        return A.torch.sparse_bsr_tensor(self.row_ptr, self.col_idx, self.values, size=self.shape)
+
+    @classmethod
+    def from_scipy(cls, m, block=None, *, dtype=None):
+        """From a SciPy sparse matrix/array. A BSR one keeps its block size unless ``block`` is given;
+        any other format needs ``block``. Duplicates are summed and columns sorted (on a copy)."""
+        import scipy.sparse as sp
+
+        if not sp.issparse(m):
+            raise TypeError(f"from_scipy expects a SciPy sparse matrix or array, got {type(m).__name__}")
+        if m.ndim != 2:
+            raise ValueError(f"from_scipy expects a 2-D matrix, got shape {m.shape}")
+        rows, cols = (int(s) for s in m.shape)
+        if block is None:
+            if m.format != "bsr":
+                raise ValueError(f"a SciPy {m.format} matrix needs block=(bm, bk)")
+            block = m.blocksize
+        bm, bk = _block_arg(block)
+        _ext.check_block_shape(rows, cols, bm, bk)
+        if m.format != "bsr" or tuple(m.blocksize) != (bm, bk):
+            m = m.tobsr(blocksize=(bm, bk))
+        else:
+            m = m.copy()
+        m.sum_duplicates()  # also sorts the columns of every block row
+        values = m.data if dtype is None else m.data.astype(dtype)
+        return cls(m.indptr, m.indices, values, (rows, cols))
+
+    def to_scipy(self):
+        """A SciPy ``bsr_array`` (NumPy matrices only)."""
+        import scipy.sparse as sp
+
+        if A.framework(self.values) != "numpy":
+            raise TypeError("to_scipy needs a matrix whose arrays are NumPy arrays")
+        return sp.bsr_array((self.values, self.col_idx, self.row_ptr), shape=self.shape,
+                            blocksize=self.block)
+
+    # `BSRMatrix @ dense` and `dense @ BSRMatrix` are attached in _ops.py, next to the products.
+
+
+def _check_mask(mask, mb, kb):
+    if A.shape_of(mask) != (mb, kb):
+        raise ValueError(f"mask must have shape (mb, kb)=({mb}, {kb}), got {A.shape_of(mask)}")
+
+
+def _block_rows(a):
+    """Block row of every stored block (int64 [nnzb]); static size, no host sync."""
+    if A.is_torch(a.values):
+        torch = A.torch
+        ids = torch.arange(a.nnzb, dtype=torch.int64, device=a.values.device)
+        return torch.searchsorted(a.row_ptr[1:].long(), ids, right=True)
+    xp = A.xp(a.values)
+    return xp.searchsorted(a.row_ptr[1:], xp.arange(a.nnzb), side="right")
+
+
+def _transpose(a):
+    rows, cols = a.shape
+    bm, bk = a.block
+    mb, kb = rows // bm, cols // bk
+    block_row = _block_rows(a)
+    if A.is_torch(a.values):
+        torch = A.torch
+        col = a.col_idx.long()
+        order = torch.argsort(col * mb + block_row)  # keys are unique: (col, row) order
+        sorted_cols = col[order]
+        ids = torch.arange(kb + 1, dtype=torch.int64, device=a.values.device)
+        row_ptr = torch.searchsorted(sorted_cols, ids).to(torch.int32)
+        col_idx = block_row[order].to(torch.int32)
+        values = a.values[order].transpose(1, 2).contiguous()  # (nnzb, bk, bm)
+    else:
+        xp = A.xp(a.values)
+        col = a.col_idx.astype(xp.int64)
+        order = xp.argsort(col * mb + block_row)
+        sorted_cols = col[order]
+        row_ptr = xp.searchsorted(sorted_cols, xp.arange(kb + 1), side="left").astype(xp.int32)
+        col_idx = block_row[order].astype(xp.int32)
+        values = xp.ascontiguousarray(a.values[order].transpose(0, 2, 1))
+    return BSRMatrix(row_ptr, col_idx, values, (cols, rows), check=False)

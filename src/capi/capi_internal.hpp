@@ -1,0 +1,82 @@
+// Internal: what the C API's files share (capi.cpp: products and queries; capi_plan.cpp: plans):
+// the thread-local last-error text, the exception-to-status guard and the view conversions.
+#pragma once
+#include <cstring>
+#include <new>
+#include <string>
+#include <type_traits>
+
+#include "sparsek/bsr.hpp"
+#include "sparsek/sparsek.h"
+
+namespace sparsek::capi {
+
+extern thread_local std::string g_last_error;  // defined in capi.cpp
+
+inline sparsek_status fail(Status s, const std::string& text) {
+  g_last_error = text;
+  return static_cast<sparsek_status>(static_cast<int>(s));
+}
+
+// Runs f(); maps sparsek::Error to its status, bad_alloc and anything else to internal.
+template <class F>
+sparsek_status guarded(const char* fn, const F& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return SPARSEK_OK;
+  } catch (const Error& e) {
+    return fail(e.status(), std::string(fn) + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(Status::internal, std::string(fn) + ": out of host memory");
+  } catch (const std::exception& e) {
+    return fail(Status::internal, std::string(fn) + ": internal error: " + e.what());
+  } catch (...) {
+    return fail(Status::internal, std::string(fn) + ": internal error (unknown exception)");
+  }
+}
+
+// The function name is added by guarded().
+[[noreturn]] inline void null_arg(const char* name) {
+  throw Error(Status::invalid_argument, std::string("argument '") + name + "' is NULL");
+}
+
+// A C caller may pass any int in an enum parameter, but in C++ loading an enum object whose value
+// lies outside its enumerators' range is undefined: read the bytes as the underlying integer and
+// let validation reject out-of-range values with their value.
+template <class E>
+int enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  static_assert(sizeof(v) == sizeof(E), "enum size");
+  std::memcpy(&v, &e, sizeof(v));
+  return static_cast<int>(v);
+}
+
+inline BsrView to_view(const sparsek_bsr& b) {
+  BsrView v;
+  v.rows = b.rows;
+  v.cols = b.cols;
+  v.bm = b.bm;
+  v.bk = b.bk;
+  v.nnzb = b.nnzb;
+  v.row_ptr = b.row_ptr;
+  v.col_idx = b.col_idx;
+  v.values = b.values;
+  v.dtype = static_cast<DType>(enum_value(b.dtype));
+  v.memory = static_cast<Memory>(enum_value(b.memory));
+  return v;
+}
+
+inline DenseView to_view(const sparsek_dense& d) {
+  DenseView v;
+  v.data = d.data;
+  v.rows = d.rows;
+  v.cols = d.cols;
+  v.ld = d.ld;
+  v.layout = static_cast<Layout>(enum_value(d.layout));
+  v.dtype = static_cast<DType>(enum_value(d.dtype));
+  v.memory = static_cast<Memory>(enum_value(d.memory));
+  return v;
+}
+
+}  // namespace sparsek::capi

@@ -1,5 +1,0 @@
-// Placeholder until this backend lands: contributes no variants yet.
-#include "plan/backends.hpp"
-namespace sparsek {
-std::vector<Variant> peer_variants() { return {}; }
-}  // namespace sparsek

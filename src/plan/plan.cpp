@@ -1,0 +1,246 @@
+// plan(): the O(nnzb) work done once per pattern (checks, row-length analysis, variant choice,
+// the variant's set-up); run(): matches args to the plan and launches, allocation-free.
+#include "sparsek/plan.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "core/device.hpp"
+#include "plan/plan_internal.hpp"
+#include "sparsek/tune.hpp"
+#include "tune/tune_internal.hpp"
+
+namespace sparsek {
+
+struct Plan::Impl {
+  GemmArgs problem;  // as given to plan(); run() args must match it (values may differ)
+  Backend backend = Backend::cpu;
+  const Variant* variant = nullptr;
+  std::string variant_name, chosen_by;
+  PatternStats stats;
+  int threads = 0;
+  int device = -1;  // CUDA device current at plan() (cuda plans)
+  int align[4] = {};  // alignment (log2, capped) of the planned values, a, b, c pointers
+  std::unique_ptr<VariantState> state;
+};
+
+Plan::Plan() = default;
+Plan::~Plan() = default;
+Plan::Plan(const Plan&) = default;
+Plan& Plan::operator=(const Plan&) = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+namespace {
+// log2 of a pointer's alignment, capped at 256 bytes (null counts as fully aligned).
+int align_log2(const void* p) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 0;
+  while (a < 8 && !(v & (uintptr_t(1) << a))) ++a;
+  return a;
+}
+void data_alignment(const GemmArgs& g, int out[4]) {
+  out[0] = align_log2(g.sparse.values);
+  out[1] = align_log2(g.a.data);
+  out[2] = align_log2(g.b.data);
+  out[3] = align_log2(g.c.data);
+}
+[[noreturn]] void empty_plan() {
+  throw Error(Status::invalid_argument, "the plan is empty (make one with sparsek::plan())");
+}
+}  // namespace
+
+const std::string& Plan::variant() const {
+  if (!impl_) empty_plan();
+  return impl_->variant_name;
+}
+const std::string& Plan::chosen_by() const {
+  if (!impl_) empty_plan();
+  return impl_->chosen_by;
+}
+const PatternStats& Plan::stats() const {
+  if (!impl_) empty_plan();
+  return impl_->stats;
+}
+const GemmArgs& Plan::problem() const {
+  if (!impl_) empty_plan();
+  return impl_->problem;
+}
+Backend Plan::backend() const {
+  if (!impl_) empty_plan();
+  return impl_->backend;
+}
+size_t Plan::workspace_bytes() const {
+  if (!impl_) empty_plan();
+  return impl_->state ? impl_->state->workspace_bytes() : 0;
+}
+size_t workspace_bytes(const Plan& p) { return p.workspace_bytes(); }
+
+PatternStats pattern_stats(const int32_t* row_ptr, int64_t mb) {
+  PatternStats s;
+  s.rows = mb;
+  if (mb <= 0) return s;
+  s.nnzb = row_ptr[mb] - row_ptr[0];
+  s.mean = double(s.nnzb) / double(mb);
+  s.min = INT64_MAX;
+  double sq = 0;
+  for (int64_t r = 0; r < mb; ++r) {
+    int64_t len = row_ptr[r + 1] - row_ptr[r];
+    s.max = std::max(s.max, len);
+    s.min = std::min(s.min, len);
+    s.empty_rows += len == 0;
+    double d = double(len) - s.mean;
+    sq += d * d;
+  }
+  s.stddev = std::sqrt(sq / double(mb));
+  return s;
+}
+
+struct PlanAccess {
+  static Plan make(std::unique_ptr<Plan::Impl> impl) {
+    Plan p;
+    p.impl_ = std::shared_ptr<Plan::Impl>(std::move(impl));
+    return p;
+  }
+};
+
+Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp) {
+  auto impl = std::make_unique<Plan::Impl>();
+  impl->problem = g;
+  impl->backend = be;
+  impl->threads = o.threads;
+  impl->stats = pattern_stats(hp.row_ptr, g.sparse.mb());
+  if (be == Backend::cuda) check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
+
+  const Variant* v = nullptr;
+  if (!o.variant.empty()) {
+    v = &forced_variant(g, o.variant, be);
+    impl->chosen_by = "forced";
+  } else {
+    TuneMode mode = tune_mode();
+    if (mode != TuneMode::off) {
+      TuneKey key = tune_key(g, impl->stats, be, o.threads);
+      if (auto hit = tune_detail::cached_lookup(key)) {
+        const Variant* c = find_variant(hit->variant);
+        // An entry naming a variant this build lacks, or one that cannot run these exact args
+        // (e.g. an alignment the tuned problem had), is not used.
+        if (c && c->backend == be && c->why_not(g).empty()) {
+          v = c;
+          impl->chosen_by = "cache";
+        }
+      }
+      if (!v && mode == TuneMode::on) {
+        TuneReport rep = tune(g, o);
+        if (!rep.store_error.empty())
+          tune_detail::warn_once("tune-store", "tuning result not stored: " + rep.store_error);
+        v = find_variant(rep.entry.variant);
+        impl->chosen_by = "tuned";
+      }
+    }
+    if (!v) {
+      std::string reasons;
+      v = heuristic_variant(g, be, &reasons);
+      if (!v) throw Error(Status::unsupported, "no variant supports this problem" + reasons);
+      impl->chosen_by = "heuristic";
+    }
+  }
+  impl->variant = v;
+  impl->variant_name = v->name;
+  data_alignment(g, impl->align);
+  if (v->prepare) {
+    Options po;
+    po.backend = be;
+    po.threads = o.threads;
+    po.check_indices = false;
+    impl->state = v->prepare(g, po);
+  }
+  return PlanAccess::make(std::move(impl));
+}
+
+Plan plan(const GemmArgs& problem, const Options& options) {
+  validate(problem, false);
+  Backend be = resolve_backend(problem, options);
+  HostPattern hp = host_pattern(problem.sparse, true);
+  validate_pattern(problem, hp);
+  return make_plan(problem, options, be, hp);
+}
+
+namespace {
+
+[[noreturn]] void mismatch(const char* what, const std::string& got, const std::string& want) {
+  throw Error(Status::invalid_argument, std::string("run: args do not match the plan: ") + what + " is " + got +
+                                            ", the plan was made for " + want);
+}
+std::string ptr(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+std::string num(int64_t v) { return std::to_string(v); }
+
+void match_dense(const DenseView& got, const DenseView& want, const char* name) {
+  std::string n(name);
+  if (got.rows != want.rows) mismatch((n + ".rows").c_str(), num(got.rows), num(want.rows));
+  if (got.cols != want.cols) mismatch((n + ".cols").c_str(), num(got.cols), num(want.cols));
+  if (got.ld != want.ld) mismatch((n + ".ld").c_str(), num(got.ld), num(want.ld));
+  if (got.layout != want.layout) mismatch((n + ".layout").c_str(), to_string(got.layout), to_string(want.layout));
+  if (got.dtype != want.dtype) mismatch((n + ".dtype").c_str(), to_string(got.dtype), to_string(want.dtype));
+  if (got.memory != want.memory) mismatch((n + ".memory").c_str(), to_string(got.memory), to_string(want.memory));
+}
+
+// Only compares; the strings are built on a mismatch alone, so a matching call allocates nothing.
+void match(const GemmArgs& g, const GemmArgs& p) {
+  if (g.kind != p.kind) mismatch("kind", to_string(g.kind), to_string(p.kind));
+  if (g.op != p.op) mismatch("op", to_string(g.op), to_string(p.op));
+  const BsrView &s = g.sparse, &t = p.sparse;
+  if (s.rows != t.rows) mismatch("sparse.rows", num(s.rows), num(t.rows));
+  if (s.cols != t.cols) mismatch("sparse.cols", num(s.cols), num(t.cols));
+  if (s.bm != t.bm) mismatch("sparse.bm", num(s.bm), num(t.bm));
+  if (s.bk != t.bk) mismatch("sparse.bk", num(s.bk), num(t.bk));
+  if (s.nnzb != t.nnzb) mismatch("sparse.nnzb", num(s.nnzb), num(t.nnzb));
+  if (s.dtype != t.dtype) mismatch("sparse.dtype", to_string(s.dtype), to_string(t.dtype));
+  if (s.memory != t.memory) mismatch("sparse.memory", to_string(s.memory), to_string(t.memory));
+  if (s.row_ptr != t.row_ptr) mismatch("sparse.row_ptr", ptr(s.row_ptr), ptr(t.row_ptr));
+  if (s.col_idx != t.col_idx && s.nnzb > 0) mismatch("sparse.col_idx", ptr(s.col_idx), ptr(t.col_idx));
+  if (g.kind != OpKind::dsd) match_dense(g.a, p.a, "A");
+  if (g.kind != OpKind::dds) match_dense(g.b, p.b, "B");
+  if (g.kind != OpKind::sdd) match_dense(g.c, p.c, "C");
+}
+
+}  // namespace
+
+void run(const Plan& p, const GemmArgs& args, void* stream) {
+  if (!p.impl_) empty_plan();
+  const Plan::Impl& im = *p.impl_;
+  match(args, im.problem);
+  validate(args, false);  // the cheap checks: null pointers, alignment, NaN alpha/beta
+  if (im.backend == Backend::cuda) {
+    int dev = -1;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev != im.device)
+      throw Error(Status::invalid_argument, "run: the plan was made on CUDA device " + num(im.device) +
+                                                " but device " + num(dev) + " is current");
+  }
+  // The variant accepted the planned problem; what may differ now is the data pointers. Ask it
+  // again only when one of them is less aligned than planned (why_not() may be slow: it can read
+  // a device pattern, which would also break graph capture).
+  int al[4];
+  data_alignment(args, al);
+  if (al[0] < im.align[0] || al[1] < im.align[1] || al[2] < im.align[2] || al[3] < im.align[3]) {
+    std::string why = im.variant->why_not(args);
+    if (!why.empty())
+      throw Error(Status::unsupported, "run: variant '" + im.variant_name + "' cannot run these args: " + why);
+  }
+  Options o;  // default-constructed: its empty variant string allocates nothing
+  o.backend = im.backend;
+  o.stream = stream;
+  o.check_indices = false;
+  o.threads = im.threads;
+  im.variant->run(args, o, im.state.get());
+}
+
+}  // namespace sparsek

@@ -1,0 +1,40 @@
+// Internal: the pieces plan(), the one-shot gemm() and the tuner share.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/variant.hpp"
+#include "sparsek/plan.hpp"
+
+namespace sparsek {
+
+// The sparse operand's pattern, readable on the host: a view of host memory, or a copy of
+// device memory.
+struct HostPattern {
+  const int32_t* row_ptr = nullptr;  // [mb + 1]
+  const int32_t* col_idx = nullptr;  // [nnzb] (nullptr when not fetched or nnzb = 0)
+  std::vector<int32_t> row_ptr_copy, col_idx_copy;
+};
+// s passed the cheap checks. Device memory is copied (synchronously); col_idx only when asked.
+HostPattern host_pattern(const BsrView& s, bool with_col_idx = true);
+
+// The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
+void validate_pattern(const GemmArgs& g, const HostPattern& hp);
+
+// cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
+// cuda, that a GPU answers.
+Backend resolve_backend(const GemmArgs& g, const Options& o);
+// The heuristic default: the first non-peer variant of `be` that supports g (nullptr if none;
+// then *reasons says why each one does not).
+const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons = nullptr);
+// Options::variant by name; throws when unknown, of another backend, or not supporting g.
+const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be);
+
+// plan() once the cheap checks passed and hp holds the validated pattern (with col_idx).
+Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp);
+
+// A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
+uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);
+
+}  // namespace sparsek

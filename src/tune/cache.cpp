@@ -1,0 +1,624 @@
+// The tuning cache: key construction, the JSON file, locking and atomic replacement.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/device.hpp"
+#include "plan/variant.hpp"
+#include "sparsek/tune.hpp"
+#include "tune/tune_internal.hpp"
+
+namespace sparsek {
+
+namespace {
+constexpr const char* kFormat = "sparsek-tune-cache";
+constexpr int kFormatVersion = 1;
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Modes, paths, identity
+
+const char* to_string(TuneMode m) {
+  switch (m) {
+    case TuneMode::off: return "off";
+    case TuneMode::cached: return "cached";
+    case TuneMode::on: return "on";
+  }
+  return "unknown";
+}
+
+TuneMode tune_mode() {
+  const char* e = std::getenv("SPARSEK_TUNE");
+  if (!e || !*e) return TuneMode::cached;
+  std::string s(e);
+  if (s == "off") return TuneMode::off;
+  if (s == "cached") return TuneMode::cached;
+  if (s == "on") return TuneMode::on;
+  throw Error(Status::invalid_argument, "SPARSEK_TUNE='" + s + "' is not one of off, cached, on");
+}
+
+std::string tune_cache_path() {
+  const char* c = std::getenv("SPARSEK_CACHE");
+  if (c && *c) return c;
+  const char* home = std::getenv("HOME");
+  if (home && *home) return std::string(home) + "/.cache/sparsek/tune.json";
+  return "";
+}
+
+namespace {
+uint64_t fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+std::string hex16(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+std::string cpu_model() {
+  static const std::string model = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("model name", 0) == 0) {
+        size_t colon = line.find(':');
+        if (colon != std::string::npos) {
+          size_t b = line.find_first_not_of(" \t", colon + 1);
+          if (b != std::string::npos) return line.substr(b);
+        }
+      }
+    }
+    return std::string("unknown");
+  }();
+  return model;
+}
+}  // namespace
+
+std::string kernel_set_hash() {
+  static const std::string hash = [] {
+    std::string all = std::string("sparsek ") + version();
+    for (const Variant& v : variants()) all += std::string("\n") + v.name;
+    return hex16(fnv1a(all));
+  }();
+  return hash;
+}
+
+bool TuneKey::operator==(const TuneKey& o) const {
+  return backend == o.backend && op == o.op && in_dtype == o.in_dtype && out_dtype == o.out_dtype &&
+         layouts == o.layouts && m == o.m && n == o.n && k == o.k && bm == o.bm && bk == o.bk &&
+         nnzb == o.nnzb && row_mean == o.row_mean && row_max == o.row_max && row_std == o.row_std &&
+         device == o.device && sm_count == o.sm_count && cc == o.cc && driver == o.driver &&
+         runtime == o.runtime && library == o.library && kernel_set == o.kernel_set;
+}
+
+int64_t pow2_bucket(double x) {
+  if (!(x >= 0.5)) return 0;  // also NaN
+  if (x > 1e18) x = 1e18;
+  return int64_t(1) << std::max(0L, std::lround(std::log2(x)));
+}
+
+TuneKey tune_key(const GemmArgs& g, const PatternStats& st, Backend be, int threads) {
+  TuneKey k;
+  k.backend = be == Backend::cuda ? "cuda" : "cpu";
+  k.op = std::string(to_string(g.kind)) + (g.op == Op::trans ? "_t" : "");
+  k.in_dtype = to_string(g.kind == OpKind::sdd ? g.a.dtype : g.sparse.dtype);
+  k.out_dtype = to_string(g.kind == OpKind::sdd ? g.sparse.dtype : g.c.dtype);
+  auto lay = [](const DenseView& d) { return d.layout == Layout::row_major ? "row" : "col"; };
+  switch (g.kind) {
+    case OpKind::dsd: k.layouts = std::string(lay(g.b)) + "," + lay(g.c); break;
+    case OpKind::dds: k.layouts = std::string(lay(g.a)) + "," + lay(g.c); break;
+    case OpKind::sdd: k.layouts = std::string(lay(g.a)) + "," + lay(g.b); break;
+  }
+  k.m = g.m();
+  k.n = g.n();
+  k.k = g.k();
+  k.bm = g.sparse.bm;
+  k.bk = g.sparse.bk;
+  k.nnzb = g.sparse.nnzb;
+  k.row_mean = pow2_bucket(st.mean);
+  k.row_max = pow2_bucket(double(st.max));
+  k.row_std = pow2_bucket(st.stddev);
+  if (be == Backend::cuda) {
+    const DeviceInfo& d = device_info();
+    k.device = d.name;
+    k.sm_count = d.sm_count;
+    k.cc = d.cc_major * 10 + d.cc_minor;
+    k.driver = d.driver_version;
+    k.runtime = d.runtime_version;
+  } else {
+    k.device = "cpu: " + cpu_model();
+    // NOTE: hardware_concurrency() reads /sys on every call (~5 us): ask once.
+    static const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    k.sm_count = threads > 0 ? threads : hw;
+  }
+  k.library = version();
+  k.kernel_set = kernel_set_hash();
+  return k;
+}
+
+std::string describe(const TuneKey& k) {
+  std::ostringstream o;
+  o << k.op << " " << k.in_dtype << "->" << k.out_dtype << " " << k.layouts << " M=" << k.m << " N=" << k.n
+    << " K=" << k.k << " block " << k.bm << "x" << k.bk << " nnzb=" << k.nnzb << " rows~" << k.row_mean << "/"
+    << k.row_max << "/" << k.row_std << " (mean/max/std, pow2) | " << k.backend << " " << k.device;
+  if (k.backend == "cuda")
+    o << " (" << k.sm_count << " SMs, cc " << k.cc / 10 << "." << k.cc % 10 << ", driver " << k.driver << ", runtime "
+      << k.runtime << ")";
+  else
+    o << " (" << k.sm_count << " threads)";
+  o << " | sparsek " << k.library << " kernels " << k.kernel_set;
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON <-> key / entry
+
+namespace tune_detail {
+
+namespace {
+std::mutex warn_mu;
+std::set<std::string>& warned() {
+  static auto* s = new std::set<std::string>;
+  return *s;
+}
+
+const json::Value& field(const json::Value& obj, const char* name) {
+  const json::Value* v = obj.find(name);
+  if (!v) throw std::runtime_error(std::string("missing field '") + name + "'");
+  return *v;
+}
+std::string str_field(const json::Value& obj, const char* name) {
+  const json::Value& v = field(obj, name);
+  if (!v.is_string()) throw std::runtime_error(std::string("field '") + name + "' is not a string");
+  return v.string;
+}
+int64_t int_field(const json::Value& obj, const char* name) {
+  const json::Value& v = field(obj, name);
+  if (!v.is_number() || !std::isfinite(v.number) || v.number != std::floor(v.number) ||
+      std::fabs(v.number) > 9.0e15)
+    throw std::runtime_error(std::string("field '") + name + "' is not an integer");
+  return int64_t(v.number);
+}
+double num_field(const json::Value& obj, const char* name, double fallback) {
+  const json::Value* v = obj.find(name);
+  return v && v->is_number() ? v->number : fallback;
+}
+}  // namespace
+
+void warn_once(const std::string& topic, const std::string& msg) {
+  std::lock_guard<std::mutex> lock(warn_mu);
+  if (!warned().insert(topic).second) return;
+  std::fprintf(stderr, "sparsek: warning: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+void reset_warnings() {
+  std::lock_guard<std::mutex> lock(warn_mu);
+  warned().clear();
+}
+
+json::Value to_json(const TuneKey& k) {
+  json::Value v = json::Value::make_object();
+  v.set("backend", k.backend);
+  v.set("op", k.op);
+  v.set("in_dtype", k.in_dtype);
+  v.set("out_dtype", k.out_dtype);
+  v.set("layouts", k.layouts);
+  v.set("m", k.m);
+  v.set("n", k.n);
+  v.set("k", k.k);
+  v.set("bm", k.bm);
+  v.set("bk", k.bk);
+  v.set("nnzb", k.nnzb);
+  v.set("row_mean", k.row_mean);
+  v.set("row_max", k.row_max);
+  v.set("row_std", k.row_std);
+  v.set("device", k.device);
+  v.set("sm_count", k.sm_count);
+  v.set("cc", k.cc);
+  v.set("driver", k.driver);
+  v.set("runtime", k.runtime);
+  v.set("library", k.library);
+  v.set("kernel_set", k.kernel_set);
+  return v;
+}
+
+TuneKey key_from_json(const json::Value& v) {
+  if (!v.is_object()) throw std::runtime_error("key is not an object");
+  TuneKey k;
+  k.backend = str_field(v, "backend");
+  k.op = str_field(v, "op");
+  k.in_dtype = str_field(v, "in_dtype");
+  k.out_dtype = str_field(v, "out_dtype");
+  k.layouts = str_field(v, "layouts");
+  k.m = int_field(v, "m");
+  k.n = int_field(v, "n");
+  k.k = int_field(v, "k");
+  k.bm = int(int_field(v, "bm"));
+  k.bk = int(int_field(v, "bk"));
+  k.nnzb = int_field(v, "nnzb");
+  k.row_mean = int_field(v, "row_mean");
+  k.row_max = int_field(v, "row_max");
+  k.row_std = int_field(v, "row_std");
+  k.device = str_field(v, "device");
+  k.sm_count = int(int_field(v, "sm_count"));
+  k.cc = int(int_field(v, "cc"));
+  k.driver = int(int_field(v, "driver"));
+  k.runtime = int(int_field(v, "runtime"));
+  k.library = str_field(v, "library");
+  k.kernel_set = str_field(v, "kernel_set");
+  return k;
+}
+
+json::Value to_json(const TuneEntry& e) {
+  json::Value v = json::Value::make_object();
+  v.set("key", to_json(e.key));
+  v.set("variant", e.variant);
+  v.set("time_ms", e.time_ms);
+  v.set("default_variant", e.default_variant);
+  v.set("default_ms", e.default_ms);
+  json::Value c = json::Value::make_object();
+  for (const auto& kv : e.candidates) c.set(kv.first, kv.second);
+  v.set("candidates", c);
+  v.set("created", e.created);
+  return v;
+}
+
+TuneEntry entry_from_json(const json::Value& v) {
+  if (!v.is_object()) throw std::runtime_error("entry is not an object");
+  TuneEntry e;
+  e.key = key_from_json(field(v, "key"));
+  e.variant = str_field(v, "variant");
+  if (e.variant.empty()) throw std::runtime_error("field 'variant' is empty");
+  e.time_ms = num_field(v, "time_ms", 0);
+  e.default_ms = num_field(v, "default_ms", 0);
+  if (const json::Value* d = v.find("default_variant"); d && d->is_string()) e.default_variant = d->string;
+  if (const json::Value* c = v.find("candidates"); c && c->is_object())
+    for (const auto& kv : c->object)
+      if (kv.second.is_number()) e.candidates.emplace_back(kv.first, kv.second.number);
+  if (const json::Value* t = v.find("created"); t && t->is_string()) e.created = t->string;
+  return e;
+}
+
+}  // namespace tune_detail
+
+// ---------------------------------------------------------------------------------------------
+// The file
+
+namespace {
+
+using tune_detail::warn_once;
+
+[[noreturn]] void io_fail(const std::string& msg) { throw Error(Status::io_error, msg); }
+
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void make_dirs(const std::string& dir) {
+  if (dir.empty() || dir == "." || dir == "/") return;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) io_fail("cannot create the tuning cache: " + dir + " is not a directory");
+    return;
+  }
+  make_dirs(parent_dir(dir));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    io_fail("cannot create directory " + dir + " for the tuning cache: " + std::strerror(errno));
+}
+
+// An exclusive flock on "<path>.lock", held for the object's lifetime. The sidecar is never
+// deleted: removing a lock file while another process waits on it would split the lock.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    make_dirs(parent_dir(path));
+    std::string lp = path + ".lock";
+    fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail("cannot open the tuning cache lock " + lp + ": " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd_);
+      io_fail("cannot lock " + lp + ": " + std::strerror(e));
+    }
+  }
+  ~FileLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A cache is a few KB; anything this large is not one (and reading it whole would hurt).
+constexpr int64_t kMaxCacheBytes = 64ll << 20;
+constexpr int kNotRegular = -1, kTooLarge = -2;
+
+// 0 and the text; ENOENT when missing; kNotRegular (a directory, FIFO, device: never block on or
+// slurp one), kTooLarge; else the errno.
+int read_text(const std::string& path, std::string& out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return errno;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxCacheBytes) {
+    int why = S_ISREG(st.st_mode) ? kTooLarge : kNotRegular;
+    ::close(fd);
+    return why;
+  }
+  out.clear();
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      return e;
+    }
+    if (n == 0) break;
+    out.append(buf, size_t(n));
+    if (int64_t(out.size()) > kMaxCacheBytes) {
+      ::close(fd);
+      return kTooLarge;
+    }
+  }
+  ::close(fd);
+  return 0;
+}
+
+std::string read_error(int err) {
+  if (err == kNotRegular) return "not a regular file";
+  if (err == kTooLarge) return "larger than 64 MiB";
+  return std::strerror(err);
+}
+
+bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// A parsed file: the document (kept whole so that a merge preserves what we do not understand),
+// its well-formed entries, and a state ("ok" or why it is ignored).
+struct Parsed {
+  std::string state = "ok";
+  json::Value root;
+  std::vector<TuneEntry> entries;
+  bool usable() const { return state == "ok"; }
+};
+
+Parsed parse_cache(const std::string& path, const std::string& text) {
+  Parsed p;
+  if (blank(text)) {  // e.g. made by touch: treat as an empty cache
+    p.root = json::Value::make_object();
+    return p;
+  }
+  try {
+    p.root = json::parse(text);
+  } catch (const std::exception& e) {
+    p.state = std::string("unreadable: ") + e.what();
+    return p;
+  }
+  const json::Value* fmt = p.root.find("format");
+  if (!fmt || !fmt->is_string() || fmt->string != kFormat) {
+    p.state = std::string("mismatched: not a sparsek tuning cache (no \"format\": \"") + kFormat + "\")";
+    return p;
+  }
+  const json::Value* ver = p.root.find("version");
+  if (!ver || !ver->is_number() || ver->number != kFormatVersion) {
+    std::string got = ver && ver->is_number() ? json::dump(*ver) : std::string("missing\n");
+    got.pop_back();  // dump's newline
+    p.state = "mismatched: file format version " + got + ", this library reads version " +
+              std::to_string(kFormatVersion);
+    return p;
+  }
+  const json::Value* entries = p.root.find("entries");
+  if (!entries || !entries->is_array()) {
+    p.state = "unreadable: \"entries\" is missing or not an array";
+    return p;
+  }
+  for (size_t i = 0; i < entries->array.size(); ++i) {
+    try {
+      p.entries.push_back(tune_detail::entry_from_json(entries->array[i]));
+    } catch (const std::exception& e) {
+      warn_once(path + "#entry", "tuning cache " + path + ": entry " + std::to_string(i) + " skipped (" + e.what() + ")");
+    }
+  }
+  return p;
+}
+
+struct FileSig {
+  bool exists = false;
+  int64_t mtime_ns = 0, ctime_ns = 0, size = -1, ino = 0;
+};
+FileSig file_sig(const std::string& path) {
+  FileSig s;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return s;
+  s.exists = true;
+  s.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  s.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  s.size = int64_t(st.st_size);
+  s.ino = int64_t(st.st_ino);
+  return s;
+}
+
+// Writes text to a fresh temp file beside path and renames it over path (atomic on POSIX).
+void replace_file(const std::string& path, const std::string& text) {
+  static std::atomic<unsigned> counter{0};
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("cannot write the tuning cache: " + tmp + ": " + std::strerror(errno));
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      io_fail("cannot write the tuning cache: " + tmp + ": " + std::strerror(e));
+    }
+    off += size_t(n);
+  }
+  // fsync before rename: a crash must leave the old file or the new one, never a torn one.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    io_fail("cannot write the tuning cache: " + tmp + ": " + std::strerror(e));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    io_fail("cannot replace the tuning cache " + path + ": " + std::strerror(e));
+  }
+}
+
+constexpr const char* kFix = "remove it (sparsek cache clear) or point SPARSEK_CACHE at another file";
+
+}  // namespace
+
+TuneCache::TuneCache(std::string path) : path_(std::move(path)) {}
+
+void TuneCache::refresh() {
+  if (path_.empty()) {
+    entries_.clear();
+    state_ = "missing";
+    loaded_ = true;
+    return;
+  }
+  FileSig s = file_sig(path_);
+  if (!s.exists) {
+    entries_.clear();
+    state_ = "missing";
+    loaded_ = true;
+    sig_size_ = -1;
+    return;
+  }
+  if (loaded_ && s.mtime_ns == sig_mtime_ns_ && s.size == sig_size_ && s.ino == sig_ino_ &&
+      s.ctime_ns == sig_ctime_ns_)
+    return;
+  std::string text;
+  int err = read_text(path_, text);
+  if (err == ENOENT) {  // replaced between stat and open: the next call sees the new file
+    entries_.clear();
+    state_ = "missing";
+    loaded_ = true;
+    sig_size_ = -1;
+    return;
+  }
+  if (err != 0) {
+    entries_.clear();
+    state_ = "unreadable: " + read_error(err);
+  } else {
+    Parsed p = parse_cache(path_, text);
+    state_ = p.state;
+    entries_ = p.usable() ? std::move(p.entries) : std::vector<TuneEntry>{};
+  }
+  if (state_ != "ok")
+    warn_once(path_, "tuning cache " + path_ + " is ignored (" + state_ + "); " + kFix);
+  loaded_ = true;
+  sig_mtime_ns_ = s.mtime_ns;
+  sig_ctime_ns_ = s.ctime_ns;
+  sig_size_ = s.size;
+  sig_ino_ = s.ino;
+}
+
+std::optional<TuneEntry> TuneCache::lookup(const TuneKey& key) {
+  refresh();
+  // Last match wins (store() keeps one per key; a hand-edited file might hold two).
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+    if (it->key == key) return *it;
+  return std::nullopt;
+}
+
+std::vector<TuneEntry> TuneCache::entries() {
+  refresh();
+  return entries_;
+}
+
+std::string TuneCache::state() {
+  refresh();
+  return state_;
+}
+
+void TuneCache::store(const TuneEntry& entry) {
+  if (path_.empty()) io_fail("no tuning cache path: set SPARSEK_CACHE or HOME");
+  FileLock lock(path_);
+  // Re-read under the lock: another process may have added entries since we last looked.
+  std::string text;
+  int err = read_text(path_, text);
+  if (err != 0 && err != ENOENT)
+    io_fail("cannot read the tuning cache " + path_ + " (" + read_error(err) + "); " + kFix);
+  Parsed p = parse_cache(path_, err == ENOENT ? std::string() : text);
+  if (!p.usable())
+    io_fail("tuning cache " + path_ + " is " + p.state + "; not overwriting a file sparsek does not recognise: " + kFix);
+  json::Value root = p.root;
+  root.set("format", kFormat);
+  root.set("version", kFormatVersion);
+  json::Value kept = json::Value::make_array();
+  if (const json::Value* old = p.root.find("entries"))
+    for (const json::Value& e : old->array) {
+      bool same = false;
+      try {
+        if (const json::Value* k = e.find("key")) same = tune_detail::key_from_json(*k) == entry.key;
+      } catch (const std::exception&) {
+        // malformed entries are kept as they are: not ours to judge, not ours to delete
+      }
+      if (!same) kept.array.push_back(e);
+    }
+  kept.array.push_back(tune_detail::to_json(entry));
+  root.set("entries", kept);
+  replace_file(path_, json::dump(root));
+  loaded_ = false;  // re-read on the next lookup
+}
+
+size_t TuneCache::clear() {
+  if (path_.empty()) return 0;
+  FileLock lock(path_);
+  std::string text;
+  size_t n = 0;
+  if (read_text(path_, text) == 0) {
+    Parsed p = parse_cache(path_, text);
+    n = p.entries.size();
+  }
+  if (::unlink(path_.c_str()) != 0 && errno != ENOENT)
+    io_fail("cannot remove the tuning cache " + path_ + ": " + std::strerror(errno));
+  loaded_ = false;
+  return n;
+}
+
+namespace tune_detail {
+
+std::optional<TuneEntry> cached_lookup(const TuneKey& key) {
+  static std::mutex mu;
+  static auto* caches = new std::map<std::string, std::unique_ptr<TuneCache>>;
+  std::string path = tune_cache_path();
+  if (path.empty()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& c = (*caches)[path];
+  if (!c) c = std::make_unique<TuneCache>(path);
+  return c->lookup(key);
+}
+
+}  // namespace tune_detail
+
+}  // namespace sparsek

@@ -1,0 +1,386 @@
+// The peer variants (cuSPARSE BSR / Blocked-ELL SpMM, cuBLAS on the densified A) against the fp64
+// oracle, their why_not() reasons, and the library-status -> sparsek::Error mapping.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusparse.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cpu/oracle.hpp"
+#include "cuda/peers/peers.hpp"
+#include "plan/variant.hpp"
+#include "test_util.hpp"
+
+namespace sparsek::test {
+namespace {
+
+const char* const kPeers[] = {"cusparse_bsr", "cusparse_ell", "cublas_dense"};
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t n) {
+    if (n) check_cuda(cudaMalloc(&p, n), "cudaMalloc");
+  }
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  void put(const void* src, size_t n) { check_cuda(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), "upload"); }
+  void get(void* dst, size_t n) const { check_cuda(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), "download"); }
+};
+
+struct Problem {
+  int64_t m = 256, k = 192, n = 96;
+  int bm = 32, bk = 32;
+  double density = 0.25;
+  PatternKind pattern = PatternKind::fixed_k;
+  DType in = DType::f16, out = DType::f16;
+  Layout lb = Layout::row_major, lc = Layout::row_major;
+  int64_t pb = 0, pc = 0;
+  Op op = Op::none;
+  float alpha = 1.f, beta = 0.f;
+  bool integers = false;
+  bool empty_rows = false;  // drop every third block row
+  bool no_blocks = false;   // nnzb = 0
+  uint64_t seed = 7;
+};
+
+double tolerance(DType out) { return out == DType::bf16 ? 1.6e-2 : out == DType::f16 ? 2e-3 : 1e-4; }
+
+// Runs variant `name` through the public gemm() on device copies of a random problem and returns
+// the max relative error against the oracle. C is NaN when beta = 0 (must not leak) and its
+// padding must come back untouched.
+double run_peer(const std::string& name, const Problem& p, bool split = false) {
+  const int64_t rows = p.op == Op::none ? p.m : p.k, cols = p.op == Op::none ? p.k : p.m;
+  BsrMatrix a = random_bsr(p.pattern, rows, cols, p.bm, p.bk, p.density, p.in, p.seed, p.integers);
+  if (p.empty_rows || p.no_blocks) {
+    std::vector<int32_t> rp{0}, ci;
+    for (int64_t i = 0; i < a.mb(); ++i) {
+      if (!p.no_blocks && i % 3 != 1)
+        for (int32_t j = a.row_ptr()[size_t(i)]; j < a.row_ptr()[size_t(i + 1)]; ++j) ci.push_back(a.col_idx()[size_t(j)]);
+      rp.push_back(int32_t(ci.size()));
+    }
+    a = BsrMatrix(rows, cols, p.bm, p.bk, rp, ci, p.in);
+    a.fill_random(p.seed + 1, p.integers);
+  }
+  HostDense b(p.k, p.n, p.in, p.lb, p.pb), c(p.m, p.n, p.out, p.lc, p.pc);
+  b.fill_random(p.seed + 2, p.integers);
+  if (p.beta == 0.f)
+    c.fill(nan_value());
+  else
+    c.fill_random(p.seed + 3, p.integers);
+  const std::vector<uint8_t> c0 = c.bytes;
+
+  GemmArgs h;
+  h.kind = OpKind::dsd;
+  h.op = p.op;
+  h.alpha = p.alpha;
+  h.beta = p.beta;
+  h.sparse = a.view();
+  h.b = b.view;
+  h.c = c.view;
+  std::vector<double> ref = oracle(h);
+
+  Dev rp(a.row_ptr().size() * 4), ci(a.col_idx().size() * 4), vals(a.value_bytes().size()), db(b.bytes.size()),
+      dc(c.bytes.size());
+  rp.put(a.row_ptr().data(), a.row_ptr().size() * 4);
+  if (a.nnzb()) {
+    ci.put(a.col_idx().data(), a.col_idx().size() * 4);
+    vals.put(a.value_bytes().data(), a.value_bytes().size());
+  }
+  db.put(b.bytes.data(), b.bytes.size());
+  dc.put(c.bytes.data(), c.bytes.size());
+  GemmArgs g = h;
+  g.sparse.row_ptr = static_cast<const int32_t*>(rp.p);
+  g.sparse.col_idx = a.nnzb() ? static_cast<const int32_t*>(ci.p) : nullptr;
+  g.sparse.values = a.nnzb() ? vals.p : nullptr;
+  g.sparse.memory = Memory::device;
+  g.b.data = db.p;
+  g.b.memory = Memory::device;
+  g.c.data = dc.p;
+  g.c.memory = Memory::device;
+
+  const Variant* v = find_variant(name);
+  if (!v) throw std::runtime_error("no variant " + name);
+  std::string why = v->why_not(g);
+  EXPECT_EQ(why, "") << name;
+  Options o;
+  o.backend = Backend::cuda;
+  o.variant = name;
+  if (split) {  // the benchmark's path: convert once, then the core call
+    auto st = v->prepare(g, o);
+    auto* ps = static_cast<peers::PeerState*>(st.get());
+    ps->convert(g, o.stream);
+    ps->core(g, o.stream);
+    check_cuda(cudaDeviceSynchronize(), "split run");
+  } else {
+    gemm(g, o);
+  }
+  check_cuda(cudaDeviceSynchronize(), name.c_str());
+  dc.get(c.bytes.data(), c.bytes.size());
+  // Padding of C untouched (nothing is written outside C).
+  const size_t es = dtype_size(p.out);
+  const int64_t minor = p.lc == Layout::row_major ? p.n : p.m;
+  for (size_t e = 0; e < c.bytes.size() / es; ++e)
+    if (int64_t(e) % c.view.ld >= minor)
+      EXPECT_EQ(0, std::memcmp(&c.bytes[e * es], &c0[e * es], es)) << name << ": padding element " << e << " written";
+  return max_rel_error(h, ref);
+}
+
+// Expects run_peer() within tolerance; a thrown Error is reported (not propagated) so that one
+// rejected combination does not hide the others.
+void expect_ok(const std::string& name, const Problem& p, const std::string& what, bool split = false,
+               double tol = -1) {
+  if (tol < 0) tol = tolerance(p.out);
+  try {
+    double err = run_peer(name, p, split);
+    EXPECT_LE(err, tol) << name << " " << what;
+  } catch (const Error& e) {
+    ADD_FAILURE() << name << " " << what << ": " << to_string(e.status()) << ": " << e.what();
+  }
+}
+
+// ---- correctness against the oracle ----
+
+struct DtypeCase {
+  DType in, out;
+};
+class PeerDtypes : public ::testing::TestWithParam<std::tuple<std::string, DtypeCase>> {};
+
+GemmArgs device_dsd(int bm, int bk, DType in, DType out);
+
+TEST_P(PeerDtypes, SmallRandomMatchesOracle) {
+  Problem p;
+  p.in = std::get<1>(GetParam()).in;
+  p.out = std::get<1>(GetParam()).out;
+  const std::string name = std::get<0>(GetParam());
+  if (name == "cusparse_ell" && p.in == DType::f32) {  // reduced precision: refused, with the reason
+    std::string why = find_variant(name)->why_not(device_dsd(32, 32, p.in, p.out));
+    EXPECT_NE(why.find("TF32"), std::string::npos) << why;
+    return;
+  }
+  SPARSEK_REQUIRE_GPU();
+  expect_ok(name, p, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Peers, PeerDtypes,
+                         ::testing::Combine(::testing::Values("cusparse_bsr", "cusparse_ell", "cublas_dense"),
+                                            ::testing::Values(DtypeCase{DType::f16, DType::f16},
+                                                              DtypeCase{DType::f16, DType::f32},
+                                                              DtypeCase{DType::bf16, DType::bf16},
+                                                              DtypeCase{DType::bf16, DType::f32},
+                                                              DtypeCase{DType::f32, DType::f32})),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + to_string(std::get<1>(info.param).in) + "_" +
+                                  to_string(std::get<1>(info.param).out);
+                         });
+
+TEST(Peers, SmallIntegerInputsExactWithF32Output) {
+  SPARSEK_REQUIRE_GPU();
+  for (const char* name : kPeers) {
+    Problem p;
+    p.integers = true;
+    p.out = DType::f32;
+    p.alpha = 2.f;
+    p.beta = -0.5f;
+    expect_ok(name, p, "integers, exact", false, 0.0);
+  }
+}
+
+TEST(Peers, SmallAlphaBetaAndNaNInCWithBetaZero) {
+  SPARSEK_REQUIRE_GPU();
+  for (const char* name : kPeers) {
+    Problem p;
+    p.alpha = -0.75f;
+    p.beta = 1.5f;
+    expect_ok(name, p, "beta != 0");
+    p.beta = 0.f;  // C is NaN: must be neither read nor leaked
+    expect_ok(name, p, "beta = 0 over NaN");
+  }
+}
+
+TEST(Peers, SmallEveryLayoutWithPaddedLeadingDimensions) {
+  SPARSEK_REQUIRE_GPU();
+  for (const char* name : kPeers)
+    for (Layout lb : {Layout::row_major, Layout::col_major})
+      for (Layout lc : {Layout::row_major, Layout::col_major}) {
+        Problem p;
+        p.lb = lb;
+        p.lc = lc;
+        p.pb = 8;
+        p.pc = 16;
+        p.beta = 0.5f;
+        expect_ok(name, p, std::string("B ") + to_string(lb) + " C " + to_string(lc));
+      }
+}
+
+TEST(Peers, SmallEveryBlockShape) {
+  SPARSEK_REQUIRE_GPU();
+  for (int bm : {16, 32, 64, 128})
+    for (int bk : {16, 32, 64, 128})
+      for (const char* name : kPeers) {
+        if (std::string(name) != "cublas_dense" && bm != bk) continue;  // why_not covers it (below)
+        Problem p;
+        p.m = 256;
+        p.k = 256;
+        p.n = 40;
+        p.bm = bm;
+        p.bk = bk;
+        expect_ok(name, p, std::to_string(bm) + "x" + std::to_string(bk));
+      }
+}
+
+TEST(Peers, EdgeEmptyRowsNoBlocksAndNEqualsOne) {
+  SPARSEK_REQUIRE_GPU();
+  for (const char* name : {"cusparse_bsr", "cublas_dense"}) {
+    Problem p;
+    p.empty_rows = true;
+    p.beta = 0.f;
+    expect_ok(name, p, "empty rows");
+    p.empty_rows = false;
+    p.no_blocks = true;
+    p.beta = -2.f;  // C = beta * C
+    expect_ok(name, p, "nnzb = 0");
+    p.no_blocks = false;
+    p.beta = 0.f;
+    p.n = 1;
+    expect_ok(name, p, "N = 1");
+  }
+  Problem p;
+  p.n = 1;
+  expect_ok("cusparse_ell", p, "N = 1");
+}
+
+TEST(Peers, CublasDenseOpTrans) {
+  SPARSEK_REQUIRE_GPU();
+  Problem p;
+  p.op = Op::trans;
+  p.m = 128;
+  p.k = 320;
+  p.bm = 64;
+  p.bk = 32;
+  expect_ok("cublas_dense", p, "op = trans");
+}
+
+TEST(Peers, SplitConvertThenCoreMatchesOracle) {
+  SPARSEK_REQUIRE_GPU();
+  for (const char* name : kPeers) {
+    Problem p;
+    p.m = 512;
+    p.k = 384;
+    p.n = 256;
+    p.bm = p.bk = 64;
+    p.density = 0.125;
+    expect_ok(name, p, "convert + core", /*split=*/true);
+  }
+}
+
+// ---- why_not reasons (pure checks on the arguments: no GPU needed) ----
+
+GemmArgs device_dsd(int bm, int bk, DType in, DType out) {
+  static const int32_t rp[2] = {0, 0};
+  GemmArgs g;
+  g.kind = OpKind::dsd;
+  g.sparse.rows = 2 * bm;
+  g.sparse.cols = 2 * bk;
+  g.sparse.bm = bm;
+  g.sparse.bk = bk;
+  g.sparse.row_ptr = rp;
+  g.sparse.dtype = in;
+  g.sparse.memory = Memory::device;
+  g.b.rows = 2 * bk;
+  g.b.cols = 8;
+  g.b.ld = 8;
+  g.b.dtype = in;
+  g.b.memory = Memory::device;
+  g.c.rows = 2 * bm;
+  g.c.cols = 8;
+  g.c.ld = 8;
+  g.c.dtype = out;
+  g.c.memory = Memory::device;
+  return g;
+}
+
+std::string why(const char* name, const GemmArgs& g) { return find_variant(name)->why_not(g); }
+
+TEST(PeersWhyNot, OnlyDsd) {
+  for (const char* name : kPeers) {
+    ASSERT_NE(find_variant(name), nullptr) << name;
+    EXPECT_TRUE(find_variant(name)->peer) << name;
+    EXPECT_EQ(find_variant(name)->backend, Backend::cuda) << name;
+    GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
+    g.kind = OpKind::dds;
+    EXPECT_EQ(why(name, g), "peer variants cover dsd only") << name;
+    g.kind = OpKind::sdd;
+    EXPECT_EQ(why(name, g), "peer variants cover dsd only") << name;
+  }
+}
+
+TEST(PeersWhyNot, HostMemoryAndTypeCombinations) {
+  for (const char* name : kPeers) {
+    GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
+    g.sparse.memory = Memory::host;
+    EXPECT_NE(why(name, g).find("needs device memory"), std::string::npos) << name;
+    g = device_dsd(32, 32, DType::f16, DType::bf16);
+    EXPECT_NE(why(name, g).find("output bf16 with f16 inputs"), std::string::npos) << name;
+    g = device_dsd(32, 32, DType::bf16, DType::f16);
+    EXPECT_NE(why(name, g).find("output f16 with bf16 inputs"), std::string::npos) << name;
+  }
+}
+
+TEST(PeersWhyNot, TransposeAndShapes) {
+  GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
+  g.op = Op::trans;
+  EXPECT_NE(why("cusparse_bsr", g).find("op(A) = none only"), std::string::npos);
+  EXPECT_NE(why("cusparse_ell", g).find("op(A) = none only"), std::string::npos);
+  EXPECT_EQ(why("cublas_dense", g), "");
+  g = device_dsd(128, 32, DType::f16, DType::f16);
+  EXPECT_EQ(why("cusparse_ell", g), "Blocked-ELL needs square blocks (bm=128, bk=32)");
+  EXPECT_EQ(why("cusparse_bsr", g), "cuSPARSE BSR needs square blocks (bm=128, bk=32)");
+  EXPECT_EQ(why("cublas_dense", g), "");
+  g = device_dsd(64, 64, DType::f16, DType::f16);  // nnzb = 0
+  EXPECT_EQ(why("cusparse_ell", g), "nnzb = 0 (no Blocked-ELL columns)");
+}
+
+TEST(PeersWhyNot, EllNeedsUniformRows) {
+  SPARSEK_REQUIRE_GPU();
+  const int32_t rp_h[3] = {0, 2, 3};
+  Dev rp(sizeof rp_h);
+  rp.put(rp_h, sizeof rp_h);
+  GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
+  g.sparse.row_ptr = static_cast<const int32_t*>(rp.p);
+  g.sparse.nnzb = 3;
+  EXPECT_EQ(why("cusparse_ell", g),
+            "Blocked-ELL needs the same block count in every block row (row 0 has 2, row 1 has 1)");
+}
+
+// ---- library status -> sparsek::Error ----
+
+TEST(PeersErrors, StatusNamesAndCodes) {
+  try {
+    peers::check_cusparse(CUSPARSE_STATUS_NOT_SUPPORTED, "cusparseSpMM");
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("cusparseSpMM failed: CUSPARSE_STATUS_NOT_SUPPORTED"), std::string::npos)
+        << e.what();
+  }
+  try {
+    peers::check_cublas(CUBLAS_STATUS_INVALID_VALUE, "cublasGemmEx");
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::cuda_error);
+    EXPECT_NE(std::string(e.what()).find("cublasGemmEx failed: CUBLAS_STATUS_INVALID_VALUE"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(peers::check_cusparse(CUSPARSE_STATUS_SUCCESS, "ok"));
+  EXPECT_NO_THROW(peers::check_cublas(CUBLAS_STATUS_SUCCESS, "ok"));
+  EXPECT_FALSE(peers::cublas_version().empty());
+  EXPECT_FALSE(peers::cusparse_version().empty());
+}
+
+}  // namespace
+}  // namespace sparsek::test

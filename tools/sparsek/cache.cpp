@@ -1,0 +1,126 @@
+// `sparsek cache show|clear`: inspects or removes the tuning cache; also the cache section of
+// `sparsek doctor`.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "core/device.hpp"
+#include "sparsek/tune.hpp"
+
+namespace sparsek::cli {
+
+namespace {
+
+// Would plan() on this machine and build use the entry? (Shape fields aside.)
+std::string foreign_reason(const TuneKey& k) {
+  if (k.library != version()) return "made by sparsek " + k.library;
+  if (k.kernel_set != kernel_set_hash()) return "made with another kernel set";
+  if (k.backend == "cuda") {
+    const DeviceInfo& d = device_info();
+    if (!d.available) return "for a GPU; none here";
+    if (k.device != d.name || k.sm_count != d.sm_count || k.cc != d.cc_major * 10 + d.cc_minor)
+      return "for another GPU";
+    if (k.driver != d.driver_version || k.runtime != d.runtime_version) return "for another driver/runtime";
+  } else {
+    // The CPU model and thread count: compare with a key made here.
+    GemmArgs g;
+    TuneKey here = tune_key(g, PatternStats{}, Backend::cpu, k.sm_count);
+    if (k.device != here.device) return "for another CPU";
+  }
+  return "";
+}
+
+std::string mode_text() {
+  try {
+    return to_string(tune_mode());
+  } catch (const Error& e) {
+    return std::string("invalid (") + e.what() + ")";
+  }
+}
+
+const char* kUsage = "sparsek cache show|clear";
+const char* kAbout =
+    "show: the tuning cache's path, state and entries (entries for another GPU, driver or sparsek\n"
+    "build are listed but not used here). clear: removes the cache file.\n"
+    "The cache is $SPARSEK_CACHE, else ~/.cache/sparsek/tune.json.";
+
+}  // namespace
+
+int cache_main(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> specs = {};
+  std::string action = argv.empty() ? "" : argv[0];
+  std::vector<std::string> rest(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
+  if (action == "--help" || action == "-h") {
+    print_help(kUsage, kAbout, specs);
+    return 0;
+  }
+  Args args(rest, specs);
+  if (args.help()) {
+    print_help(kUsage, kAbout, specs);
+    return 0;
+  }
+  if (action != "show" && action != "clear")
+    throw UsageError(action.empty() ? "needs an action: show or clear" : "unknown action '" + action + "' (show or clear)");
+  const std::string path = tune_cache_path();
+  if (path.empty()) {
+    std::printf("no tuning cache path: neither $SPARSEK_CACHE nor $HOME is set\n");
+    return action == "show" ? 0 : 1;
+  }
+  TuneCache cache(path);
+  if (action == "clear") {
+    size_t n = cache.clear();
+    std::printf("removed %s (%zu entr%s)\n", path.c_str(), n, n == 1 ? "y" : "ies");
+    return 0;
+  }
+  const std::string state = cache.state();
+  const std::vector<TuneEntry> entries = cache.entries();
+  std::printf("tuning cache %s: %s, %zu entr%s (SPARSEK_TUNE=%s)\n", path.c_str(), state.c_str(), entries.size(),
+              entries.size() == 1 ? "y" : "ies", mode_text().c_str());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TuneEntry& e = entries[i];
+    std::string foreign = foreign_reason(e.key);
+    std::printf("[%zu] %s\n", i + 1, describe(e.key).c_str());
+    std::printf("    -> %s %.4f ms", e.variant.c_str(), e.time_ms);
+    if (!e.default_variant.empty() && e.default_ms > 0)
+      std::printf(" (default %s %.4f ms, %.2fx)", e.default_variant.c_str(), e.default_ms,
+                  e.time_ms > 0 ? e.default_ms / e.time_ms : 1.0);
+    std::printf(", tuned %s", e.created.empty() ? "(unknown time)" : e.created.c_str());
+    if (!foreign.empty()) std::printf("  [not used here: %s]", foreign.c_str());
+    std::printf("\n");
+    if (e.candidates.size() > 1) {
+      std::string c;
+      for (const auto& kv : e.candidates) c += (c.empty() ? "" : ", ") + kv.first + " " + fmt(kv.second, 4);
+      std::printf("    candidates (ms): %s\n", c.c_str());
+    }
+  }
+  return 0;
+}
+
+void doctor_tune_cache(std::vector<std::string>& missing) {
+  std::printf("\ntuning cache\n");
+  const std::string path = tune_cache_path();
+  std::printf("  SPARSEK_TUNE           %s\n", mode_text().c_str());
+  if (mode_text().rfind("invalid", 0) == 0) missing.push_back("SPARSEK_TUNE must be off, cached or on");
+  if (path.empty()) {
+    std::printf("  path                   (no $HOME and no $SPARSEK_CACHE: tuning results are not kept)\n");
+    missing.push_back("no tuning cache path: set SPARSEK_CACHE=/path/to/tune.json");
+    return;
+  }
+  TuneCache cache(path);
+  const std::string state = cache.state();
+  std::printf("  path                   %s\n", path.c_str());
+  if (state == "missing") {
+    std::printf("  state                  not created yet (sparsek tune, or SPARSEK_TUNE=on, writes it)\n");
+    return;
+  }
+  size_t usable = 0;
+  const std::vector<TuneEntry> entries = cache.entries();
+  for (const TuneEntry& e : entries) usable += foreign_reason(e.key).empty();
+  std::printf("  state                  %s, %zu entr%s (%zu for this machine and build)\n", state.c_str(),
+              entries.size(), entries.size() == 1 ? "y" : "ies", usable);
+  if (state != "ok")
+    missing.push_back("the tuning cache is ignored (" + state + "): run `sparsek cache clear` or set SPARSEK_CACHE");
+}
+
+}  // namespace sparsek::cli
