@@ -28,15 +28,17 @@ variant() {
 
 W128="128x"
 WSMALL="64x64,32x32,16x16"
+# base: the source as it is (chosen from this list on an H100, docs/KERNELS.md); the others
+# replace one or more Config<BM> rows.
 variant base "$W128,$WSMALL" &
-variant kc64 "$W128" "128=BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 256, MIN_CTAS = 2" &
-variant s3 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" &
-variant s5 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 5, IDX_CAP = 1024, MIN_CTAS = 2" &
+variant kc32s4 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" &
+variant kc32s3 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" &
+variant kc32s5 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 5, IDX_CAP = 1024, MIN_CTAS = 2" &
 variant bn256 "$W128" "128=BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 256, MIN_CTAS = 1" &
 variant bn256s3 "$W128" "128=BN = 256, WARPS_M = 2, KC = 32, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 1" &
-variant small_bn256 "$WSMALL" "64=BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
-  "32=BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
-  "16=BN = 256, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" &
+variant small_bn128 "$WSMALL" "64=BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
+  "32=BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" \
+  "16=BN = 128, WARPS_M = 1, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" &
 variant m64_bn256_1 "64x64" "64=BN = 256, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 1" &
 variant small_kc64 "$WSMALL" "64=BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" \
   "32=BN = 128, WARPS_M = 2, KC = 64, STAGES = 3, IDX_CAP = 1024, MIN_CTAS = 2" \

@@ -1,20 +1,22 @@
 // Portable tensor-core kernels (sm_80+): the fallback for every CUDA problem the faster variants
 // do not take. cp.async multi-stage pipeline -> ldmatrix -> mma.sync m16n8k16, f32 accumulation.
 //
-//   DSD  C = alpha * op(A) * B + beta * C      one CTA per (block row of op(A), 128-column tile)
+//   DSD  C = alpha * op(A) * B + beta * C      one CTA per (block row of op(A), BN-column tile)
 //   DDS  C = alpha * A * op(B) + beta * C      run as DSD on the transposes: C^T = op(B)^T * A^T
-//   SDD  Cblk = alpha * A[rows] * B[:, cols] + beta * Cblk   one CTA per stored block of C
+//   SDD  Cblk = alpha * A[rows] * B[:, cols] + beta * Cblk   one CTA per (stored block of C, BN columns)
 //
 // One kernel template serves all three. Its K loop walks a "K stream" of 16-deep slices: for DSD
 // the slices of the row's stored blocks one after another (a block of depth bk gives bk/16 slices),
-// for SDD the dense K. A pipeline stage holds KC = 32 of K (two slices), so a stage may hold two
-// different blocks when bk = 16. Shared-memory tiles keep the global contiguous dimension
+// for SDD the dense K. A pipeline stage holds KC of K (KC / 16 slices), so one stage may hold
+// several blocks when bk < KC. Shared-memory tiles keep the global contiguous dimension
 // contiguous; ldmatrix.trans turns the M/N-contiguous ones (op(A) = A^T, row-major B) into
 // fragments, so no layout needs a copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "core/device.hpp"
@@ -32,7 +34,11 @@ constexpr int kThreads = 256;  // 8 warps
 // Tile configuration per block height BM (= the CTA's rows): output columns per CTA (BN), warp
 // grid (WARPS_M x 8 / WARPS_M), K per pipeline stage (KC, a multiple of the 16-deep slice),
 // pipeline depth (STAGES), block indices staged per segment (IDX_CAP) and the CTAs per SM the
-// register budget aims at (MIN_CTAS, for __launch_bounds__).
+// register budget aims at (MIN_CTAS, for __launch_bounds__). Chosen by measurement on an H100
+// (bench/portable_configs.sh, docs/KERNELS.md): BM <= 64 gains most from 256-column tiles (more
+// mma per loader instruction, half the CTAs paying the prologue); BM = 128 from 64-deep stages
+// (half the barriers) while 3 x 32 KB stages still leave room for 2 CTAs per SM. All stay within
+// 99 KB of shared memory so that sm_86/sm_89 run them too.
 template <int BM>
 struct Config;
 template <>
@@ -556,6 +562,8 @@ struct TransposedPattern : VariantState {
   int32_t* row_ptr = nullptr;  // [kb + 1]
   int32_t* col = nullptr;      // [nnzb]
   int32_t* perm = nullptr;     // [nnzb]
+  size_t bytes = 0;
+  size_t workspace_bytes() const override { return bytes; }
   ~TransposedPattern() override {
     cudaFree(row_ptr);
     cudaFree(col);
@@ -568,7 +576,47 @@ bool needs_transpose(const GemmArgs& g) {
   return (g.kind == OpKind::dsd && g.op == Op::trans) || (g.kind == OpKind::dds && g.op == Op::none);
 }
 
+// NOTE: a kernel may use more than 48 KB of dynamic shared memory only after a per-kernel,
+// per-device opt-in. It is done for every instantiation at once, on first use per device (from
+// prepare(), i.e. plan(), so that run() makes no such call inside a CUDA-graph capture).
+template <int BM, typename T, bool AK, bool BK, bool SDD>
+void opt_in_smem() {
+  check_cuda(cudaFuncSetAttribute(portable_kernel<BM, T, AK, BK, SDD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Tile<BM>::SMEM),
+             "cudaFuncSetAttribute(portable_kernel, max dynamic shared memory)");
+}
+template <typename T, bool AK, bool BK, bool SDD>
+void opt_in_smem_all_bm() {
+  opt_in_smem<16, T, AK, BK, SDD>();
+  opt_in_smem<32, T, AK, BK, SDD>();
+  opt_in_smem<64, T, AK, BK, SDD>();
+  opt_in_smem<128, T, AK, BK, SDD>();
+}
+template <typename T, bool SDD>
+void opt_in_smem_all_layouts() {
+  opt_in_smem_all_bm<T, true, true, SDD>();
+  opt_in_smem_all_bm<T, true, false, SDD>();
+  opt_in_smem_all_bm<T, false, true, SDD>();
+  opt_in_smem_all_bm<T, false, false, SDD>();
+}
+void ensure_smem_opt_in() {
+  static std::atomic<uint64_t> done{0};  // bit d: device d is set up (devices >= 64: every time)
+  static std::mutex mu;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
+  opt_in_smem_all_layouts<__half, false>();
+  opt_in_smem_all_layouts<__half, true>();
+  opt_in_smem_all_layouts<__nv_bfloat16, false>();
+  opt_in_smem_all_layouts<__nv_bfloat16, true>();
+  done.fetch_or(bit, std::memory_order_release);
+}
+
 std::unique_ptr<VariantState> prepare_portable(const GemmArgs& g, const Options&) {
+  ensure_smem_opt_in();
   if (!needs_transpose(g)) return nullptr;
   const BsrView& s = g.sparse;
   const int64_t mb = s.mb(), kb = s.kb(), nnzb = s.nnzb;
@@ -606,19 +654,15 @@ std::unique_ptr<VariantState> prepare_portable(const GemmArgs& g, const Options&
   upload(st->row_ptr, trp, "cudaMalloc/cudaMemcpy(transposed row_ptr)");
   upload(st->col, tcol, "cudaMalloc/cudaMemcpy(transposed col_idx)");
   upload(st->perm, tperm, "cudaMalloc/cudaMemcpy(transposed permutation)");
+  st->bytes = (trp.size() + tcol.size() + tperm.size()) * 4;
   return st;
 }
 
 // grid: (work items, column tiles of `ncols`).
 template <int BM, typename T, bool AK, bool BK, bool SDD>
 void launch(const Params& p, unsigned items, int64_t ncols, cudaStream_t stream) {
-  auto kernel = portable_kernel<BM, T, AK, BK, SDD>;
-  constexpr int smem = Tile<BM>::SMEM;
   const dim3 grid(items, unsigned((ncols + Tile<BM>::BN - 1) / Tile<BM>::BN));
-  // NOTE: more than 48 KB of dynamic shared memory needs an explicit opt-in per kernel.
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "cudaFuncSetAttribute(portable_kernel)");
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  portable_kernel<BM, T, AK, BK, SDD><<<grid, kThreads, Tile<BM>::SMEM, stream>>>(p);
   check_cuda(cudaGetLastError(), "portable_kernel launch");
 }
 
@@ -650,6 +694,7 @@ void dispatch(DType in, bool a_kmajor, bool b_kmajor, int bm, const Params& p, u
 constexpr int64_t kMaxGridY = 65535;
 
 void run_portable(const GemmArgs& g, const Options& o, VariantState* state) {
+  ensure_smem_opt_in();  // no CUDA call once prepare() has run on this device
   cudaStream_t stream = static_cast<cudaStream_t>(o.stream);
   const BsrView& s = g.sparse;
   Params p;
