@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -426,6 +427,87 @@ TEST(Hopper, RepeatedRunsAreBitIdentical) {
     Problem p(cs);
     const std::vector<uint8_t> first = p.run();
     for (int rep = 0; rep < 3; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs (bm=" << bm << ")";
+  }
+}
+
+// Sets an environment variable for one scope (the variant reads its experiment switches in
+// prepare(), which the one-shot API calls on every product).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const std::string& v) : name(n) { setenv(n, v.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+// bm = 128 with SPARSEK_HOPPER_CLUSTER=2: CTA pairs share each A tile by multicast. Each C tile
+// sees the same wgmmas on the same shared-memory layout, so C must be bit-identical to the
+// unclustered kernel. Odd tile counts (the second CTA's tile past N), ragged N, beta, empty rows,
+// column-major C, fewer items than pairs.
+TEST(Hopper, ClusterPairsAreBitIdentical) {
+  SPARSEK_REQUIRE_SM90();
+  struct Shape {
+    int bk;
+    int64_t mb, n;
+    DType out;
+    float beta;
+    Layout c;
+  };
+  for (const Shape& sh : {Shape{128, 300, 520, DType::f32, 0.f, Layout::row_major},
+                          Shape{64, 40, 776, DType::f16, 0.5f, Layout::row_major},
+                          Shape{32, 7, 296, DType::bf16, 0.f, Layout::row_major},
+                          Shape{128, 90, 200, DType::f32, 1.f, Layout::col_major},
+                          Shape{64, 1, 64, DType::f32, 0.f, Layout::row_major}}) {
+    Case cs;
+    cs.bm = 128;
+    cs.bk = sh.bk;
+    cs.mb = sh.mb;
+    cs.kb = 20;
+    cs.density = 0.15;
+    if (sh.mb > 10) cs.empty_rows = {2, -1};
+    if (sh.mb > 10) cs.full_rows = {5};
+    cs.n = sh.n;
+    cs.out = sh.out;
+    cs.beta = sh.beta;
+    cs.c_layout = sh.c;
+    cs.in = sh.out == DType::bf16 ? DType::bf16 : DType::f16;
+    cs.seed = uint64_t(sh.bk + sh.mb);
+    SCOPED_TRACE(cs.name());
+    Problem p(cs);
+    const std::vector<uint8_t> base = p.run();
+    ScopedEnv e("SPARSEK_HOPPER_CLUSTER", "2");
+    EXPECT_TRUE(p.run() == base) << "cluster 2 differs from 1";
+    EXPECT_TRUE(p.run() == base) << "cluster 2 repeat differs";
+    check_case(cs);
+    for (const char* mode : {"1", "2"}) {  // the diagnostic modes (A loaded locally)
+      ScopedEnv m("SPARSEK_HOPPER_CLUSTER_MODE", mode);
+      EXPECT_TRUE(p.run() == base) << "cluster 2 mode " << mode << " differs from 1";
+    }
+  }
+}
+
+// One very long row among many one-block rows, every block shape and both schedules: right
+// against the oracle and bit-identical over repeats.
+TEST(Hopper, VeryLongRowAmongManyShortOnes) {
+  SPARSEK_REQUIRE_SM90();
+  for (const char* sched : {"", "longest"}) {
+    for (int bm : {32, 64, 128}) {
+      SCOPED_TRACE(std::string("schedule '") + sched + "'");
+      std::unique_ptr<ScopedEnv> e;
+      if (*sched) e = std::make_unique<ScopedEnv>("SPARSEK_HOPPER_SCHEDULE", sched);
+      Case cs;
+      cs.bm = bm;
+      cs.bk = 64;
+      cs.mb = 8192 / bm;
+      cs.kb = 320;
+      cs.density = 1.0 / 320.0;  // most rows hold 0-2 blocks
+      cs.full_rows = {5};        // 320 blocks: 20480 long in K
+      cs.n = 600;
+      cs.out = DType::f32;
+      cs.seed = uint64_t(bm + 11);
+      check_case(cs);
+      Problem p(cs);
+      const std::vector<uint8_t> first = p.run();
+      for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs (bm=" << bm << ")";
+    }
   }
 }
 

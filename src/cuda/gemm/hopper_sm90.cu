@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -51,7 +52,7 @@ namespace sm90 {
 constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
 constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
-template <int BM_, int KS_, bool BF16_, class TOut_>
+template <int BM_, int KS_, bool BF16_, class TOut_, int CL_ = 1>
 struct Config {
   static constexpr int BM = BM_;   // rows of a work tile = rows of a block
   static constexpr int KS = KS_;   // K extent of one pipeline stage
@@ -66,7 +67,11 @@ struct Config {
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
   static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
-  static constexpr int A_BYTES = BM * KS * 2;         // A box: (BM rows, KS) K-major
+  static constexpr int A_BYTES = BM * KS * 2;         // A tile: (BM rows, KS) K-major
+  // CL = 2 (experiment, bm = 128, SPARSEK_HOPPER_CLUSTER=2): two CTAs of a cluster run the same
+  // block row on neighbouring N tiles; each loads half of every A tile and multicasts it to both.
+  static constexpr int CL = CL_;                      // CTAs per cluster (sharing A)
+  static constexpr int A_PART = A_BYTES / CL;         // A box: the rows one CTA of the cluster loads
   static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
   static constexpr int B_BYTES = BN * KS * 2;         // BN/64 B boxes
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -81,12 +86,13 @@ struct Config {
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
   static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
-  static_assert(A_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
+  static_assert(A_PART % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
   static_assert((BN / CW) % 2 == 0, "store boxes alternate between two buffers");
+  static_assert(CL == 1 || (CL == 2 && COOP), "clusters only for the cooperative bm = 128 layout");
 };
 
 // Work item: x = block row, y = first column n0, z = first stored block, w = end stored block.
@@ -101,6 +107,8 @@ struct Params {
   int kslices;            // bk / KS: stages per stored block
   int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
   int tma_store;          // 1: C is row-major and TMA-aligned: the epilogue stores through tm_c
+  int cluster_mode;       // CL = 2 diagnostics: 0 multicast, 1 each CTA loads all of A alone
+                          // (no coupling), 2 each loads all of A but slots are freed pairwise
   float alpha, beta;
 };
 
@@ -145,6 +153,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                                         uint32_t empty) {
   const int lane = threadIdx.x % 32;
   uint32_t stage = 0, phase = 0;
+  const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
   int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
   for (int it = first; it < last; ++it) {
@@ -161,13 +170,24 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
             const uint32_t bar = full + 8 * stage;
             ptx::mbar_wait_or_trap(empty + 8 * stage, phase ^ 1, kWaitLimit);
             ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
-            // vals: (nnzb*bm, bk), box (KS, bm) at block j, slice h
-            ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES, tm_a, bar, h * Cfg::KS, (j0 + t) * Cfg::BM);
-            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS
+            // vals: (nnzb*bm, bk), box (KS, bm / CL) at block j, slice h, the rows of this rank
+            const uint32_t a_dst = s_a + stage * Cfg::A_BYTES + rank * Cfg::A_PART;
+            const int a_row = (j0 + t) * Cfg::BM + rank * (Cfg::BM / Cfg::CL);
+            if constexpr (Cfg::CL > 1) {
+              if (p.cluster_mode == 0)
+                ptx::tma_load_2d_multicast(a_dst, tm_a, bar, h * Cfg::KS, a_row, uint16_t((1u << Cfg::CL) - 1));
+              else  // diagnostics: every part of A loaded locally
+                for (int r = 0; r < Cfg::CL; ++r)
+                  ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES + r * Cfg::A_PART, tm_a, bar, h * Cfg::KS,
+                                   (j0 + t) * Cfg::BM + r * (Cfg::BM / Cfg::CL));
+            } else {
+              ptx::tma_load_2d(a_dst, tm_a, bar, h * Cfg::KS, a_row);
+            }
+            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS (this rank's N tile)
 #pragma unroll
             for (int c = 0; c < Cfg::BN / 64; ++c)
-              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar, w.y + 64 * c,
-                               col * p.bk + h * Cfg::KS);
+              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
+                               w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
             if (++stage == Cfg::STAGES) {
               stage = 0;
               phase ^= 1;
@@ -316,6 +336,18 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
                                         uint32_t ebuf_s, uint32_t c_bar) {
   const int tid = threadIdx.x % 128, lane = tid % 32;
   uint32_t stage = 0, phase = 0, c_phase = 0;
+  const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
+  // A slot is free once every consumer of every CTA of the cluster is done with it (the peer's
+  // multicast writes into this CTA's slot too).
+  auto release = [&](uint32_t slot) {
+    const uint32_t bar = empty + 8 * slot;
+    ptx::mbar_arrive(bar);
+    if constexpr (Cfg::CL > 1) {
+      if (p.cluster_mode != 1)
+        for (int r = 0; r < Cfg::CL; ++r)
+          if (r != rank) ptx::mbar_arrive_cluster(ptx::map_to_rank(bar, uint32_t(r)));
+    }
+  };
   float acc[Cfg::MI][Cfg::ACC];
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
@@ -360,7 +392,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       ptx::wgmma_commit();
       // Keep this stage's group in flight; the previous one is done, so its slot goes back.
       ptx::wgmma_wait<1>();
-      if (s > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
+      if (s > 0 && lane == 0) release(prev);
       prev = stage;
       if (++stage == Cfg::STAGES) {
         stage = 0;
@@ -368,16 +400,16 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       }
     }
     ptx::wgmma_wait<0>();
-    if (nst > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
+    if (nst > 0 && lane == 0) release(prev);
 #pragma unroll
     for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
-    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0);
+    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = w.y + rank * Cfg::BN;
     if (p.tma_store)
-      epilogue_tma<Cfg>(acc, p, tm_c, row0, w.y, which, ebuf, ebuf_s, c_bar, c_phase);
+      epilogue_tma<Cfg>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
     else
-      epilogue_direct<Cfg>(acc, p, row0, w.y);
+      epilogue_direct<Cfg>(acc, p, row0, n0);
   }
   // The last TMA stores must finish before the CTA (and its shared memory) goes away.
   if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
@@ -402,23 +434,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {
       ptx::mbar_init(full + 8 * s, 1);                    // producer's arrive_expect_tx + TMA bytes
-      ptx::mbar_init(empty + 8 * s, Cfg::COOP ? 8 : 4);  // lane 0 of each consuming warp
+      // lane 0 of each consuming warp (of both CTAs of a pair unless cluster_mode 1)
+      ptx::mbar_init(empty + 8 * s, (Cfg::COOP ? 8 : 4) * (p.cluster_mode == 1 ? 1 : Cfg::CL));
     }
     ptx::mbar_init(empty + 8 * Cfg::STAGES, 1);
     ptx::mbar_init(empty + 8 * Cfg::STAGES + 8, 1);
     ptx::fence_mbar_init();
   }
-  __syncthreads();
-  const int first = p.cta_items[blockIdx.x], last = p.cta_items[blockIdx.x + 1];
+  // With a cluster, the peer must not multicast into barriers not yet initialised.
+  if constexpr (Cfg::CL > 1)
+    ptx::cluster_sync();
+  else
+    __syncthreads();
+  // The CTAs of a cluster share one item list (and differ in N tile).
+  const int list = blockIdx.x / Cfg::CL;
+  const int first = p.cta_items[list], last = p.cta_items[list + 1];
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<40>();
     if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+    // A CTA stays until its peer no longer writes into it or arrives on its barriers.
+    if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   } else {
     ptx::setmaxnreg_inc<232>();
     const int which = threadIdx.x / 128 - 1;
     const uint32_t e = s_e + which * 2 * Cfg::E_BYTES;
     consume<Cfg>(&tm_c, p, first, last, which, s_a, s_b, full, empty, smem_raw + (e - raw), e,
                  empty + 8 * Cfg::STAGES + 8 * which);
+    if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   }
 #endif
 }
@@ -439,6 +481,8 @@ struct HopperState final : VariantState {
   int64_t mb = 0, n = 0, nnzb = 0;
   int bm = 0, bk = 0;
   int grid = 0;
+  int cluster_mode = 0;  // Params::cluster_mode
+  int cluster = 1;  // CTAs per cluster (Config::CL)
   int4* items = nullptr;
   int* cta_items = nullptr;
   size_t bytes = 0;  // schedule size on the device
@@ -456,13 +500,13 @@ struct Schedule {
   std::vector<int> cta_items;  // [grid + 1]
 };
 
-// Work items for the persistent grid. Order: first the rows far longer than the mean (>= 2x,
-// longest first: they must start early), then the rest N-tile-major, longest first within a
+// Work items for the persistent grid. Order: first the items of rows far longer than the mean
+// (>= 2x: they must start early), then the rest; each group N-tile-major, longest first within a
 // tile: CTAs running at the same time then share the B panels of one or two N tiles and A stays
 // in L2. Each item goes to the least-loaded CTA (ties: lowest index, so uniform rows go round-
 // robin and keep that order). single = one item per CTA (the non-persistent baseline).
 Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas,
-                        bool single) {
+                        bool single, bool long_tile_major = false) {
   Schedule s;
   const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
   int64_t filled = 0;
@@ -475,7 +519,13 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
       const int4 w = make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]);
       (len(w) >= 2.0 * mean && len(w) > 0 ? all : rest).push_back(w);
     }
-  std::stable_sort(all.begin(), all.end(), [&](const int4& a, const int4& b) { return len(a) > len(b); });
+  // long_tile_major (default; SPARSEK_HOPPER_SCHEDULE=longest turns it off): the long rows' items
+  // grouped by N tile too, so that the CTAs starting on them share fewer B panels.
+  if (long_tile_major)
+    std::stable_sort(all.begin(), all.end(),
+                     [&](const int4& a, const int4& b) { return a.y != b.y ? a.y < b.y : len(a) > len(b); });
+  else
+    std::stable_sort(all.begin(), all.end(), [&](const int4& a, const int4& b) { return len(a) > len(b); });
   std::stable_sort(rest.begin(), rest.end(),
                    [&](const int4& a, const int4& b) { return a.y != b.y ? a.y < b.y : len(a) > len(b); });
   all.insert(all.end(), rest.begin(), rest.end());
@@ -561,7 +611,7 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   std::memset(&tm_c, 0, sizeof(tm_c));
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
     tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
-                         Cfg::KS, Cfg::BM,
+                         Cfg::KS, Cfg::BM / Cfg::CL,
                          Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
     tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
                          64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
@@ -588,9 +638,27 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
                          uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
   p.alpha = g.alpha;
   p.beta = g.beta;
+  p.cluster_mode = st.cluster_mode;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
-  hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
-  check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
+  if constexpr (Cfg::CL > 1) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(st.grid));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Cfg::SMEM;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Cfg::CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p),
+               "hopper_dsd_kernel launch (cluster)");
+  } else {
+    hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
+    check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
+  }
 }
 
 using Launcher = void (*)(const GemmArgs&, const HopperState&, cudaStream_t);
@@ -598,6 +666,8 @@ struct Kernel {
   Launcher launch = nullptr;
   int smem = 0;                 // dynamic shared memory it needs
   void (*setup)() = nullptr;    // raises the kernel's dynamic shared-memory limit (not capturable)
+  int cluster = 1;                  // CTAs per cluster
+  int (*max_clusters)() = nullptr;  // clusters that fit on the device at once (after setup)
 };
 
 template <class Cfg>
@@ -607,31 +677,50 @@ void setup_kernel() {
 }
 
 template <class Cfg>
-Kernel kernel_of() {
-  return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>};
+int max_clusters() {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Cfg::SMEM;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = Cfg::CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&n, &hopper_dsd_kernel<Cfg>, &cfg), "cudaOccupancyMaxActiveClusters");
+  return n;
 }
-template <int BM, int KS, bool BF16>
+
+template <class Cfg>
+Kernel kernel_of() {
+  return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>, Cfg::CL, &max_clusters<Cfg>};
+}
+template <int BM, int KS, bool BF16, int CL>
 Kernel pick_out(DType out) {
   switch (out) {
-    case DType::f16: return kernel_of<Config<BM, KS, BF16, __half>>();
-    case DType::bf16: return kernel_of<Config<BM, KS, BF16, __nv_bfloat16>>();
-    case DType::f32: return kernel_of<Config<BM, KS, BF16, float>>();
+    case DType::f16: return kernel_of<Config<BM, KS, BF16, __half, CL>>();
+    case DType::bf16: return kernel_of<Config<BM, KS, BF16, __nv_bfloat16, CL>>();
+    case DType::f32: return kernel_of<Config<BM, KS, BF16, float, CL>>();
   }
   return {};
 }
-template <int BM, int KS>
+template <int BM, int KS, int CL>
 Kernel pick_in(DType in, DType out) {
-  return in == DType::bf16 ? pick_out<BM, KS, true>(out) : pick_out<BM, KS, false>(out);
+  return in == DType::bf16 ? pick_out<BM, KS, true, CL>(out) : pick_out<BM, KS, false, CL>(out);
 }
-template <int BM>
+template <int BM, int CL = 1>
 Kernel pick_ks(int bk, DType in, DType out) {
-  return bk == 32 ? pick_in<BM, 32>(in, out) : pick_in<BM, 64>(in, out);
+  return bk == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
 }
-Kernel pick(int bm, int bk, DType in, DType out) {
+// cluster: 2 selects the A-multicast pair for bm = 128 (other shapes ignore it).
+Kernel pick(int bm, int bk, DType in, DType out, int cluster = 1) {
   switch (bm) {
     case 32: return pick_ks<32>(bk, in, out);
     case 64: return pick_ks<64>(bk, in, out);
-    case 128: return pick_ks<128>(bk, in, out);
+    case 128: return cluster == 2 ? pick_ks<128, 2>(bk, in, out) : pick_ks<128>(bk, in, out);
   }
   return {};
 }
@@ -705,13 +794,25 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   // SPARSEK_HOPPER_SCHEDULE=single: one work item per CTA (the non-persistent ladder step).
   const char* mode = std::getenv("SPARSEK_HOPPER_SCHEDULE");
   const bool single = mode && std::string(mode) == "single";
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN, a.bk / stage_k(a.bk),
-                                    std::max(1, device_info().sm_count), single);
-  st->grid = int(s.cta_items.size()) - 1;
-  // Everything run() must not do under stream capture happens here, once.
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  // Long rows tile-major (hopper2 default; docs/KERNELS.md); "longest" = the earlier order.
+  const bool bigtile = !(mode && std::string(mode) == "longest");
+  // SPARSEK_HOPPER_CLUSTER=2 (bm = 128): pairs of CTAs share A by multicast. An item then spans
+  // two neighbouring N tiles (one per CTA), and the persistent grid is as many pairs as fit.
+  const char* clu = std::getenv("SPARSEK_HOPPER_CLUSTER");
+  st->cluster = (a.bm == 128 && clu && std::atoi(clu) == 2) ? 2 : 1;
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
+  const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk),
+                                    std::max(1, lists), single, bigtile);
+  if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
+    std::fprintf(stderr, "hopper: bm=%d cluster=%d lists=%d items=%zu\n", a.bm, k.cluster,
+                 int(s.cta_items.size()) - 1, s.items.size());
+  const char* cmode = std::getenv("SPARSEK_HOPPER_CLUSTER_MODE");
+  st->cluster_mode = cmode ? std::max(0, std::min(2, std::atoi(cmode))) : 0;
+  st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
+  // Everything run() must not do under stream capture happens here, once (k.setup() above).
   if (a.nnzb > 0) encode_tiled();  // resolves the driver entry point
   if (st->grid > 0) {
     st->bytes = s.items.size() * sizeof(int4) + s.cta_items.size() * sizeof(int);
@@ -732,7 +833,7 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
 }
