@@ -33,6 +33,9 @@ const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backen
 
 // plan() once the cheap checks passed and hp holds the validated pattern (with col_idx).
 Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp);
+// run() without its argument checks, for a caller that has made them (gemm(): validate() on args,
+// and a plan found under a key that pins everything run() would compare).
+void run_validated(const Plan& p, const GemmArgs& args, void* stream);
 
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);
