@@ -321,11 +321,8 @@ int verify_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  std::string backend = args.str("--backend", "auto");
-  if (backend != "auto" && backend != "cpu" && backend != "cuda") args.bad("--backend", "must be auto, cpu or cuda");
+  const Backend be = use_gpu(args.backend("--backend")) ? Backend::cuda : Backend::cpu;
   const DeviceInfo& info = device_info();
-  if (backend == "cuda" && !info.available) throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
-  const Backend be = backend == "cpu" || (backend == "auto" && !info.available) ? Backend::cpu : Backend::cuda;
   const int cases = int(args.integer("--cases", be == Backend::cuda ? 1000 : 200, 1, 10000000));
   const uint64_t seed = args.seed("--seed", 1);
   const int only_case = int(args.integer("--case", -1, 0, 10000000));
