@@ -34,9 +34,8 @@ constexpr int64_t kChunk = 128;  // D columns per row-product work item (multipl
 
 // ---------------------------------------------------------------- threads
 
+// o.threads >= 0: plan() rejects negative counts (resolve_backend).
 int thread_count(const Options& o, double flops) {
-  if (o.threads < 0)
-    throw Error(Status::invalid_argument, "options.threads=" + std::to_string(o.threads) + " is negative");
   int t = o.threads;
   if (t == 0) t = int(std::thread::hardware_concurrency());
   if (t <= 0) t = 1;

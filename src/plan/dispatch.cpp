@@ -198,6 +198,8 @@ const char* backend_name(Backend be) { return be == Backend::cpu ? "cpu" : "cuda
 Backend resolve_backend(const GemmArgs& g, const Options& o) {
   if (int(o.backend) < 0 || int(o.backend) > 2)
     bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
+  // Checked here, at plan time: a plan that takes it would fail on every run.
+  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
   Backend be = o.backend;
   if (be == Backend::automatic) be = g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
   Memory want = be == Backend::cpu ? Memory::host : Memory::device;

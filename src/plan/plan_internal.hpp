@@ -23,7 +23,7 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx = true);
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
 
 // cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
-// cuda, that a GPU answers.
+// cuda, that a GPU answers. Also rejects a negative Options::threads.
 Backend resolve_backend(const GemmArgs& g, const Options& o);
 // The heuristic default: the first non-peer variant of `be` that supports g (nullptr if none;
 // then *reasons says why each one does not).
