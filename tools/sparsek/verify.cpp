@@ -46,7 +46,6 @@ const PatternKind kPatterns[6] = {PatternKind::fixed_k, PatternKind::bernoulli, 
 enum Edge { kNone = 0, kNoBlocks = 1, kEmptyRows = 2 };
 
 struct Case {
-  int index = 0;
   uint64_t seed = 0;
   OpKind kind = OpKind::dsd;
   Op op = Op::none;
@@ -82,7 +81,6 @@ std::string describe(const Case& c, const GemmArgs& g) {
 
 Case make_case(uint64_t seed, int index) {
   Case c;
-  c.index = index;
   c.seed = mix_seed(seed, uint64_t(index));
   Rng r(c.seed);
   c.bm = kBlocks[index % 4];
