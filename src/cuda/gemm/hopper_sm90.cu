@@ -1,5 +1,744 @@
-// Placeholder until this backend lands: contributes no variants yet.
+// Hopper (sm_90a) DSD kernel: C = alpha * A * B + beta * C with A in BSR, B and C dense, all on
+// the device. fp16 / bf16 inputs, fp32 accumulation, f16 / bf16 / f32 output.
+//
+// Shape of the computation (docs/KERNELS.md "Hopper sm90 DSD" holds the ladder and the numbers):
+//  - A work item is (block row r, N tile n0): C[r*bm : (r+1)*bm, n0 : n0+BN]. Its K loop walks the
+//    row's stored blocks j in [row_ptr[r], row_ptr[r+1]), in K slices of KS = min(bk, 64).
+//  - A values [nnzb][bm][bk] are one 2-D tensor (nnzb*bm) x bk: slice h of block j is one TMA box
+//    at (h*KS, j*bm). B (row-major K x N) gives slice h of block j as BN/64 boxes of (KS x 64) at
+//    rows col_idx[j]*bk + h*KS. 128-byte swizzle (64-byte for KS = 32).
+//  - A ring of STAGES shared-memory stages on raw mbarriers. Warpgroup 0 produces (one thread
+//    issues the TMA loads); warpgroups 1 and 2 consume with wgmma straight from shared memory.
+//    bm = 128: both consumers work on every item, 64 rows each (tile 128 x 256). bm <= 64: each
+//    consumer owns every other item of its CTA (ping-pong): the ring is one FIFO, so the main
+//    loops take turns and one consumer's epilogue runs under the other's math.
+//  - Epilogue: accumulators -> 128B-swizzled shared boxes -> TMA stores (full 128-byte L2 rows);
+//    column-major or unaligned C is written straight from the registers.
+//  - Persistent grid: prepare() builds the schedule on the host (very long rows first, then
+//    N-tile-major, each item to the least-loaded CTA); the producer streams across work items,
+//    so a short row does not pay the pipeline fill.
+//  - bm = 32 swaps A and B: the tile is computed as C^T (256 x 32) so that the wide N side is the
+//    wgmma M side (wgmma needs M = 64).
+// What limits it (L2 traffic: B costs 1/bm bytes per FLOP) is measured in docs/KERNELS.md.
+#include <cuda.h>  // CUtensorMap and the driver enums only: libcuda is never linked
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "core/device.hpp"
+#include "cuda/ptx/async.cuh"
+#include "cuda/ptx/wgmma.cuh"
 #include "plan/backends.hpp"
+
 namespace sparsek {
-std::vector<Variant> hopper_variants() { return {}; }
+// Device side in a named namespace: members unused by the sm_80 pass would warn (#177) in an
+// unnamed one.
+namespace sm90 {
+
+// ---------------------------------------------------------------------------------------------
+// Compile-time configuration: one per (bm, KS, input dtype, output dtype).
+
+constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
+constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
+
+template <int BM_, int KS_, bool BF16_, class TOut_>
+struct Config {
+  static constexpr int BM = BM_;   // rows of a work tile = rows of a block
+  static constexpr int KS = KS_;   // K extent of one pipeline stage
+  static constexpr bool BF16 = BF16_;
+  using TOut = TOut_;
+  static constexpr bool SWAP = BM == 32;  // compute C^T tiles: N is the wgmma M side
+  // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
+  // owns every other item (ping-pong).
+  static constexpr bool COOP = BM == 128;
+  static constexpr int BN = 256;                      // N extent of a work tile
+  static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
+  static constexpr int WN = SWAP ? BM : BN;           // wgmma N
+  static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
+  static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
+  static constexpr int A_BYTES = BM * KS * 2;         // A box: (BM rows, KS) K-major
+  static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
+  static constexpr int B_BYTES = BN * KS * 2;         // BN/64 B boxes
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  // Epilogue staging: per consumer two (ROWS x 128 B) boxes, 128B-swizzled, stored by TMA.
+  static constexpr int CW = 128 / int(sizeof(TOut));  // columns of C per store box
+  static constexpr int E_BYTES = ROWS * 128;
+  static constexpr int E_TOTAL = 2 * 2 * E_BYTES;
+  static constexpr int STAGES = std::min(12, (kSmemLimit - E_TOTAL - 2048) / STAGE_BYTES);
+  static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + 1024;  // + align
+  static constexpr ptx::Swizzle A_SWIZZLE = KS == 64 ? ptx::Swizzle::b128 : ptx::Swizzle::b64;
+  static constexpr uint32_t A_SBO = 8 * KS * 2;       // 8 rows of the A box
+
+  static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
+  static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
+  static_assert(A_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
+                "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
+  static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
+  static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
+  static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
+  static_assert((BN / CW) % 2 == 0, "store boxes alternate between two buffers");
+};
+
+// Work item: x = block row, y = first column n0, z = first stored block, w = end stored block.
+struct Params {
+  const int4* items;      // [total items], grouped by CTA
+  const int* cta_items;   // [grid + 1]: CTA b runs items [cta_items[b], cta_items[b + 1])
+  const int* col_idx;     // [nnzb]
+  void* c;                // C(m, n) at c[m * c_rs + n * c_cs]
+  int64_t c_rs, c_cs;
+  int n;                  // N
+  int bk;
+  int kslices;            // bk / KS: stages per stored block
+  int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
+  int tma_store;          // 1: C is row-major and TMA-aligned: the epilogue stores through tm_c
+  float alpha, beta;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Device code (sm_90a only; the sm_80 pass compiles an empty kernel).
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// A pipeline wait longer than this (~20 s at 2 GHz) is a lost arrival: trap rather than hang.
+constexpr long long kWaitLimit = 40'000'000'000LL;
+
+template <class T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float(float v) { return v; }
+template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+
+// Two adjacent elements as one access (the caller checked alignment).
+template <class T> struct Pair;
+template <> struct Pair<float> { using type = float2; };
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+template <class T>
+__device__ __forceinline__ typename Pair<T>::type make_pair2(float a, float b) {
+  typename Pair<T>::type v;
+  T* e = reinterpret_cast<T*>(&v);
+  e[0] = from_float<T>(a);
+  e[1] = from_float<T>(b);
+  return v;
+}
+
+// Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
+// column indices in registers (32 at a time, the next item's first 32 prefetched a whole item
+// ahead) so that no dependent global load sits in front of a TMA issue.
+template <class Cfg>
+__device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorMap* tm_b, const Params& p,
+                                        int first, int last, uint32_t s_a, uint32_t s_b, uint32_t full,
+                                        uint32_t empty) {
+  const int lane = threadIdx.x % 32;
+  uint32_t stage = 0, phase = 0;
+  int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
+  int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
+  for (int it = first; it < last; ++it) {
+    const bool more = it + 1 < last;
+    const int4 wn = more ? p.items[it + 1] : make_int4(0, 0, 0, 0);
+    const int cols_next = lane < wn.w - wn.z ? p.col_idx[wn.z + lane] : 0;
+    for (int j0 = w.z; j0 < w.w; j0 += 32) {
+      if (j0 != w.z) cols = lane < w.w - j0 ? p.col_idx[j0 + lane] : 0;
+      const int count = min(32, w.w - j0);
+      for (int t = 0; t < count; ++t) {
+        const int col = __shfl_sync(0xffffffffu, cols, t);
+        if (lane == 0) {
+          for (int h = 0; h < p.kslices; ++h) {
+            const uint32_t bar = full + 8 * stage;
+            ptx::mbar_wait_or_trap(empty + 8 * stage, phase ^ 1, kWaitLimit);
+            ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
+            // vals: (nnzb*bm, bk), box (KS, bm) at block j, slice h
+            ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES, tm_a, bar, h * Cfg::KS, (j0 + t) * Cfg::BM);
+            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS
+#pragma unroll
+            for (int c = 0; c < Cfg::BN / 64; ++c)
+              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar, w.y + 64 * c,
+                               col * p.bk + h * Cfg::KS);
+            if (++stage == Cfg::STAGES) {
+              stage = 0;
+              phase ^= 1;
+            }
+          }
+        }
+        __syncwarp();
+      }
+    }
+    w = wn;
+    cols = cols_next;
+  }
+}
+
+// Where accumulator register 4*j + 2*h + e of instruction mi lands in the consumer's C tile
+// (tile row r in [0, ROWS), tile column n in [0, BN)). wgmma m64nN fragment of thread
+// (warp, lane): row 16*warp + 8*h + lane/4, column 8*j + 2*(lane%4) + e. Swapped, that row is the
+// column n (within 64-wide chunk mi) and that column the row r.
+template <class Cfg>
+__device__ __forceinline__ void fragment_coord(int mi, int j, int h, int e, int warp, int lane, int& r, int& n) {
+  const int fr = warp * 16 + h * 8 + lane / 4, fc = j * 8 + (lane % 4) * 2 + e;
+  if constexpr (Cfg::SWAP) {
+    r = fc;
+    n = mi * 64 + fr;
+  } else {
+    r = fr;
+    n = fc;
+  }
+}
+
+// Epilogue through shared memory and TMA stores: the tile goes out in (ROWS x CW) boxes of full
+// 128-byte rows (one L2 request per row instead of eight 16-byte pieces), alternating between
+// two swizzled buffers so that filling one overlaps the store of the other. With beta != 0 the C
+// box is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
+template <class Cfg>
+__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p,
+                                             const CUtensorMap* tm_c, int row0, int n0, int which,
+                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
+  using T = typename Cfg::TOut;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
+#pragma unroll
+  for (int k = 0; k < Cfg::BN / Cfg::CW; ++k) {
+    uint8_t* buf = ebuf + (k & 1) * Cfg::E_BYTES;
+    const uint32_t buf_s = ebuf_s + (k & 1) * Cfg::E_BYTES;
+    // The buffer was last used two boxes ago: its store must have read it.
+    if (tid == 0) ptx::bulk_wait_group_read<1>();
+    ptx::named_barrier_sync(3 + which, 128);
+    if (read_c) {
+      if (tid == 0) {
+        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
+        ptx::tma_load_2d(buf_s, tm_c, c_bar, n0 + k * Cfg::CW, row0);
+      }
+      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
+      c_phase ^= 1;
+    }
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int r, n, r1, n1;
+          fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
+          fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
+          if (n / Cfg::CW != k) continue;  // compile-time unless swapped (then warp-uniform)
+          float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+          // Box row r holds 128 bytes; 16-byte granules are XOR-swizzled by (r % 8) (TMA 128B).
+          const int b0 = (n % Cfg::CW) * int(sizeof(T)), b1 = (n1 % Cfg::CW) * int(sizeof(T));
+          uint8_t* q0 = buf + r * 128 + (((b0 >> 4) ^ (r & 7)) << 4) + (b0 & 15);
+          if constexpr (Cfg::SWAP) {  // the pair runs down a column: two rows
+            uint8_t* q1 = buf + r1 * 128 + (((b1 >> 4) ^ (r1 & 7)) << 4) + (b1 & 15);
+            if (read_c) {
+              v0 += p.beta * to_float(*reinterpret_cast<const T*>(q0));
+              v1 += p.beta * to_float(*reinterpret_cast<const T*>(q1));
+            }
+            *reinterpret_cast<T*>(q0) = from_float<T>(v0);
+            *reinterpret_cast<T*>(q1) = from_float<T>(v1);
+          } else {  // the pair is adjacent in the row
+            using P = typename Pair<T>::type;
+            if (read_c) {
+              const P old = *reinterpret_cast<const P*>(q0);
+              v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
+              v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+            }
+            *reinterpret_cast<P*>(q0) = make_pair2<T>(v0, v1);
+          }
+        }
+    ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
+    ptx::named_barrier_sync(3 + which, 128);
+    if (tid == 0) {
+      ptx::tma_store_2d(tm_c, buf_s, n0 + k * Cfg::CW, row0);
+      ptx::bulk_commit_group();
+    }
+  }
+}
+
+// Epilogue straight from the registers (C column-major or not TMA-aligned).
+template <class Cfg>
+__device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int row0,
+                                                int n0) {
+  using T = typename Cfg::TOut;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  T* c = static_cast<T*>(p.c);
+  const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int r, n, r1, n1;
+        fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
+        fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
+        const bool ok0 = n0 + n < p.n, ok1 = n0 + n1 < p.n;
+        const int64_t off0 = int64_t(row0 + r) * p.c_rs + int64_t(n0 + n) * p.c_cs;
+        const int64_t off1 = int64_t(row0 + r1) * p.c_rs + int64_t(n0 + n1) * p.c_cs;
+        float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+        if (p.c_pairs && ok0 && ok1) {  // adjacent and aligned: one access
+          using P = typename Pair<T>::type;
+          P* q = reinterpret_cast<P*>(c + off0);
+          if (read_c) {
+            const P old = *q;
+            v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
+            v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+          }
+          *q = make_pair2<T>(v0, v1);
+        } else {
+          if (ok0) c[off0] = from_float<T>(v0 + (read_c ? p.beta * to_float(c[off0]) : 0.f));
+          if (ok1) c[off1] = from_float<T>(v1 + (read_c ? p.beta * to_float(c[off1]) : 0.f));
+        }
+      }
+}
+
+// Consumer: one warpgroup. Cooperative (bm = 128): every item, rows 64*which.. of it. Ping-pong:
+// the items of its parity, walking the ring in step with the producer (it skips the other
+// consumer's stages by count).
+// NOTE: a ping-pong consumer that skips ahead must not wait on a stage before the other consumer
+// has seen every earlier stage complete: mbarrier parity waits cannot tell phase k from phase
+// k - 2, so a wait two ring laps ahead would pass on a stale phase. Named barrier 1 + c ("consumer
+// c may start") orders the two main loops; the signal goes out once the last stage of an item
+// has been seen full (its math still runs), so the hand-over leaves the tensor cores no gap.
+template <class Cfg>
+__device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p, int first, int last, int which,
+                                        uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint8_t* ebuf,
+                                        uint32_t ebuf_s, uint32_t c_bar) {
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  uint32_t stage = 0, phase = 0, c_phase = 0;
+  float acc[Cfg::MI][Cfg::ACC];
+  for (int it = first; it < last; ++it) {
+    const int4 w = p.items[it];
+    const int nst = (w.w - w.z) * p.kslices;
+    if (!Cfg::COOP && ((it - first) & 1) != which) {
+      const uint32_t t = stage + uint32_t(nst);
+      phase ^= (t / Cfg::STAGES) & 1;
+      stage = t % Cfg::STAGES;
+      continue;
+    }
+    if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
+    const bool hand_over = !Cfg::COOP && it + 1 < last;  // the other consumer runs item it+1
+    if (nst == 0 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < Cfg::ACC; ++i) acc[mi][i] = 0.f;
+    uint32_t prev = 0;
+    for (int s = 0; s < nst; ++s) {
+      ptx::mbar_wait_or_trap(full + 8 * stage, phase, kWaitLimit);
+      if (s == nst - 1 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
+      const uint32_t a = s_a + stage * Cfg::A_BYTES, b = s_b + stage * Cfg::B_BYTES;
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Cfg::KS / 16; ++kk) {
+#pragma unroll
+        for (int mi = 0; mi < Cfg::MI; ++mi) {
+          if constexpr (!Cfg::SWAP) {
+            // A rows (K-major, +32 B per k16 inside the swizzled row) x B (N-major 64-col chunks)
+            const int rows = Cfg::COOP ? which * 64 : 0;
+            const uint64_t da = ptx::smem_desc(a + rows * Cfg::KS * 2 + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
+            const uint64_t db = ptx::smem_desc(b + kk * 2048, Cfg::B_CHUNK, 1024, ptx::Swizzle::b128);
+            ptx::wgmma_m64k16<Cfg::WN, Cfg::BF16, 0, 1>(acc[mi], da, db, 1);
+          } else {
+            // C^T: B^T chunk mi (MN-major, 64 of N) x A block^T (K-major, bm = 32 as wgmma N)
+            const uint64_t da = ptx::smem_desc(b + mi * Cfg::B_CHUNK + kk * 2048, Cfg::B_CHUNK, 1024, ptx::Swizzle::b128);
+            const uint64_t db = ptx::smem_desc(a + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
+            ptx::wgmma_m64k16<Cfg::WN, Cfg::BF16, 1, 0>(acc[mi], da, db, 1);
+          }
+        }
+      }
+      ptx::wgmma_commit();
+      // Keep this stage's group in flight; the previous one is done, so its slot goes back.
+      ptx::wgmma_wait<1>();
+      if (s > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
+      prev = stage;
+      if (++stage == Cfg::STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    ptx::wgmma_wait<0>();
+    if (nst > 0 && lane == 0) ptx::mbar_arrive(empty + 8 * prev);
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
+    const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0);
+    if (p.tma_store)
+      epilogue_tma<Cfg>(acc, p, tm_c, row0, w.y, which, ebuf, ebuf_s, c_bar, c_phase);
+    else
+      epilogue_direct<Cfg>(acc, p, row0, w.y);
+  }
+  // The last TMA stores must finish before the CTA (and its shared memory) goes away.
+  if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_dsd_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                      const __grid_constant__ CUtensorMap tm_c, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // smem: A stages [STAGES][A_BYTES] | B stages [STAGES][B_BYTES] | C boxes [2 consumers][2][E_BYTES]
+  //       | full[STAGES] | empty[STAGES] | cload[2] (C boxes loaded for beta != 0)
+  const uint32_t raw = ptx::smem_addr(smem_raw);
+  const uint32_t s_a = (raw + 1023u) & ~1023u;
+  const uint32_t s_b = s_a + Cfg::STAGES * Cfg::A_BYTES;
+  const uint32_t s_e = s_b + Cfg::STAGES * Cfg::B_BYTES;
+  const uint32_t full = s_e + Cfg::E_TOTAL;
+  const uint32_t empty = full + 8 * Cfg::STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      ptx::mbar_init(full + 8 * s, 1);                    // producer's arrive_expect_tx + TMA bytes
+      ptx::mbar_init(empty + 8 * s, Cfg::COOP ? 8 : 4);  // lane 0 of each consuming warp
+    }
+    ptx::mbar_init(empty + 8 * Cfg::STAGES, 1);
+    ptx::mbar_init(empty + 8 * Cfg::STAGES + 8, 1);
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+  const int first = p.cta_items[blockIdx.x], last = p.cta_items[blockIdx.x + 1];
+  if (threadIdx.x < 128) {
+    ptx::setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+  } else {
+    ptx::setmaxnreg_inc<232>();
+    const int which = threadIdx.x / 128 - 1;
+    const uint32_t e = s_e + which * 2 * Cfg::E_BYTES;
+    consume<Cfg>(&tm_c, p, first, last, which, s_a, s_b, full, empty, smem_raw + (e - raw), e,
+                 empty + 8 * Cfg::STAGES + 8 * which);
+  }
+#endif
+}
+
+}  // namespace sm90
+
+// ---------------------------------------------------------------------------------------------
+// Host side: schedule, tensor maps, launch.
+
+namespace {
+using namespace sm90;
+
+constexpr int kTileN = 256;                         // Config::BN
+int stage_k(int bk) { return bk == 32 ? 32 : 64; }     // Config::KS
+
+struct HopperState final : VariantState {
+  // What the schedule was built for (run() checks it).
+  int64_t mb = 0, n = 0, nnzb = 0;
+  int bm = 0, bk = 0;
+  int grid = 0;
+  int4* items = nullptr;
+  int* cta_items = nullptr;
+  size_t bytes = 0;  // schedule size on the device
+  size_t workspace_bytes() const override { return bytes; }
+  ~HopperState() override {
+    // NOTE: cudaFree waits for the device to finish, so a launch still reading the schedule is
+    // safe (the one-shot API destroys the state right after enqueueing).
+    if (items) cudaFree(items);
+    if (cta_items) cudaFree(cta_items);
+  }
+};
+
+struct Schedule {
+  std::vector<int4> items;
+  std::vector<int> cta_items;  // [grid + 1]
+};
+
+// Work items for the persistent grid. Order: first the rows far longer than the mean (>= 2x,
+// longest first: they must start early), then the rest N-tile-major, longest first within a
+// tile: CTAs running at the same time then share the B panels of one or two N tiles and A stays
+// in L2. Each item goes to the least-loaded CTA (ties: lowest index, so uniform rows go round-
+// robin and keep that order). single = one item per CTA (the non-persistent baseline).
+Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas,
+                        bool single) {
+  Schedule s;
+  const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
+  int64_t filled = 0;
+  for (int64_t r = 0; r < mb; ++r) filled += row_ptr[r + 1] > row_ptr[r];
+  const double mean = filled ? double(row_ptr[mb]) / double(filled) : 0.0;
+  auto len = [](const int4& w) { return w.w - w.z; };
+  std::vector<int4> all, rest;
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t r = 0; r < mb; ++r) {
+      const int4 w = make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]);
+      (len(w) >= 2.0 * mean && len(w) > 0 ? all : rest).push_back(w);
+    }
+  std::stable_sort(all.begin(), all.end(), [&](const int4& a, const int4& b) { return len(a) > len(b); });
+  std::stable_sort(rest.begin(), rest.end(),
+                   [&](const int4& a, const int4& b) { return a.y != b.y ? a.y < b.y : len(a) > len(b); });
+  all.insert(all.end(), rest.begin(), rest.end());
+  if (all.empty()) {
+    s.cta_items = {0};
+    return s;
+  }
+  if (single) {
+    s.items = all;
+    s.cta_items.resize(all.size() + 1);
+    for (size_t i = 0; i <= all.size(); ++i) s.cta_items[i] = int(i);
+    return s;
+  }
+  const int grid = int(std::min<int64_t>(ctas, int64_t(all.size())));
+  using Load = std::pair<int64_t, int>;  // (stages so far, cta)
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+  for (int b = 0; b < grid; ++b) heap.push({0, b});
+  std::vector<std::vector<int4>> per(static_cast<size_t>(grid));
+  for (const int4& w : all) {
+    const Load l = heap.top();
+    heap.pop();
+    per[size_t(l.second)].push_back(w);
+    // + 1: an empty row still costs an epilogue
+    heap.push({l.first + int64_t(w.w - w.z) * kslices + 1, l.second});
+  }
+  s.cta_items.push_back(0);
+  for (const auto& v : per) {
+    s.items.insert(s.items.end(), v.begin(), v.end());
+    s.cta_items.push_back(int(s.items.size()));
+  }
+  return s;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q),
+               "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (q != cudaDriverEntryPointSuccess || !f)
+      throw Error(Status::cuda_error, "cuTensorMapEncodeTiled is not available from the driver (query result " +
+                                          std::to_string(int(q)) + ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// 2-D tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes.
+CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
+                          uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                          const char* what) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t estrides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(base), dims, strides, box, estrides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(Status::cuda_error, std::string("cuTensorMapEncodeTiled(") + what + ") failed with CUresult " +
+                                        std::to_string(int(r)) + " (dims " + std::to_string(inner) + "x" +
+                                        std::to_string(outer) + ", row bytes " + std::to_string(row_bytes) + ")");
+  return m;
+}
+
+CUtensorMapDataType map_type(DType t) {
+  switch (t) {
+    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  }
+  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+template <class Cfg>
+void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
+  const BsrView& a = g.sparse;
+  using T = typename Cfg::TOut;
+  CUtensorMap tm_a, tm_b, tm_c;
+  std::memset(&tm_a, 0, sizeof(tm_a));
+  std::memset(&tm_b, 0, sizeof(tm_b));
+  std::memset(&tm_c, 0, sizeof(tm_c));
+  if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
+    tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
+                         Cfg::KS, Cfg::BM,
+                         Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
+    tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
+                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
+  }
+  Params p{};
+  p.items = st.items;
+  p.cta_items = st.cta_items;
+  p.col_idx = a.col_idx;
+  p.c = g.c.data;
+  const bool c_row = g.c.layout == Layout::row_major;
+  p.c_rs = c_row ? g.c.ld : 1;
+  p.c_cs = c_row ? 1 : g.c.ld;
+  p.n = int(g.b.cols);
+  p.bk = a.bk;
+  p.kslices = a.bk / Cfg::KS;
+  // Direct stores: the pair of a fragment runs along n (along m when swapped); one 2-element
+  // access when that direction is contiguous and every pair starts 2-element aligned.
+  const bool contiguous = Cfg::SWAP ? !c_row : c_row;
+  p.c_pairs = contiguous && (g.c.ld % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0);
+  // NOTE: TMA stores need a 16-byte aligned base and row stride.
+  p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0;
+  if (p.tma_store)
+    tm_c = tensor_map_2d(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
+                         uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
+  hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
+  check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
+}
+
+using Launcher = void (*)(const GemmArgs&, const HopperState&, cudaStream_t);
+struct Kernel {
+  Launcher launch = nullptr;
+  int smem = 0;                 // dynamic shared memory it needs
+  void (*setup)() = nullptr;    // raises the kernel's dynamic shared-memory limit (not capturable)
+};
+
+template <class Cfg>
+void setup_kernel() {
+  check_cuda(cudaFuncSetAttribute(&hopper_dsd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
+             "cudaFuncSetAttribute(hopper_dsd_kernel, max dynamic shared memory)");
+}
+
+template <class Cfg>
+Kernel kernel_of() {
+  return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>};
+}
+template <int BM, int KS, bool BF16>
+Kernel pick_out(DType out) {
+  switch (out) {
+    case DType::f16: return kernel_of<Config<BM, KS, BF16, __half>>();
+    case DType::bf16: return kernel_of<Config<BM, KS, BF16, __nv_bfloat16>>();
+    case DType::f32: return kernel_of<Config<BM, KS, BF16, float>>();
+  }
+  return {};
+}
+template <int BM, int KS>
+Kernel pick_in(DType in, DType out) {
+  return in == DType::bf16 ? pick_out<BM, KS, true>(out) : pick_out<BM, KS, false>(out);
+}
+template <int BM>
+Kernel pick_ks(int bk, DType in, DType out) {
+  return bk == 32 ? pick_in<BM, 32>(in, out) : pick_in<BM, 64>(in, out);
+}
+Kernel pick(int bm, int bk, DType in, DType out) {
+  switch (bm) {
+    case 32: return pick_ks<32>(bk, in, out);
+    case 64: return pick_ks<64>(bk, in, out);
+    case 128: return pick_ks<128>(bk, in, out);
+  }
+  return {};
+}
+
+// Whether this build carries sm_90a code for the kernel (a build for 80 alone runs sm_80 code
+// on Hopper, which here is an empty kernel).
+bool has_sm90a_code() {
+  static const bool yes = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, &hopper_dsd_kernel<Config<128, 64, false, float>>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion >= 90;
+  }();
+  return yes;
+}
+
+std::string why_not(const GemmArgs& g) {
+  if (g.kind != OpKind::dsd) return std::string("runs dsd only, not ") + to_string(g.kind);
+  if (g.op != Op::none) return "op(A) = trans is not supported (A is read as stored)";
+  const BsrView& a = g.sparse;
+  if (a.dtype != DType::f16 && a.dtype != DType::bf16)
+    return std::string("needs f16 or bf16 inputs, got ") + to_string(a.dtype);
+  if (a.bm != 32 && a.bm != 64 && a.bm != 128) return "bm=" + std::to_string(a.bm) + " not in {32, 64, 128}";
+  if (a.bk != 32 && a.bk != 64 && a.bk != 128) return "bk=" + std::to_string(a.bk) + " not in {32, 64, 128}";
+  if (g.b.layout != Layout::row_major) return "B must be row-major (column-major B is not implemented)";
+  if (a.memory != Memory::device || g.b.memory != Memory::device || g.c.memory != Memory::device)
+    return "operands must be in device memory";
+  const int64_t N = g.b.cols, K = g.b.rows;
+  if (N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) || a.rows >= (int64_t(1) << 31))
+    return "M, N and K must be below 2^31 (TMA coordinates are 32-bit)";
+  if (a.nnzb * a.bm >= (int64_t(1) << 31))
+    return "nnzb*bm = " + std::to_string(a.nnzb * a.bm) + " must be below 2^31 (TMA coordinates are 32-bit)";
+  if (a.nnzb > 0) {
+    // NOTE: TMA needs 16-byte aligned base addresses and row strides.
+    if (reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
+      return "A values must be 16-byte aligned for TMA (address % 16 = " +
+             std::to_string(reinterpret_cast<uintptr_t>(a.values) % 16) + ")";
+    if (reinterpret_cast<uintptr_t>(g.b.data) % 16 != 0)
+      return "B must be 16-byte aligned for TMA (address % 16 = " +
+             std::to_string(reinterpret_cast<uintptr_t>(g.b.data) % 16) + ")";
+    if ((g.b.ld * 2) % 16 != 0)
+      return "B's row stride must be a multiple of 16 bytes for TMA (ld=" + std::to_string(g.b.ld) +
+             " -> " + std::to_string(g.b.ld * 2) + " bytes)";
+  }
+  const DeviceInfo& d = device_info();
+  if (!d.available) return "no CUDA device (" + d.why_not + ")";
+  if (d.cc_major != 9 || d.cc_minor != 0)
+    return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+  if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
+  const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
+  if (d.smem_per_block_optin < size_t(smem))
+    return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
+           std::to_string(d.smem_per_block_optin);
+  return "";
+}
+
+std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
+  const BsrView& a = g.sparse;
+  auto st = std::make_unique<HopperState>();
+  st->mb = a.mb();
+  st->n = g.b.cols;
+  st->nnzb = a.nnzb;
+  st->bm = a.bm;
+  st->bk = a.bk;
+  std::vector<int32_t> row_ptr(size_t(st->mb + 1), 0);
+  if (st->mb > 0)
+    check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+               "cudaMemcpy(row_ptr)");
+  // SPARSEK_HOPPER_SCHEDULE=single: one work item per CTA (the non-persistent ladder step).
+  const char* mode = std::getenv("SPARSEK_HOPPER_SCHEDULE");
+  const bool single = mode && std::string(mode) == "single";
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN, a.bk / stage_k(a.bk),
+                                    std::max(1, device_info().sm_count), single);
+  st->grid = int(s.cta_items.size()) - 1;
+  // Everything run() must not do under stream capture happens here, once.
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
+  k.setup();
+  if (a.nnzb > 0) encode_tiled();  // resolves the driver entry point
+  if (st->grid > 0) {
+    st->bytes = s.items.size() * sizeof(int4) + s.cta_items.size() * sizeof(int);
+    check_cuda(cudaMalloc(&st->items, s.items.size() * sizeof(int4)), "cudaMalloc(hopper schedule)");
+    check_cuda(cudaMalloc(&st->cta_items, s.cta_items.size() * sizeof(int)), "cudaMalloc(hopper schedule)");
+    check_cuda(cudaMemcpy(st->items, s.items.data(), s.items.size() * sizeof(int4), cudaMemcpyHostToDevice),
+               "cudaMemcpy(hopper schedule)");
+    check_cuda(cudaMemcpy(st->cta_items, s.cta_items.data(), s.cta_items.size() * sizeof(int),
+                          cudaMemcpyHostToDevice),
+               "cudaMemcpy(hopper schedule)");
+  }
+  return st;
+}
+
+void run(const GemmArgs& g, const Options& o, VariantState* state) {
+  auto* st = dynamic_cast<HopperState*>(state);
+  const BsrView& a = g.sparse;
+  if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
+    throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
+  if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype);
+  if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
+  k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
+}
+
+}  // namespace
+
+std::vector<Variant> hopper_variants() { return {Variant{"hopper", Backend::cuda, false, &why_not, &prepare, &run}}; }
+
 }  // namespace sparsek

@@ -20,14 +20,14 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/gemm/portable_sm80.cuh"
+#include "cuda/ptx/mma_sm80.cuh"
 #include "plan/backends.hpp"
 
 namespace sparsek {
 namespace {
 
-using sm80::cp_async_16;
-using sm80::smem_addr;
+using ptx::cp_async_16;
+using ptx::smem_addr;
 
 constexpr int kThreads = 256;  // 8 warps
 
@@ -442,24 +442,24 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::MIN_CTAS) portable_kerne
       for (int mi = 0; mi < G::MI; ++mi) {
         const int m = wm * G::WM + mi * 16;
         if constexpr (A_KMAJOR)  // matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
-          sm80::ldmatrix_x4(af[mi], a_s + swz<A_ROW>(m + (lane & 15), kk / 8 + (lane >> 4)));
+          ptx::ldmatrix_x4(af[mi], a_s + swz<A_ROW>(m + (lane & 15), kk / 8 + (lane >> 4)));
         else  // the same matrices read from K-rows, transposed
-          sm80::ldmatrix_x4_trans(af[mi], a_s + swz<A_ROW>(kk + lr + (li >> 1) * 8, m / 8 + (li & 1)));
+          ptx::ldmatrix_x4_trans(af[mi], a_s + swz<A_ROW>(kk + lr + (li >> 1) * 8, m / 8 + (li & 1)));
       }
 #pragma unroll
       for (int ni = 0; ni < G::NI; ni += 2) {
         const int n = wn * G::WN + ni * 8;
         uint32_t r[4];  // b0,b1 of n-fragment ni, then of ni+1
         if constexpr (B_KMAJOR)
-          sm80::ldmatrix_x4(r, b_s + swz<B_ROW>(n + lr + (li >> 1) * 8, kk / 8 + (li & 1)));
+          ptx::ldmatrix_x4(r, b_s + swz<B_ROW>(n + lr + (li >> 1) * 8, kk / 8 + (li & 1)));
         else
-          sm80::ldmatrix_x4_trans(r, b_s + swz<B_ROW>(kk + lr + (li & 1) * 8, n / 8 + (li >> 1)));
+          ptx::ldmatrix_x4_trans(r, b_s + swz<B_ROW>(kk + lr + (li & 1) * 8, n / 8 + (li >> 1)));
         bf[ni][0] = r[0], bf[ni][1] = r[1], bf[ni + 1][0] = r[2], bf[ni + 1][1] = r[3];
       }
 #pragma unroll
       for (int mi = 0; mi < G::MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < G::NI; ++ni) sm80::mma_16816<T>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        for (int ni = 0; ni < G::NI; ++ni) ptx::mma_16816<T>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
   };
 
@@ -468,18 +468,18 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::MIN_CTAS) portable_kerne
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < nsteps) load_stage(s, s, j0, nslices);
-      sm80::cp_async_commit();
+      ptx::cp_async_commit();
     }
     for (int step = 0; step < nsteps; ++step) {
-      sm80::cp_async_wait<kStages - 2>();
+      ptx::cp_async_wait<kStages - 2>();
       // Publishes stage `step` and retires every warp's reads of the buffer refilled next.
       __syncthreads();
       if (step + kStages - 1 < nsteps)
         load_stage(step + kStages - 1, (step + kStages - 1) % kStages, j0, nslices);
-      sm80::cp_async_commit();
+      ptx::cp_async_commit();
       if (warp_active) mma_stage(step % kStages);
     }
-    sm80::cp_async_wait<0>();
+    ptx::cp_async_wait<0>();
   };
 
   if constexpr (!SDD) {

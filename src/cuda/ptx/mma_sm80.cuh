@@ -1,19 +1,14 @@
 // The sm_80 instructions the portable kernel uses: cp.async (global -> shared, zero-filling),
 // ldmatrix (shared -> mma fragments) and mma.sync m16n8k16 (f16/bf16 in, f32 accumulate).
-//
-// NOTE: DESIGN.md keeps inline PTX in src/cuda/ptx/; these wrappers live beside their only user
-// until that folder exists, and move there unchanged.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
-namespace sparsek::sm80 {
+#include "cuda/ptx/async.cuh"  // smem_addr
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace sparsek::ptx {
 
 // Copies 16 bytes global -> shared asynchronously; only the first `src_bytes` (0..16) are read,
 // the rest of the 16 are zero-filled (so tails and padding cost no separate path).
@@ -66,4 +61,4 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-}  // namespace sparsek::sm80
+}  // namespace sparsek::ptx

@@ -1,0 +1,271 @@
+// Times the "hopper" variant on the issue-4 workloads (not part of CMake; built on the GPU machine):
+//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/hopper_timer.cu \
+//        -Lbuild -lsparsek -lcublas -Xlinker -rpath=$PWD/build -o hopper_timer
+//   ./hopper_timer [filter]
+// Per workload: random data generated on the device, the schedule prepared once, 5 warm-up runs,
+// then >= 30 timed runs (CUDA events around each launch), median reported as effective TFLOPS
+// (2 * nnzb * bm * bk * N / time). Inputs rotate over several sets when one set fits in L2.
+// 64 sampled outputs are checked against an fp64 host reference.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plan/variant.hpp"
+#include "sparsek/bsr.hpp"
+#include "sparsek/gemm.hpp"
+
+using namespace sparsek;
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+// Uniform [-1, 1) from a hash of the index: 16-bit floats (bits), reproducible, never all zero.
+__global__ void fill_uniform(uint16_t* p, int64_t n, uint32_t seed, bool bf16) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u ^ seed * 2246822519u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    h *= 3266489917u;
+    h ^= h >> 16;
+    const float v = float(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if (bf16) {
+      __nv_bfloat16 b = __float2bfloat16_rn(v);
+      p[i] = *reinterpret_cast<uint16_t*>(&b);
+    } else {
+      __half x = __float2half_rn(v);
+      p[i] = *reinterpret_cast<uint16_t*>(&x);
+    }
+  }
+}
+
+float host_f(uint16_t bits, bool bf16) {
+  if (bf16) return bf16_to_float(bfloat16_t{bits});
+  return half_to_float(half_t{bits});
+}
+
+struct Work {
+  const char* name;
+  int64_t m, k, n;
+  int bm, bk;
+  double density;
+  PatternKind kind;
+  DType dt;
+  bool also_single;  // also time the non-persistent schedule (one item per CTA)
+};
+
+struct Set {
+  void* vals = nullptr;
+  void* b = nullptr;
+  void* c = nullptr;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times v->run over the sets; returns the median ms.
+double time_runs(const Variant* v, std::vector<GemmArgs>& args, VariantState* st, int reps) {
+  Options o;
+  o.backend = Backend::cuda;
+  for (int i = 0; i < 5; ++i) v->run(args[size_t(i) % args.size()], o, st);
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(e0));
+    v->run(args[size_t(i) % args.size()], o, st);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return median(ms);
+}
+
+struct Row {
+  std::string name;
+  double tf_persistent = 0, tf_single = 0, ms = 0, err = 0;
+};
+
+Row run_work(const Work& w, const Variant* v) {
+  Row row;
+  row.name = w.name;
+  const bool bf16 = w.dt == DType::bf16;
+  Pattern pat = make_pattern(w.kind, w.m / w.bm, w.k / w.bk, w.density, 42);
+  const int64_t nnzb = pat.nnzb();
+  int32_t *d_rp, *d_ci;
+  CK(cudaMalloc(&d_rp, pat.row_ptr.size() * 4));
+  CK(cudaMalloc(&d_ci, std::max<size_t>(1, pat.col_idx.size()) * 4));
+  CK(cudaMemcpy(d_rp, pat.row_ptr.data(), pat.row_ptr.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_ci, pat.col_idx.data(), pat.col_idx.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t nv = nnzb * w.bm * w.bk, nb = w.k * w.n, nc = w.m * w.n;
+  const double set_bytes = 2.0 * double(nv + nb + nc);
+  const int sets = int(std::min(4.0, std::ceil(200e6 / set_bytes)));
+  std::vector<Set> S(static_cast<size_t>(sets));
+  std::vector<GemmArgs> args;
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&S[s].vals, size_t(nv) * 2));
+    CK(cudaMalloc(&S[s].b, size_t(nb) * 2));
+    CK(cudaMalloc(&S[s].c, size_t(nc) * 2));
+    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].vals), nv, 11 + s, bf16);
+    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].b), nb, 23 + s, bf16);
+    CK(cudaMemset(S[s].c, 0xff, size_t(nc) * 2));  // NaN poison: beta = 0 must overwrite it
+    GemmArgs g;
+    g.kind = OpKind::dsd;
+    g.sparse = BsrView{w.m, w.k, w.bm, w.bk, nnzb, d_rp, d_ci, S[s].vals, w.dt, Memory::device};
+    g.b = DenseView{S[s].b, w.k, w.n, w.n, Layout::row_major, w.dt, Memory::device};
+    g.c = DenseView{S[s].c, w.m, w.n, w.n, Layout::row_major, w.dt, Memory::device};
+    args.push_back(g);
+  }
+  CK(cudaDeviceSynchronize());
+  const std::string why = v->why_not(args[0]);
+  if (!why.empty()) {
+    std::printf("%s: hopper does not support it: %s\n", w.name, why.c_str());
+    return row;
+  }
+  Options o;
+  o.backend = Backend::cuda;
+  const double flops = 2.0 * double(nnzb) * w.bm * w.bk * double(w.n);
+  {
+    unsetenv("SPARSEK_HOPPER_SCHEDULE");
+    auto st = v->prepare(args[0], o);
+    const double ms = time_runs(v, args, st.get(), 40);
+    row.ms = ms;
+    row.tf_persistent = flops / (ms * 1e-3) / 1e12;
+  }
+  if (w.also_single) {
+    setenv("SPARSEK_HOPPER_SCHEDULE", "single", 1);
+    auto st = v->prepare(args[0], o);
+    const double ms = time_runs(v, args, st.get(), 20);
+    row.tf_single = flops / (ms * 1e-3) / 1e12;
+    unsetenv("SPARSEK_HOPPER_SCHEDULE");
+    auto st2 = v->prepare(args[0], o);  // leave set 0's C from the persistent schedule for the check
+    v->run(args[0], o, st2.get());
+  }
+  CK(cudaDeviceSynchronize());
+  // Check 64 sampled outputs of set 0 against fp64 on the host.
+  std::vector<uint16_t> hv(static_cast<size_t>(nv)), hb(static_cast<size_t>(nb)), hc(static_cast<size_t>(nc));
+  CK(cudaMemcpy(hv.data(), S[0].vals, hv.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), S[0].b, hb.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hc.data(), S[0].c, hc.size() * 2, cudaMemcpyDeviceToHost));
+  std::mt19937_64 rng(5);
+  double worst = 0;
+  for (int t = 0; t < 64; ++t) {
+    const int64_t m = int64_t(rng() % uint64_t(w.m)), n = int64_t(rng() % uint64_t(w.n));
+    const int64_t r = m / w.bm, rr = m % w.bm;
+    double ref = 0, mag = 0;
+    for (int32_t j = pat.row_ptr[r]; j < pat.row_ptr[r + 1]; ++j)
+      for (int c = 0; c < w.bk; ++c) {
+        const double a = host_f(hv[size_t((int64_t(j) * w.bm + rr) * w.bk + c)], bf16);
+        const double b = host_f(hb[size_t((int64_t(pat.col_idx[j]) * w.bk + c) * w.n + n)], bf16);
+        ref += a * b;
+        mag += std::fabs(a * b);
+      }
+    const double got = host_f(hc[size_t(m * w.n + n)], bf16);
+    const double e = std::fabs(got - ref) / std::max(1.0, mag);
+    worst = std::isfinite(got) ? std::max(worst, e) : INFINITY;
+  }
+  row.err = worst;
+  for (auto& s : S) {
+    CK(cudaFree(s.vals));
+    CK(cudaFree(s.b));
+    CK(cudaFree(s.c));
+  }
+  CK(cudaFree(d_rp));
+  CK(cudaFree(d_ci));
+  return row;
+}
+
+double cublas_dense_tflops(int64_t n, bool bf16) {
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+  void *a, *b, *c;
+  CK(cudaMalloc(&a, size_t(n * n) * 2));
+  CK(cudaMalloc(&b, size_t(n * n) * 2));
+  CK(cudaMalloc(&c, size_t(n * n) * 2));
+  fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(a), n * n, 1, bf16);
+  fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(b), n * n, 2, bf16);
+  const float one = 1.f, zero = 0.f;
+  const cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto go = [&] {
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &one, a, t, int(n), b, t, int(n), &zero, c,
+                        t, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  for (int i = 0; i < 5; ++i) go();
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(e0));
+    go();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t0 = 0;
+    CK(cudaEventElapsedTime(&t0, e0, e1));
+    ms.push_back(t0);
+  }
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  CK(cudaFree(c));
+  cublasDestroy(h);
+  return 2.0 * double(n) * n * n / (median(ms) * 1e-3) / 1e12;
+}
+
+int main(int argc, char** argv) {
+  const std::string filter = argc > 1 ? argv[1] : "";
+  const Variant* v = find_variant("hopper");
+  if (!v) {
+    std::fprintf(stderr, "no hopper variant\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const Work works[] = {
+      {"8192^3 128x128 12.5% f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, true},
+      {"8192^3 128x128 12.5% bf16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::bf16, false},
+      {"8192^3 64x64 12.5% f16", 8192, 8192, 8192, 64, 64, 0.125, PatternKind::fixed_k, DType::f16, true},
+      {"8192^3 32x32 12.5% f16", 8192, 8192, 8192, 32, 32, 0.125, PatternKind::fixed_k, DType::f16, false},
+      {"4096^3 64x64 12.5% f16", 4096, 4096, 4096, 64, 64, 0.125, PatternKind::fixed_k, DType::f16, true},
+      {"8192^3 128x128 25% f16", 8192, 8192, 8192, 128, 128, 0.25, PatternKind::fixed_k, DType::f16, false},
+      {"8192^3 128x32 6.25% f16", 8192, 8192, 8192, 128, 32, 0.0625, PatternKind::fixed_k, DType::f16, false},
+      {"8192^3 64x64 12.5% power-law f16", 8192, 8192, 8192, 64, 64, 0.125, PatternKind::power_law, DType::f16, false},
+  };
+  std::vector<Row> rows;
+  for (const Work& w : works) {
+    if (!filter.empty() && std::string(w.name).find(filter) == std::string::npos) continue;
+    rows.push_back(run_work(w, v));
+    std::fflush(stdout);
+  }
+  const double dense = filter.empty() ? cublas_dense_tflops(8192, false) : 0;
+  std::printf("\n%s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("%-36s %10s %10s %12s %10s\n", "workload", "ms", "TFLOPS", "single-item", "max err");
+  for (const Row& r : rows)
+    std::printf("%-36s %10.3f %10.1f %12.1f %10.2e\n", r.name.c_str(), r.ms, r.tf_persistent, r.tf_single, r.err);
+  if (dense > 0) std::printf("cuBLAS dense f16 8192^3: %.1f TFLOPS\n", dense);
+  return 0;
+}

@@ -1,0 +1,457 @@
+// GPU tests of the Hopper (sm_90a) DSD variant "hopper" against the fp64 oracle: every block
+// shape, fp16 / bf16, output dtypes, ragged and tiny N, empty rows, nnzb = 0, beta = 0 with NaN in
+// C, a long row, C column-major, bit-identical repeats, and why_not() on what it must reject.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/oracle.hpp"
+#include "plan/variant.hpp"
+#include "test_util.hpp"
+
+namespace sparsek::test {
+namespace {
+
+#define SPARSEK_REQUIRE_SM90()                                                                      \
+  do {                                                                                              \
+    SPARSEK_REQUIRE_GPU();                                                                          \
+    const auto& d_ = ::sparsek::device_info();                                                      \
+    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
+      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
+  } while (0)
+
+// Owned device memory (nullptr for 0 bytes).
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n) check_cuda(cudaMalloc(&p, n), "cudaMalloc");
+  }
+  DeviceBuffer(const void* host, size_t n) : DeviceBuffer(n) {
+    if (n) check_cuda(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void download(void* host) const {
+    if (bytes) check_cuda(cudaMemcpy(host, p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+};
+
+struct Case {
+  int64_t mb = 4, kb = 6;
+  int bm = 64, bk = 64;
+  int64_t n = 200;
+  DType in = DType::f16, out = DType::f32;
+  double density = 0.4;
+  float alpha = 1.5f, beta = 0.f;
+  bool integers = false;
+  Layout c_layout = Layout::row_major;
+  int64_t b_pad = 0, c_pad = 0;
+  std::vector<int64_t> empty_rows;  // block rows forced empty (-1 = the last one)
+  std::vector<int64_t> full_rows;   // block rows forced to hold every block column
+  uint64_t seed = 1;
+  std::string name() const {
+    return "bm=" + std::to_string(bm) + " bk=" + std::to_string(bk) + " mb=" + std::to_string(mb) +
+           " kb=" + std::to_string(kb) + " N=" + std::to_string(n) + " in=" + to_string(in) +
+           " out=" + to_string(out) + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta) +
+           (integers ? " integers" : "") + (c_layout == Layout::col_major ? " C col-major" : "");
+  }
+};
+
+BsrMatrix make_matrix(const Case& cs) {
+  Pattern p = make_pattern(PatternKind::bernoulli, cs.mb, cs.kb, cs.density, cs.seed);
+  std::vector<std::vector<int32_t>> rows(size_t(cs.mb));
+  for (int64_t r = 0; r < cs.mb; ++r)
+    for (int32_t j = p.row_ptr[r]; j < p.row_ptr[r + 1]; ++j) rows[size_t(r)].push_back(p.col_idx[j]);
+  for (int64_t r : cs.empty_rows) rows[size_t(r < 0 ? cs.mb + r : r)].clear();
+  for (int64_t r : cs.full_rows) {
+    auto& v = rows[size_t(r < 0 ? cs.mb + r : r)];
+    v.clear();
+    for (int32_t c = 0; c < cs.kb; ++c) v.push_back(c);
+  }
+  std::vector<int32_t> rp{0}, ci;
+  for (const auto& v : rows) {
+    ci.insert(ci.end(), v.begin(), v.end());
+    rp.push_back(int32_t(ci.size()));
+  }
+  BsrMatrix a(cs.mb * cs.bm, cs.kb * cs.bk, cs.bm, cs.bk, rp, ci, cs.in);
+  a.fill_random(cs.seed + 1, cs.integers);
+  return a;
+}
+
+// The operands of one case on the host and on the device.
+struct Problem {
+  Case cs;
+  BsrMatrix a;
+  HostDense b, c;  // c: the C given to the product (NaN when beta == 0)
+  DeviceBuffer d_rp, d_ci, d_vals;
+  std::unique_ptr<DeviceBuffer> d_b, d_c;
+  explicit Problem(const Case& k)
+      : cs(k),
+        a(make_matrix(k)),
+        b(k.kb * k.bk, k.n, k.in, Layout::row_major, k.b_pad),
+        c(k.mb * k.bm, k.n, k.out, k.c_layout, k.c_pad),
+        d_rp(a.row_ptr().data(), a.row_ptr().size() * 4),
+        d_ci(a.col_idx().data(), a.col_idx().size() * 4),
+        d_vals(a.value_bytes().data(), a.value_bytes().size()) {
+    b.fill_random(k.seed + 2, k.integers);
+    if (k.beta != 0.f)
+      c.fill_random(k.seed + 3, k.integers);
+    else
+      c.fill(nan_value());  // must not leak: beta == 0 never reads C
+    d_b = std::make_unique<DeviceBuffer>(b.bytes.data(), b.bytes.size());
+    d_c = std::make_unique<DeviceBuffer>(c.bytes.data(), c.bytes.size());
+  }
+  GemmArgs device_args() {
+    GemmArgs g;
+    g.kind = OpKind::dsd;
+    g.alpha = cs.alpha;
+    g.beta = cs.beta;
+    g.sparse = a.view();
+    g.sparse.row_ptr = static_cast<const int32_t*>(d_rp.p);
+    g.sparse.col_idx = static_cast<const int32_t*>(d_ci.p);
+    g.sparse.values = d_vals.p;
+    g.sparse.memory = Memory::device;
+    g.b = b.view;
+    g.b.data = d_b->p;
+    g.b.memory = Memory::device;
+    g.c = c.view;
+    g.c.data = d_c->p;
+    g.c.memory = Memory::device;
+    return g;
+  }
+  GemmArgs host_args(HostDense& out) {
+    GemmArgs g;
+    g.kind = OpKind::dsd;
+    g.alpha = cs.alpha;
+    g.beta = cs.beta;
+    g.sparse = a.view();
+    g.b = b.view;
+    g.c = out.view;
+    return g;
+  }
+  // Runs the product on the device (C re-uploaded first) and returns C's bytes.
+  std::vector<uint8_t> run(const std::string& variant = "hopper") {
+    check_cuda(cudaMemcpy(d_c->p, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy C");
+    Options o;
+    o.backend = Backend::cuda;
+    o.variant = variant;
+    gemm(device_args(), o);
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after gemm");
+    std::vector<uint8_t> got(c.bytes.size());
+    d_c->download(got.data());
+    return got;
+  }
+};
+
+double tolerance(const Case& cs) {
+  if (cs.integers && cs.out == DType::f32) return 0.0;  // exact: small integers, fp32 accumulation
+  // NOTE: the tensor cores' fp32 accumulation rounds toward zero (seen on H100: a 9600-long row
+  // came out 2.7e-5 of max|C| low, every error of the same sign), so the bound grows with K.
+  const double k = double(cs.kb * cs.bk);
+  switch (cs.out) {
+    case DType::f32: return 2e-5 * std::max(1.0, k / 2048.0);
+    case DType::f16: return 1.5e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 0.0;
+}
+
+// Runs a case, checks it against the oracle, and prints the worst elements when it fails.
+void check_case(const Case& cs) {
+  SCOPED_TRACE(cs.name());
+  Problem p(cs);
+  std::vector<uint8_t> got = p.run();
+  HostDense given(p.c.view.rows, p.c.view.cols, cs.out, cs.c_layout, cs.c_pad);
+  given.bytes = p.c.bytes;
+  given.view.data = given.bytes.data();
+  const std::vector<double> ref = oracle(p.host_args(given));
+  HostDense out(p.c.view.rows, p.c.view.cols, cs.out, cs.c_layout, cs.c_pad);
+  out.bytes = got;
+  out.view.data = out.bytes.data();
+  const double err = max_rel_error(p.host_args(out), ref);
+  const double tol = tolerance(cs);
+  EXPECT_LE(err, tol);
+  if (!(err <= tol)) {
+    double scale = 1e-30;
+    for (double r : ref) scale = std::max(scale, std::fabs(r));
+    int shown = 0;
+    const int64_t M = out.view.rows, N = out.view.cols;
+    for (int64_t m = 0; m < M && shown < 12; ++m)
+      for (int64_t n = 0; n < N && shown < 12; ++n) {
+        const double g = out.get(m, n), r = ref[size_t(m * N + n)];
+        if (!(std::fabs(g - r) <= tol * scale)) {
+          ADD_FAILURE() << "C(" << m << ", " << n << ") = " << g << ", want " << r;
+          ++shown;
+        }
+      }
+  }
+}
+
+// ---- why_not: runs anywhere (no device memory is touched) ----
+
+GemmArgs fake_device_args(int bm, int bk, int64_t n, int64_t ldb, DType dt) {
+  alignas(256) static char storage[1 << 12];
+  static const int32_t rp[3] = {0, 1, 1}, ci[1] = {0};
+  GemmArgs g;
+  g.kind = OpKind::dsd;
+  g.sparse.rows = 2 * bm;
+  g.sparse.cols = bk;
+  g.sparse.bm = bm;
+  g.sparse.bk = bk;
+  g.sparse.nnzb = 1;
+  g.sparse.row_ptr = rp;
+  g.sparse.col_idx = ci;
+  g.sparse.values = storage;
+  g.sparse.dtype = dt;
+  g.sparse.memory = Memory::device;
+  g.b = DenseView{storage, bk, n, ldb, Layout::row_major, dt, Memory::device};
+  g.c = DenseView{storage, 2 * bm, n, n, Layout::row_major, DType::f32, Memory::device};
+  return g;
+}
+
+TEST(Hopper, WhyNotRejects) {
+  const Variant* v = find_variant("hopper");
+  ASSERT_NE(v, nullptr);
+  auto why = [&](const GemmArgs& g) { return v->why_not(g); };
+  auto has = [](const std::string& s, const char* part) { return s.find(part) != std::string::npos; };
+
+  GemmArgs g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.op = Op::trans;
+  EXPECT_TRUE(has(why(g), "trans")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f32);
+  EXPECT_TRUE(has(why(g), "f16 or bf16")) << why(g);
+  g = fake_device_args(16, 64, 128, 128, DType::f16);
+  EXPECT_TRUE(has(why(g), "bm=16")) << why(g);
+  g = fake_device_args(64, 16, 128, 128, DType::bf16);
+  EXPECT_TRUE(has(why(g), "bk=16")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.b.layout = Layout::col_major;
+  g.b.ld = 64;
+  EXPECT_TRUE(has(why(g), "row-major")) << why(g);
+  g = fake_device_args(64, 64, 3, 3, DType::f16);  // 6-byte rows: TMA needs 16-byte strides
+  EXPECT_TRUE(has(why(g), "ld=3")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.b.data = static_cast<char*>(g.b.data) + 2;
+  EXPECT_TRUE(has(why(g), "B must be 16-byte aligned")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.sparse.values = static_cast<char*>(g.sparse.values) + 8;
+  EXPECT_TRUE(has(why(g), "A values must be 16-byte aligned")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.kind = OpKind::dds;
+  EXPECT_TRUE(has(why(g), "dsd only")) << why(g);
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  g.sparse.memory = Memory::host;
+  EXPECT_TRUE(has(why(g), "device memory")) << why(g);
+
+  // A supported problem: "" on an sm_90 GPU, else a reason naming the device.
+  g = fake_device_args(64, 64, 128, 128, DType::f16);
+  const auto& d = device_info();
+  if (d.available && d.cc_major == 9 && d.cc_minor == 0)
+    EXPECT_EQ(why(g), "");
+  else
+    EXPECT_TRUE(has(why(g), "sm_90") || has(why(g), "no CUDA device")) << why(g);
+}
+
+// ---- correctness on the device ----
+
+TEST(Hopper, BlockShapesAndDtypes) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (int bk : {32, 64, 128})
+      for (DType in : {DType::f16, DType::bf16}) {
+        Case cs;
+        cs.bm = bm;
+        cs.bk = bk;
+        cs.in = in;
+        cs.mb = bm == 128 ? 3 : 5;
+        cs.kb = 6;
+        cs.seed = uint64_t(bm * 1000 + bk * 10 + int(in));
+        check_case(cs);
+      }
+}
+
+TEST(Hopper, IntegerDataIsExact) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (int bk : {32, 64, 128}) {
+      Case cs;
+      cs.bm = bm;
+      cs.bk = bk;
+      cs.integers = true;
+      cs.alpha = 2.f;
+      cs.beta = -1.f;
+      cs.kb = 9;
+      cs.n = 264;
+      cs.in = bk == 64 ? DType::bf16 : DType::f16;
+      cs.seed = uint64_t(7 + bm + bk);
+      check_case(cs);
+    }
+}
+
+TEST(Hopper, OutputDtypesWithBeta) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (DType in : {DType::f16, DType::bf16})
+      for (DType out : {DType::f16, DType::bf16, DType::f32}) {
+        Case cs;
+        cs.bm = bm;
+        cs.bk = 64;
+        cs.in = in;
+        cs.out = out;
+        cs.beta = 0.5f;
+        cs.alpha = 0.75f;
+        cs.seed = uint64_t(bm + 3 * int(in) + 11 * int(out));
+        check_case(cs);
+      }
+}
+
+TEST(Hopper, NarrowAndRaggedN) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (int64_t n : {1, 8, 72, 264, 520}) {
+      Case cs;
+      cs.bm = bm;
+      cs.bk = bm == 32 ? 32 : 128;
+      cs.n = n;
+      cs.b_pad = (8 - n % 8) % 8;  // B rows must be 16-byte strided for TMA
+      cs.out = n == 72 ? DType::f16 : DType::f32;
+      cs.beta = n == 264 ? 1.f : 0.f;
+      cs.seed = uint64_t(bm * 7 + n);
+      check_case(cs);
+    }
+}
+
+TEST(Hopper, EmptyRowsGiveBetaC) {
+  SPARSEK_REQUIRE_SM90();
+  for (float beta : {0.f, 0.75f})
+    for (int bm : {32, 64, 128}) {
+      Case cs;
+      cs.bm = bm;
+      cs.mb = 6;
+      cs.empty_rows = {0, 2, -1};
+      cs.beta = beta;
+      cs.seed = uint64_t(bm + 100 * int(beta * 4));
+      check_case(cs);
+    }
+}
+
+TEST(Hopper, NoStoredBlocks) {
+  SPARSEK_REQUIRE_SM90();
+  for (float beta : {0.f, 2.f}) {
+    Case cs;
+    cs.mb = 3;
+    cs.empty_rows = {0, 1, 2};
+    cs.beta = beta;
+    cs.out = DType::bf16;
+    check_case(cs);
+  }
+}
+
+TEST(Hopper, ColumnMajorAndPaddedC) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (DType out : {DType::f16, DType::f32}) {
+      Case cs;
+      cs.bm = bm;
+      cs.out = out;
+      cs.c_layout = Layout::col_major;
+      cs.c_pad = 3;
+      cs.b_pad = 8;
+      cs.beta = 0.25f;
+      cs.seed = uint64_t(bm + int(out));
+      check_case(cs);
+      cs.c_layout = Layout::row_major;
+      cs.c_pad = 1;  // odd ld: pairs fall back to single stores
+      check_case(cs);
+    }
+}
+
+TEST(Hopper, LongRowAmongShortOnes) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128}) {
+    Case cs;
+    cs.bm = bm;
+    cs.bk = bm == 128 ? 128 : 64;
+    cs.mb = 5;
+    cs.kb = 150;  // > 32 blocks in a row: the producer restages column indices
+    cs.density = 0.02;
+    cs.full_rows = {1};
+    cs.n = 136;
+    cs.seed = uint64_t(bm + 5);
+    check_case(cs);
+  }
+}
+
+TEST(Hopper, MoreWorkItemsThanSMs) {
+  SPARSEK_REQUIRE_SM90();
+  Case cs;
+  cs.bm = 32;
+  cs.bk = 32;
+  cs.mb = 200;
+  cs.kb = 16;
+  cs.density = 0.25;
+  cs.n = 520;
+  cs.out = DType::f16;
+  check_case(cs);
+  cs.bm = 64;
+  cs.bk = 64;
+  cs.mb = 150;
+  cs.kb = 8;
+  cs.n = 600;
+  cs.in = DType::bf16;
+  cs.out = DType::f32;
+  check_case(cs);
+}
+
+TEST(Hopper, RepeatedRunsAreBitIdentical) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 128}) {
+    Case cs;
+    cs.bm = bm;
+    cs.bk = 64;
+    cs.mb = 4096 / bm;
+    cs.kb = 32;
+    cs.density = 0.2;
+    cs.n = 1000;
+    cs.out = DType::f32;
+    Problem p(cs);
+    const std::vector<uint8_t> first = p.run();
+    for (int rep = 0; rep < 3; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs (bm=" << bm << ")";
+  }
+}
+
+TEST(Hopper, DispatchPicksHopperOnSm90) {
+  SPARSEK_REQUIRE_SM90();
+  Case cs;
+  Problem p(cs);
+  const std::vector<std::string> names = supported_variants(p.device_args());
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "hopper");
+  EXPECT_TRUE(p.run("") == p.run("hopper"));  // the default choice is this kernel
+}
+
+TEST(Hopper, ForcedOnUnsupportedProblemThrows) {
+  SPARSEK_REQUIRE_SM90();
+  Case cs;
+  cs.n = 3;  // ld = 3 halves: B rows are not 16-byte strided
+  Problem p(cs);
+  try {
+    p.run("hopper");
+    FAIL() << "expected Error(unsupported)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("ld=3"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace sparsek::test
