@@ -20,20 +20,27 @@ from conftest import block_sparse_dense, dense_operand  # noqa: E402
 
 
 def test_conversions_and_products(rng):
+    # GPU variants take f16/bf16 inputs (small integers: exact, f32 accumulation).
     A, mask = block_sparse_dense(rng, 128, 192, 32, 64, empty_rows=(2,))
-    Ad = cp.asarray(A)
+    Ad = cp.asarray(A, dtype=cp.float16)
+    A32 = cp.asarray(A)
     Ab = sparsek.BSRMatrix.from_dense(Ad, block=(32, 64))
     assert isinstance(Ab.values, cp.ndarray) and Ab.nnzb == mask.sum()
     cp.testing.assert_array_equal(Ab.to_dense(), Ad)
     cp.testing.assert_array_equal(Ab.T.to_dense(), Ad.T)
-    B = cp.asarray(dense_operand(rng, 192, 40))
-    C = sparsek.bsr_mm(Ab, B)
+    B = cp.asarray(dense_operand(rng, 192, 40), dtype=cp.float16)
+    C = sparsek.bsr_mm(Ab, B, out=cp.empty((128, 40), cp.float32))
     assert isinstance(C, cp.ndarray)
-    cp.testing.assert_array_equal(C, Ad @ B)
-    X = cp.asarray(dense_operand(rng, 9, 128))
-    cp.testing.assert_array_equal(sparsek.dense_bsr_mm(X, Ab), X @ Ad)
-    P = sparsek.sampled_mm(cp.asarray(dense_operand(rng, 128, 16)), cp.asarray(dense_operand(rng, 16, 192)), Ab)
-    assert isinstance(P.values, cp.ndarray)
+    cp.testing.assert_array_equal(C, A32 @ B.astype(cp.float32))
+    X = cp.asarray(dense_operand(rng, 9, 128), dtype=cp.float16)
+    D = sparsek.dense_bsr_mm(X, Ab, out=cp.empty((9, 192), cp.float32))
+    cp.testing.assert_array_equal(D, X.astype(cp.float32) @ A32)
+    P = sparsek.sampled_mm(cp.asarray(dense_operand(rng, 128, 16), dtype=cp.float16),
+                           cp.asarray(dense_operand(rng, 16, 192), dtype=cp.float16), Ab)
+    assert isinstance(P.values, cp.ndarray) and P.values.dtype == cp.float16
+    # f32 inputs on the GPU: a clear NotImplementedError (tensor-core variants only).
+    with pytest.raises(NotImplementedError, match="f32 inputs"):
+        sparsek.bsr_mm(sparsek.BSRMatrix.from_dense(A32, block=(32, 64)), B.astype(cp.float32))
 
 
 def test_half_inputs_and_stream(rng):

@@ -16,11 +16,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
 
 
-def T(x, device, dtype=torch.float32):
+def default_dtype(device):
+    # The GPU variants are tensor-core kernels: f16/bf16 inputs (f32 output allowed); f32 inputs
+    # run on the CPU backend only (SPEC §1), and on CUDA they raise NotImplementedError.
+    return torch.float32 if device == "cpu" else torch.float16
+
+
+def T(x, device, dtype=None):
+    dtype = dtype or default_dtype(device)
     return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
 
 
-def sparse_case(rng, device, rows=96, cols=128, block=(32, 32), dtype=torch.float32, empty_rows=(1,)):
+def sparse_case(rng, device, rows=96, cols=128, block=(32, 32), dtype=None, empty_rows=(1,)):
     A, mask = block_sparse_dense(rng, rows, cols, *block, empty_rows=empty_rows)
     At = T(A, device, dtype)
     return At, sparsek.BSRMatrix.from_dense(At, block=block), mask
@@ -58,7 +65,7 @@ def test_validation_on_device(device):
 # ---------------------------------------------------------------- products
 
 def _dtypes(device):
-    return [torch.float32] if device == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
+    return [torch.float32] if device == "cpu" else [torch.float16, torch.bfloat16]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -118,8 +125,8 @@ def test_alpha_beta_out_nan_and_layouts(rng, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(rng, device):
-    At, Ab, _ = sparse_case(rng, device)
-    B = T(dense_operand(rng, 128, 8), device)
+    At, Ab, _ = sparse_case(rng, device, dtype=torch.float32)
+    B = T(dense_operand(rng, 128, 8), device, torch.float32)
     with pytest.raises(ValueError, match="B dtype float64 is not supported"):
         sparsek.bsr_mm(Ab, B.double())
     with pytest.raises(ValueError, match="B dtype f16 differs from A's f32"):
@@ -131,9 +138,17 @@ def test_errors(rng, device):
 
 
 @cuda_only
+def test_f32_on_cuda_says_why(rng):
+    At, Ab, _ = sparse_case(rng, "cuda", dtype=torch.float32)
+    B = T(dense_operand(rng, 128, 8), "cuda", torch.float32)
+    with pytest.raises(NotImplementedError, match="f32 inputs: tensor-core variants need f16/bf16"):
+        sparsek.bsr_mm(Ab, B)
+
+
+@cuda_only
 def test_wrong_device(rng):
     At, Ab, _ = sparse_case(rng, "cuda")
-    B = T(dense_operand(rng, 128, 8), "cpu")
+    B = T(dense_operand(rng, 128, 8), "cpu", torch.float16)
     with pytest.raises(ValueError, match="B is in host memory but the sparse operand is in device memory"):
         sparsek.bsr_mm(Ab, B)
 
