@@ -76,13 +76,15 @@ const char* sparse_name(const GemmArgs& g) {
 }
 }  // namespace
 
-HostPattern host_pattern(const BsrView& s, bool with_col_idx) {
+HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
   HostPattern hp;
   if (s.memory == Memory::host) {
     hp.row_ptr = s.row_ptr;
     hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
     return hp;
   }
+  if (stream)
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
   hp.row_ptr_copy.resize(size_t(s.mb() + 1));
   check_cuda(cudaMemcpy(hp.row_ptr_copy.data(), s.row_ptr, hp.row_ptr_copy.size() * 4, cudaMemcpyDeviceToHost),
              "cudaMemcpy(row_ptr to host)");
@@ -393,7 +395,7 @@ void gemm(const GemmArgs& g, const Options& o) {
   HostPattern hp;
   bool have_pattern = false;
   if (o.check_indices) {
-    hp = host_pattern(g.sparse, true);
+    hp = host_pattern(g.sparse, true, o.stream);
     validate_pattern(g, hp);
     have_pattern = true;
     key.pattern_hash = hash_pattern(hp.row_ptr, g.sparse.mb(), hp.col_idx, g.sparse.nnzb);
@@ -403,7 +405,7 @@ void gemm(const GemmArgs& g, const Options& o) {
   Plan p = plan_cache().take(key);
   if (!p) {
     if (!have_pattern) {
-      hp = host_pattern(g.sparse, true);
+      hp = host_pattern(g.sparse, true, o.stream);
       validate_pattern(g, hp);
     }
     p = make_plan(g, o, be, hp);

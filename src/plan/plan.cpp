@@ -165,7 +165,7 @@ Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPatter
 Plan plan(const GemmArgs& problem, const Options& options) {
   validate(problem, false);
   Backend be = resolve_backend(problem, options);
-  HostPattern hp = host_pattern(problem.sparse, true);
+  HostPattern hp = host_pattern(problem.sparse, true, options.stream);
   validate_pattern(problem, hp);
   return make_plan(problem, options, be, hp);
 }

@@ -17,7 +17,10 @@ struct HostPattern {
   std::vector<int32_t> row_ptr_copy, col_idx_copy;
 };
 // s passed the cheap checks. Device memory is copied (synchronously); col_idx only when asked.
-HostPattern host_pattern(const BsrView& s, bool with_col_idx = true);
+// `stream` (a cudaStream_t, may be null) is waited for first: the caller may have queued the
+// pattern's upload there, and our copies run on the legacy default stream, which does not order
+// itself after non-blocking streams.
+HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
