@@ -59,14 +59,42 @@ def title_of(doc):
     return f"sparsek {doc.get('sparsek_version', '?')} bench on {who}, {doc.get('date', '')}"
 
 
+def markdown_table(doc):
+    """One row per workload, one column per variant: effective TFLOPS (docs/BENCHMARKS.md)."""
+    ws = doc.get("workloads", [])
+    names = []
+    for w in ws:
+        for v in w.get("variants", []):
+            if v["name"] not in names:
+                names.append(v["name"])
+    head = "| workload | " + " | ".join(n + (" *" if any(v["name"] == n and v.get("peer") for w in ws
+                                                            for v in w["variants"]) else "")
+                                         for n in names) + " | ideal |"
+    lines = [head, "|---" * (len(names) + 2) + "|"]
+    for w in ws:
+        cells = []
+        for n in names:
+            v = next((v for v in w["variants"] if v["name"] == n), None)
+            ok = v is not None and v.get("status") == "ok" and v.get("effective_tflops") is not None
+            cells.append(f"{v['effective_tflops']:.1f}" if ok else "-")
+        ideal = w.get("ideal_effective_tflops")
+        cells.append(f"{ideal:.0f}" if ideal else "-")
+        lines.append(f"| {w['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", help="file written by `sparsek bench --json`")
     ap.add_argument("-o", "--out", default=None, help="PNG path (default: next to the JSON)")
     ap.add_argument("--per-workload", action="store_true", help="also one PNG per workload (<out>-<i>.png)")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table of effective TFLOPS instead")
     a = ap.parse_args(argv)
     with open(a.json) as f:
         doc = json.load(f)
+    if a.markdown:
+        print(markdown_table(doc))
+        return 0
     ws = doc.get("workloads", [])
     if not ws:
         print(f"{a.json}: no workloads", file=sys.stderr)

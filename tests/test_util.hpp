@@ -4,16 +4,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/device.hpp"
 #include "cpu/oracle.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
+#include "sparsek/sparsek.h"
 
 namespace sparsek::test {
 
@@ -140,13 +144,21 @@ inline std::vector<float> output_values(const GemmCase& gc) {
 // Tolerance on max_rel_error for real-valued inputs: f32 accumulation, then output rounding.
 inline double tolerance(DType out) { return out == DType::f32 ? 2e-5 : out == DType::f16 ? 1.5e-3 : 1e-2; }
 
-// Runs the product through gemm() and checks it against the oracle: exactly (after rounding the
-// exact result to the output dtype) for integer inputs, within tolerance() otherwise. Also checks
-// that the padding of a dense C (elements outside its rows x cols) is left untouched.
-inline void run_and_check(GemmCase& gc, const Options& opt = {}) {
-  const std::vector<double> ref = oracle(gc.args);  // before the run: C is read when beta != 0
-  const std::vector<uint8_t> before = gc.c ? gc.c->bytes : std::vector<uint8_t>();
-  gemm(gc.args, opt);
+// One line naming every field of a case (for SCOPED_TRACE).
+inline std::string describe(const CaseSpec& s) {
+  return std::string(to_string(s.kind)) + " op=" + to_string(s.op) + " " + std::to_string(s.rows) + "x" +
+         std::to_string(s.cols) + " blocks " + std::to_string(s.bm) + "x" + std::to_string(s.bk) +
+         " free=" + std::to_string(s.free) + " " + to_string(s.pattern) + " in=" + to_string(s.in) +
+         " out=" + to_string(s.out) + " layouts a/b/c=" + to_string(s.la) + "/" + to_string(s.lb) + "/" +
+         to_string(s.lc) + " pad=" + std::to_string(s.pad) + " alpha=" + std::to_string(s.alpha) +
+         " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals");
+}
+
+// Checks the case's (host) output against the oracle's ref: exactly (after rounding the exact
+// result to the output dtype) for integer inputs, within tolerance() otherwise. Also checks that
+// the padding of a dense C (elements outside its rows x cols) still holds c_before's bytes.
+inline void expect_output_matches(const GemmCase& gc, const std::vector<double>& ref,
+                                  const std::vector<uint8_t>& c_before) {
   if (gc.spec.integers) {
     const std::vector<float> got = output_values(gc);
     ASSERT_EQ(got.size(), ref.size());
@@ -166,18 +178,87 @@ inline void run_and_check(GemmCase& gc, const Options& opt = {}) {
   if (gc.c) {
     const DenseView& v = gc.c->view;
     const size_t es = dtype_size(v.dtype);
-    const int64_t n = int64_t(before.size() / es);
+    const int64_t n = int64_t(c_before.size() / es);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t major = i / v.ld, minor = i % v.ld;
       const bool inside = v.layout == Layout::row_major ? (major < v.rows && minor < v.cols)
                                                         : (minor < v.rows && major < v.cols);
-      if (!inside && std::memcmp(&before[size_t(i) * es], &gc.c->bytes[size_t(i) * es], es) != 0) {
+      if (!inside && std::memcmp(&c_before[size_t(i) * es], &gc.c->bytes[size_t(i) * es], es) != 0) {
         ADD_FAILURE() << "C padding element " << i << " was written";
         break;
       }
     }
   }
 }
+
+// Runs the product through gemm() and checks it against the oracle (expect_output_matches).
+inline void run_and_check(GemmCase& gc, const Options& opt = {}) {
+  const std::vector<double> ref = oracle(gc.args);  // before the run: C is read when beta != 0
+  const std::vector<uint8_t> before = gc.c ? gc.c->bytes : std::vector<uint8_t>();
+  gemm(gc.args, opt);
+  expect_output_matches(gc, ref, before);
+}
+
+// Runs f, expects Error(invalid_argument) whose message contains every one of `parts`.
+inline void expect_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << p << "'";
+    return;
+  }
+  ADD_FAILURE() << "no sparsek::Error thrown (expected one mentioning '" << (parts.empty() ? "" : parts[0]) << "')";
+}
+
+// The C API's descriptions of views (what a C caller would fill in).
+inline sparsek_bsr to_c(const BsrView& v) {
+  sparsek_bsr b{};
+  b.rows = v.rows;
+  b.cols = v.cols;
+  b.bm = v.bm;
+  b.bk = v.bk;
+  b.nnzb = v.nnzb;
+  b.row_ptr = v.row_ptr;
+  b.col_idx = v.col_idx;
+  b.values = v.values;
+  b.dtype = sparsek_dtype(int(v.dtype));
+  b.memory = sparsek_memory(int(v.memory));
+  return b;
+}
+inline sparsek_dense to_c(const DenseView& v) {
+  sparsek_dense d{};
+  d.data = v.data;
+  d.rows = v.rows;
+  d.cols = v.cols;
+  d.ld = v.ld;
+  d.layout = sparsek_layout(int(v.layout));
+  d.dtype = sparsek_dtype(int(v.dtype));
+  d.memory = sparsek_memory(int(v.memory));
+  return d;
+}
+
+// Saves an environment variable and restores it (or its absence) when destroyed.
+class SavedEnv {
+ public:
+  explicit SavedEnv(const char* name) : name_(name) {
+    const char* e = std::getenv(name);
+    set_ = e != nullptr;
+    if (e) value_ = e;
+  }
+  ~SavedEnv() {
+    if (set_) setenv(name_, value_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  SavedEnv(const SavedEnv&) = delete;
+  SavedEnv& operator=(const SavedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool set_ = false;
+  std::string value_;
+};
 
 }  // namespace sparsek::test
 

@@ -87,6 +87,9 @@ class BsrMatrix {
 // memory the indices are copied to the host first by the caller).
 void validate(const BsrView& a, bool check_indices = true);
 void validate(const DenseView& d, const char* name);
+// The shape checks alone (dtype, block shape, non-negative dims divisible by it), with validate()'s
+// messages: for builders that have no arrays yet.
+void validate_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype = DType::f32);
 
 // ---- conversions (all on the host) ----
 // Dense (rows x cols, row-major float) -> BSR. With `mask` (mb*kb bytes, row-major over block

@@ -64,8 +64,9 @@ class Plan {
 
 // Validates everything, including the O(nnzb) index checks (device indices are copied to the
 // host once), analyses row lengths, chooses the variant (Options::variant if set, else the tuning
-// cache / tuner per SPARSEK_TUNE, else the heuristic default) and runs its set-up. options.stream
-// is not used; Options::check_indices is ignored (plan always checks).
+// cache / tuner per SPARSEK_TUNE, else the heuristic default) and runs its set-up. For a device
+// pattern, plan() first waits for options.stream (the pattern may have been uploaded there) and
+// then reads the pattern synchronously; Options::check_indices is ignored (plan always checks).
 Plan plan(const GemmArgs& problem, const Options& options = {});
 
 // Checks that args match the plan (throws Error(invalid_argument) naming the first difference),

@@ -301,15 +301,6 @@ NB_MODULE(_sparsek, m) {
   // the library's own messages for a bad block shape or non-divisible dims.
   m.def(
       "check_block_shape",
-      [](int64_t rows, int64_t cols, int bm, int bk) {
-        static const int32_t zero = 0;
-        BsrView v;  // an empty pattern: only the cheap shape checks run
-        v.rows = rows;
-        v.cols = cols;
-        v.bm = bm;
-        v.bk = bk;
-        v.row_ptr = &zero;
-        validate(v, false);
-      },
+      [](int64_t rows, int64_t cols, int bm, int bk) { validate_shape(rows, cols, bm, bk); },
       nb::arg("rows"), nb::arg("cols"), nb::arg("bm"), nb::arg("bk"));
 }

@@ -18,10 +18,30 @@ namespace {
 using namespace sparsek;
 using namespace sparsek::capi;
 
-Options options_for(void* stream) {
-  Options o;
-  o.stream = stream;
-  return o;
+// The C products name their operands a, b, c; the sparse one goes to GemmArgs::sparse, each dense
+// one to the slot of its own letter (the slot convention of gemm.hpp).
+void put(GemmArgs& g, DenseView GemmArgs::*slot, const sparsek_dense& d) { g.*slot = to_view(d); }
+void put(GemmArgs& g, DenseView GemmArgs::*, const sparsek_bsr& s) { g.sparse = to_view(s); }
+
+template <class A, class B, class C>
+sparsek_status product(const char* fn, OpKind kind, int op, float alpha, float beta, const A* a, const B* b,
+                       const C* c, void* stream) {
+  return guarded(fn, [&] {
+    if (!a) null_arg("a");
+    if (!b) null_arg("b");
+    if (!c) null_arg("c");
+    GemmArgs g;
+    g.kind = kind;
+    g.op = static_cast<Op>(op);
+    g.alpha = alpha;
+    g.beta = beta;
+    put(g, &GemmArgs::a, *a);
+    put(g, &GemmArgs::b, *b);
+    put(g, &GemmArgs::c, *c);
+    Options o;
+    o.stream = stream;
+    gemm(g, o);
+  });
 }
 
 }  // namespace
@@ -48,55 +68,17 @@ int sparsek_has_cuda(void) {
 
 sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, const sparsek_dense* b, float beta,
                            sparsek_dense* c, void* stream) {
-  return guarded("sparsek_dsd", [&] {
-    if (!a) null_arg("a");
-    if (!b) null_arg("b");
-    if (!c) null_arg("c");
-    GemmArgs g;
-    g.kind = OpKind::dsd;
-    g.op = static_cast<Op>(enum_value(op_a));
-    g.alpha = alpha;
-    g.beta = beta;
-    g.sparse = to_view(*a);
-    g.b = to_view(*b);
-    g.c = to_view(*c);
-    gemm(g, options_for(stream));
-  });
+  return product("sparsek_dsd", OpKind::dsd, enum_value(op_a), alpha, beta, a, b, c, stream);
 }
 
 sparsek_status sparsek_dds(sparsek_op op_b, float alpha, const sparsek_dense* a, const sparsek_bsr* b, float beta,
                            sparsek_dense* c, void* stream) {
-  return guarded("sparsek_dds", [&] {
-    if (!a) null_arg("a");
-    if (!b) null_arg("b");
-    if (!c) null_arg("c");
-    GemmArgs g;
-    g.kind = OpKind::dds;
-    g.op = static_cast<Op>(enum_value(op_b));
-    g.alpha = alpha;
-    g.beta = beta;
-    g.sparse = to_view(*b);
-    g.a = to_view(*a);
-    g.c = to_view(*c);
-    gemm(g, options_for(stream));
-  });
+  return product("sparsek_dds", OpKind::dds, enum_value(op_b), alpha, beta, a, b, c, stream);
 }
 
 sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_dense* b, float beta, sparsek_bsr* c,
                            void* stream) {
-  return guarded("sparsek_sdd", [&] {
-    if (!a) null_arg("a");
-    if (!b) null_arg("b");
-    if (!c) null_arg("c");
-    GemmArgs g;
-    g.kind = OpKind::sdd;
-    g.alpha = alpha;
-    g.beta = beta;
-    g.sparse = to_view(*c);
-    g.a = to_view(*a);
-    g.b = to_view(*b);
-    gemm(g, options_for(stream));
-  });
+  return product("sparsek_sdd", OpKind::sdd, 0, alpha, beta, a, b, c, stream);
 }
 
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a) {

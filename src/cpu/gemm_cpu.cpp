@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "format/format_internal.hpp"
 #include "plan/backends.hpp"
 
 namespace sparsek {
@@ -33,9 +34,8 @@ constexpr int64_t kChunk = 128;  // D columns per row-product work item (multipl
 
 // ---------------------------------------------------------------- threads
 
+// o.threads >= 0: plan() rejects negative counts (resolve_backend).
 int thread_count(const Options& o, double flops) {
-  if (o.threads < 0)
-    throw Error(Status::invalid_argument, "options.threads=" + std::to_string(o.threads) + " is negative");
   int t = o.threads;
   if (t == 0) t = int(std::thread::hardware_concurrency());
   if (t <= 0) t = 1;
@@ -160,13 +160,13 @@ void make_panel(const DenseView& d, bool pad16, int threads, Panel& out) {
 // The pattern-dependent part of a product (SPEC §4: prepared once per pattern).
 struct CpuState : VariantState {
   // Transposed traversal (for dsd trans / dds none): block rows of S = block columns of the
-  // stored matrix; src[t] = the stored block that S's block t comes from, in ascending block-row
-  // order inside each S row (counting sort keeps it deterministic).
+  // stored matrix; t.src[b] = the stored block that S's block b comes from.
   bool transpose = false;
-  std::vector<int32_t> t_row_ptr, t_col_idx;
-  std::vector<int64_t> src;
+  PatternTranspose t;
   // S's block rows, longest first (load balance; does not change any result).
   std::vector<int32_t> order;
+  // SDD: the block row of every stored block of C.
+  std::vector<int32_t> block_row;
 };
 
 bool needs_transpose(const GemmArgs& g) {
@@ -179,24 +179,19 @@ std::unique_ptr<CpuState> build_state(const GemmArgs& g) {
   auto st = std::make_unique<CpuState>();
   const BsrView& a = g.sparse;
   const int64_t mb = a.mb(), kb = a.kb();
+  if (g.kind == OpKind::sdd) {
+    st->block_row.resize(size_t(a.nnzb));
+    for (int64_t i = 0; i < mb; ++i)
+      for (int64_t j = a.row_ptr[i]; j < a.row_ptr[i + 1]; ++j) st->block_row[size_t(j)] = int32_t(i);
+    return st;
+  }
   int64_t s_mb = mb;
   const int32_t* rp = a.row_ptr;
-  if (g.kind != OpKind::sdd && needs_transpose(g)) {
+  if (needs_transpose(g)) {
     st->transpose = true;
-    st->t_row_ptr.assign(size_t(kb + 1), 0);
-    st->t_col_idx.resize(size_t(a.nnzb));
-    st->src.resize(size_t(a.nnzb));
-    for (int64_t j = 0; j < a.nnzb; ++j) st->t_row_ptr[size_t(a.col_idx[j]) + 1]++;
-    for (int64_t c = 0; c < kb; ++c) st->t_row_ptr[size_t(c + 1)] += st->t_row_ptr[size_t(c)];
-    std::vector<int32_t> pos(st->t_row_ptr.begin(), st->t_row_ptr.end() - 1);
-    for (int64_t i = 0; i < mb; ++i)
-      for (int64_t j = a.row_ptr[i]; j < a.row_ptr[i + 1]; ++j) {
-        const int32_t t = pos[size_t(a.col_idx[j])]++;
-        st->t_col_idx[size_t(t)] = int32_t(i);
-        st->src[size_t(t)] = j;
-      }
+    st->t = transpose_pattern(a.row_ptr, a.col_idx, mb, kb);
     s_mb = kb;
-    rp = st->t_row_ptr.data();
+    rp = st->t.row_ptr.data();
   }
   st->order.resize(size_t(s_mb));
   for (int64_t i = 0; i < s_mb; ++i) st->order[size_t(i)] = int32_t(i);
@@ -269,8 +264,8 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
 
   // S: block shape p x q, float values [nnzb][p][q].
   const int p = st.transpose ? a.bk : a.bm, q = st.transpose ? a.bm : a.bk;
-  const int32_t* s_rp = st.transpose ? st.t_row_ptr.data() : a.row_ptr;
-  const int32_t* s_ci = st.transpose ? st.t_col_idx.data() : a.col_idx;
+  const int32_t* s_rp = st.transpose ? st.t.row_ptr.data() : a.row_ptr;
+  const int32_t* s_ci = st.transpose ? st.t.col_idx.data() : a.col_idx;
   const int64_t bsz = int64_t(a.bm) * a.bk;
   std::vector<float> s_store;
   const float* s_vals = static_cast<const float*>(a.values);
@@ -278,7 +273,7 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
     s_store.resize(size_t(a.nnzb * bsz));
     with_type(a.dtype, a.values, [&](auto* v) {
       parallel_for(a.nnzb, threads, [&](int64_t t, int) {
-        const int64_t j = st.transpose ? st.src[size_t(t)] : t;
+        const int64_t j = st.transpose ? st.t.src[size_t(t)] : t;
         const auto* blk = v + j * bsz;
         float* dst = s_store.data() + t * bsz;
         if (st.transpose) {
@@ -325,7 +320,7 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
 
 // ---------------------------------------------------------------- SDD
 
-void run_sdd(const GemmArgs& g, const Options& o) {
+void run_sdd(const GemmArgs& g, const Options& o, const CpuState& st) {
   const BsrView& c = g.sparse;
   if (c.nnzb == 0) return;
   const int threads = thread_count(o, g.effective_flops() + double(c.nnzb) * c.bm * c.bk);
@@ -335,18 +330,14 @@ void run_sdd(const GemmArgs& g, const Options& o) {
   const int64_t K = g.a.cols;
   const int bm = c.bm, bk = c.bk;
   const int64_t bsz = int64_t(bm) * bk;
-  // Block row of every stored block.
-  std::vector<int32_t> brow(size_t(c.nnzb));
-  for (int64_t i = 0; i < c.mb(); ++i)
-    for (int64_t j = c.row_ptr[i]; j < c.row_ptr[i + 1]; ++j) brow[size_t(j)] = int32_t(i);
   const int workers = int(std::min<int64_t>(threads, c.nnzb));
   std::vector<std::vector<float>> accs(size_t(std::max(workers, 1)));
   with_type(c.dtype, c.values, [&](auto* vals) {
     parallel_for(c.nnzb, workers, [&](int64_t j, int w) {
       std::vector<float>& acc = accs[size_t(w)];
       acc.assign(size_t(bsz), 0.f);
-      const float* ap = a.data + int64_t(brow[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
-      const float* bp = b.data + int64_t(c.col_idx[j]) * bk;             // (K, bk), stride b.ld
+      const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
+      const float* bp = b.data + int64_t(c.col_idx[j]) * bk;                    // (K, bk), stride b.ld
       if (K > 0)
         for (int r0 = 0; r0 < bm; r0 += 4)
           for (int c0 = 0; c0 < bk; c0 += 16)
@@ -374,12 +365,12 @@ std::unique_ptr<VariantState> cpu_prepare(const GemmArgs& g, const Options&) { r
 void cpu_run(const GemmArgs& g, const Options& o, VariantState* state) {
   std::unique_ptr<CpuState> own;
   const CpuState* st = dynamic_cast<const CpuState*>(state);
-  if (!st && g.kind != OpKind::sdd) {
+  if (!st) {  // prepare() always makes one; a caller that skipped it gets the same work here
     own = build_state(g);
     st = own.get();
   }
   if (g.kind == OpKind::sdd)
-    run_sdd(g, o);
+    run_sdd(g, o, *st);
   else
     run_row_product(g, o, *st);
 }

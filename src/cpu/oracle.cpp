@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 namespace sparsek {
 
@@ -20,11 +21,15 @@ double bsr_at(const BsrView& s, int64_t block, int r, int c) {
 }
 
 void require_host(const GemmArgs& g) {
-  bool host = g.sparse.memory == Memory::host;
-  if (g.kind != OpKind::dds) host = host && g.b.memory == Memory::host;
-  if (g.kind != OpKind::dsd) host = host && g.a.memory == Memory::host;
-  if (g.kind != OpKind::sdd) host = host && g.c.memory == Memory::host;
-  if (!host) throw Error(Status::invalid_argument, "oracle: all operands must be in host memory");
+  auto check = [](Memory m, const char* name) {
+    if (m != Memory::host)
+      throw Error(Status::invalid_argument,
+                  std::string("oracle: all operands must be in host memory, but ") + name + " is in device memory");
+  };
+  check(g.sparse.memory, "the sparse operand");
+  if (g.kind != OpKind::dsd) check(g.a.memory, "A");
+  if (g.kind != OpKind::dds) check(g.b.memory, "B");
+  if (g.kind != OpKind::sdd) check(g.c.memory, "C");
 }
 
 }  // namespace
@@ -69,7 +74,6 @@ std::vector<double> oracle(const GemmArgs& g) {
             for (int64_t m = 0; m < M; ++m) sum[size_t(m * N + opc)] += dense_at(g.a, m, opr) * v;
           }
         }
-  (void)K;
   std::vector<double> out(sum.size());
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "format/format_internal.hpp"
 #include "sparsek/bsr.hpp"
 
 namespace sparsek {
@@ -14,21 +15,6 @@ namespace {
 
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
 std::string s(int64_t v) { return std::to_string(v); }
-
-// Shape / block-shape / dtype checks with validate()'s wording: an empty view (nnzb = 0) with a
-// dummy row_ptr runs only the cheap checks, so there is one source of truth for those messages.
-void check_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype) {
-  static const int32_t zero = 0;
-  BsrView v;
-  v.rows = rows;
-  v.cols = cols;
-  v.bm = bm;
-  v.bk = bk;
-  v.nnzb = 0;
-  v.row_ptr = &zero;
-  v.dtype = dtype;
-  validate(v, /*check_indices=*/false);
-}
 
 // Builds a BSR matrix from scalar triplets whose indices are already range-checked: every block
 // touched by an entry is stored, duplicates are summed (in double, rounded once to dtype).
@@ -143,7 +129,7 @@ void BsrMatrix::fill_random(uint64_t seed, bool integers) {
 
 BsrMatrix bsr_from_dense(const float* dense, int64_t rows, int64_t cols, int bm, int bk, DType dtype,
                          const uint8_t* mask) {
-  check_shape(rows, cols, bm, bk, dtype);
+  validate_shape(rows, cols, bm, bk, dtype);
   if (!dense && rows > 0 && cols > 0) bad("dense is null for a " + s(rows) + "x" + s(cols) + " matrix");
   const int64_t mb = rows / bm, kb = cols / bk;
   std::vector<int32_t> row_ptr(size_t(mb + 1), 0), col_idx;
@@ -196,7 +182,7 @@ std::vector<float> bsr_to_dense(const BsrMatrix& a) {
 BsrMatrix bsr_from_csr(int64_t rows, int64_t cols, const std::vector<int32_t>& row_ptr,
                        const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm, int bk,
                        DType dtype) {
-  check_shape(rows, cols, bm, bk, dtype);
+  validate_shape(rows, cols, bm, bk, dtype);
   if (int64_t(row_ptr.size()) != rows + 1)
     bad("CSR row_ptr has " + s(int64_t(row_ptr.size())) + " entries but needs rows+1=" + s(rows + 1));
   if (vals.size() != col_idx.size())
@@ -224,7 +210,7 @@ BsrMatrix bsr_from_csr(int64_t rows, int64_t cols, const std::vector<int32_t>& r
 BsrMatrix bsr_from_coo(int64_t rows, int64_t cols, const std::vector<int32_t>& row_idx,
                        const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm, int bk,
                        DType dtype) {
-  check_shape(rows, cols, bm, bk, dtype);
+  validate_shape(rows, cols, bm, bk, dtype);
   if (row_idx.size() != col_idx.size() || vals.size() != col_idx.size())
     bad("COO arrays differ in length: row_idx has " + s(int64_t(row_idx.size())) + ", col_idx " +
         s(int64_t(col_idx.size())) + ", vals " + s(int64_t(vals.size())) + " entries");
@@ -240,21 +226,30 @@ BsrMatrix bsr_from_coo(int64_t rows, int64_t cols, const std::vector<int32_t>& r
 // ---------------------------------------------------------------------------------------------
 // Transpose: block (i, j) of A is block (j, i) of A^T, its bm x bk values transposed to bk x bm.
 
-BsrMatrix bsr_transpose(const BsrMatrix& a) {
-  const int64_t mb = a.mb(), kb = a.kb(), nnzb = a.nnzb();
-  const int bm = a.bm(), bk = a.bk();
-  // Counting sort by column; walking A's rows in order leaves every row of A^T sorted.
-  std::vector<int32_t> row_ptr(size_t(kb + 1), 0), col_idx(size_t(nnzb), 0), src(size_t(nnzb), 0);
-  for (int32_t j : a.col_idx()) row_ptr[size_t(j) + 1]++;
-  for (int64_t j = 0; j < kb; ++j) row_ptr[size_t(j + 1)] += row_ptr[size_t(j)];
-  std::vector<int32_t> next(row_ptr.begin(), row_ptr.end() - 1);
+PatternTranspose transpose_pattern(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb, int64_t kb) {
+  const int64_t nnzb = row_ptr[mb];
+  PatternTranspose t;
+  t.row_ptr.assign(size_t(kb + 1), 0);
+  t.col_idx.resize(size_t(nnzb));
+  t.src.resize(size_t(nnzb));
+  for (int64_t j = 0; j < nnzb; ++j) t.row_ptr[size_t(col_idx[j]) + 1]++;
+  for (int64_t c = 0; c < kb; ++c) t.row_ptr[size_t(c + 1)] += t.row_ptr[size_t(c)];
+  std::vector<int32_t> next(t.row_ptr.begin(), t.row_ptr.end() - 1);
   for (int64_t i = 0; i < mb; ++i)
-    for (int32_t b = a.row_ptr()[size_t(i)]; b < a.row_ptr()[size_t(i + 1)]; ++b) {
-      const int32_t pos = next[size_t(a.col_idx()[size_t(b)])]++;
-      col_idx[size_t(pos)] = int32_t(i);
-      src[size_t(pos)] = b;
+    for (int32_t j = row_ptr[i]; j < row_ptr[i + 1]; ++j) {
+      const int32_t pos = next[size_t(col_idx[j])]++;
+      t.col_idx[size_t(pos)] = int32_t(i);
+      t.src[size_t(pos)] = j;
     }
-  BsrMatrix t(a.cols(), a.rows(), bk, bm, std::move(row_ptr), std::move(col_idx), a.dtype());
+  return t;
+}
+
+BsrMatrix bsr_transpose(const BsrMatrix& a) {
+  const int64_t nnzb = a.nnzb();
+  const int bm = a.bm(), bk = a.bk();
+  PatternTranspose pt = transpose_pattern(a.row_ptr().data(), a.col_idx().data(), a.mb(), a.kb());
+  const std::vector<int32_t> src = std::move(pt.src);
+  BsrMatrix t(a.cols(), a.rows(), bk, bm, std::move(pt.row_ptr), std::move(pt.col_idx), a.dtype());
   // Copy element bytes (no float round trip: bit-exact, NaN payloads included).
   const size_t es = dtype_size(a.dtype());
   const uint8_t* in = a.value_bytes().data();
@@ -294,7 +289,7 @@ BlockedEll bsr_to_blocked_ell(const BsrMatrix& a) {
 }
 
 BsrMatrix bsr_from_blocked_ell(const BlockedEll& e) {
-  check_shape(e.rows, e.cols, e.bm, e.bk, e.dtype);
+  validate_shape(e.rows, e.cols, e.bm, e.bk, e.dtype);
   const int64_t mb = e.rows / e.bm, kb = e.cols / e.bk;
   if (e.ell_cols < 0) bad("ell_cols=" + s(e.ell_cols) + " is negative");
   if (int64_t(e.col_idx.size()) != mb * e.ell_cols)

@@ -173,16 +173,7 @@ Pattern make_pattern(PatternKind kind, int64_t mb, int64_t kb, double density, u
 
 BsrMatrix random_bsr(PatternKind kind, int64_t rows, int64_t cols, int bm, int bk, double density, DType dtype,
                      uint64_t seed, bool integers) {
-  // Shape checks before dividing by bm / bk (same wording as validate()).
-  static const int32_t zero = 0;
-  BsrView v;
-  v.rows = rows;
-  v.cols = cols;
-  v.bm = bm;
-  v.bk = bk;
-  v.row_ptr = &zero;
-  v.dtype = dtype;
-  validate(v, /*check_indices=*/false);
+  validate_shape(rows, cols, bm, bk, dtype);  // before dividing by bm / bk
   Pattern p = make_pattern(kind, rows / bm, cols / bk, density, seed);
   BsrMatrix m(rows, cols, bm, bk, std::move(p.row_ptr), std::move(p.col_idx), dtype);
   m.fill_random(seed, integers);

@@ -57,6 +57,20 @@ void validate(const BsrView& a, bool check_indices) {
   }
 }
 
+void validate_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype) {
+  // An empty pattern (nnzb = 0, a one-entry row_ptr) runs only the cheap checks.
+  static const int32_t zero = 0;
+  BsrView v;
+  v.rows = rows;
+  v.cols = cols;
+  v.bm = bm;
+  v.bk = bk;
+  v.nnzb = 0;
+  v.row_ptr = &zero;
+  v.dtype = dtype;
+  validate(v, /*check_indices=*/false);
+}
+
 void validate(const DenseView& d, const char* name) {
   const std::string n(name);
   if (int(d.dtype) < 0 || int(d.dtype) > 2) bad(n + " dtype " + s(int(d.dtype)) + " is not f32, f16 or bf16");

@@ -76,13 +76,15 @@ const char* sparse_name(const GemmArgs& g) {
 }
 }  // namespace
 
-HostPattern host_pattern(const BsrView& s, bool with_col_idx) {
+HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
   HostPattern hp;
   if (s.memory == Memory::host) {
     hp.row_ptr = s.row_ptr;
     hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
     return hp;
   }
+  if (stream)
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
   hp.row_ptr_copy.resize(size_t(s.mb() + 1));
   check_cuda(cudaMemcpy(hp.row_ptr_copy.data(), s.row_ptr, hp.row_ptr_copy.size() * 4, cudaMemcpyDeviceToHost),
              "cudaMemcpy(row_ptr to host)");
@@ -198,6 +200,8 @@ const char* backend_name(Backend be) { return be == Backend::cpu ? "cpu" : "cuda
 Backend resolve_backend(const GemmArgs& g, const Options& o) {
   if (int(o.backend) < 0 || int(o.backend) > 2)
     bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
+  // Checked here, at plan time: a plan that takes it would fail on every run.
+  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
   Backend be = o.backend;
   if (be == Backend::automatic) be = g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
   Memory want = be == Backend::cpu ? Memory::host : Memory::device;
@@ -270,9 +274,9 @@ std::vector<std::string> unsupported_reasons(const GemmArgs& g) {
 // their pointers (hashing would need a copy to the host) unless Options::check_indices is set, in
 // which case the pattern is copied and checked anyway and its hash joins the key: so a device
 // pattern mutated in place between one-shot calls needs check_indices (the default) or an
-// explicit plan. Device keys also carry the stream, so a plan's workspace is only ever used in
-// one stream's order; a plan is taken out of the cache while it runs, so two threads never share
-// one.
+// explicit plan. Device keys also carry the current device (a plan runs only where it was made)
+// and the stream, so a plan's workspace is only ever used in one stream's order; a plan is taken
+// out of the cache while it runs, so two threads never share one.
 namespace {
 
 struct DenseKey {
@@ -294,12 +298,13 @@ struct PlanKey {
   int backend = 0, threads = 0, tune = 0;
   std::string variant;
   void* stream = nullptr;
+  int device = -1;  // current CUDA device (a plan runs only on the device it was made on)
   uint64_t pattern_hash = 0;
   bool operator==(const PlanKey& o) const {
     return kind == o.kind && op == o.op && rows == o.rows && cols == o.cols && nnzb == o.nnzb && bm == o.bm &&
            bk == o.bk && dtype == o.dtype && memory == o.memory && row_ptr == o.row_ptr && col_idx == o.col_idx &&
            a == o.a && b == o.b && c == o.c && backend == o.backend && threads == o.threads && tune == o.tune &&
-           variant == o.variant && stream == o.stream && pattern_hash == o.pattern_hash;
+           variant == o.variant && stream == o.stream && device == o.device && pattern_hash == o.pattern_hash;
   }
 };
 
@@ -383,11 +388,14 @@ void gemm(const GemmArgs& g, const Options& o) {
   key.threads = o.threads;
   key.tune = o.variant.empty() ? int(tune_mode()) : -1;
   key.variant = o.variant;
-  if (be == Backend::cuda) key.stream = o.stream;
+  if (be == Backend::cuda) {
+    key.stream = o.stream;
+    check_cuda(cudaGetDevice(&key.device), "cudaGetDevice");
+  }
   HostPattern hp;
   bool have_pattern = false;
   if (o.check_indices) {
-    hp = host_pattern(g.sparse, true);
+    hp = host_pattern(g.sparse, true, o.stream);
     validate_pattern(g, hp);
     have_pattern = true;
     key.pattern_hash = hash_pattern(hp.row_ptr, g.sparse.mb(), hp.col_idx, g.sparse.nnzb);
@@ -397,43 +405,42 @@ void gemm(const GemmArgs& g, const Options& o) {
   Plan p = plan_cache().take(key);
   if (!p) {
     if (!have_pattern) {
-      hp = host_pattern(g.sparse, true);
+      hp = host_pattern(g.sparse, true, o.stream);
       validate_pattern(g, hp);
     }
     p = make_plan(g, o, be, hp);
   }
-  run(p, g, o.stream);
+  // g passed validate() above and the key pins everything run() would match against the plan.
+  run_validated(p, g, o.stream);
   plan_cache().put(std::move(key), std::move(p));
 }
 
-void dsd(const BsrView& a, const DenseView& b, DenseView& c, float alpha, float beta, Op op, const Options& o) {
+namespace {
+GemmArgs product(OpKind kind, Op op, float alpha, float beta, const BsrView& sparse) {
   GemmArgs g;
-  g.kind = OpKind::dsd;
+  g.kind = kind;
   g.op = op;
   g.alpha = alpha;
   g.beta = beta;
-  g.sparse = a;
+  g.sparse = sparse;
+  return g;
+}
+}  // namespace
+
+void dsd(const BsrView& a, const DenseView& b, DenseView& c, float alpha, float beta, Op op, const Options& o) {
+  GemmArgs g = product(OpKind::dsd, op, alpha, beta, a);
   g.b = b;
   g.c = c;
   gemm(g, o);
 }
 void dds(const DenseView& a, const BsrView& b, DenseView& c, float alpha, float beta, Op op, const Options& o) {
-  GemmArgs g;
-  g.kind = OpKind::dds;
-  g.op = op;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.sparse = b;
+  GemmArgs g = product(OpKind::dds, op, alpha, beta, b);
   g.a = a;
   g.c = c;
   gemm(g, o);
 }
 void sdd(const DenseView& a, const DenseView& b, BsrView& c, float alpha, float beta, const Options& o) {
-  GemmArgs g;
-  g.kind = OpKind::sdd;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.sparse = c;
+  GemmArgs g = product(OpKind::sdd, Op::none, alpha, beta, c);
   g.a = a;
   g.b = b;
   gemm(g, o);

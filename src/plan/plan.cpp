@@ -106,6 +106,7 @@ struct PlanAccess {
     p.impl_ = std::shared_ptr<Plan::Impl>(std::move(impl));
     return p;
   }
+  static const Plan::Impl* impl(const Plan& p) { return p.impl_.get(); }
 };
 
 Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp) {
@@ -164,7 +165,7 @@ Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPatter
 Plan plan(const GemmArgs& problem, const Options& options) {
   validate(problem, false);
   Backend be = resolve_backend(problem, options);
-  HostPattern hp = host_pattern(problem.sparse, true);
+  HostPattern hp = host_pattern(problem.sparse, true, options.stream);
   validate_pattern(problem, hp);
   return make_plan(problem, options, be, hp);
 }
@@ -213,11 +214,10 @@ void match(const GemmArgs& g, const GemmArgs& p) {
 
 }  // namespace
 
-void run(const Plan& p, const GemmArgs& args, void* stream) {
-  if (!p.impl_) empty_plan();
-  const Plan::Impl& im = *p.impl_;
-  match(args, im.problem);
-  validate(args, false);  // the cheap checks: null pointers, alignment, NaN alpha/beta
+namespace {
+
+// What every run needs once args are known to match the plan and to pass the cheap checks.
+void launch(const Plan::Impl& im, const GemmArgs& args, void* stream) {
   if (im.backend == Backend::cuda) {
     int dev = -1;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
@@ -241,6 +241,21 @@ void run(const Plan& p, const GemmArgs& args, void* stream) {
   o.check_indices = false;
   o.threads = im.threads;
   im.variant->run(args, o, im.state.get());
+}
+
+}  // namespace
+
+void run(const Plan& p, const GemmArgs& args, void* stream) {
+  if (!p.impl_) empty_plan();
+  match(args, p.impl_->problem);
+  validate(args, false);  // the cheap checks: null pointers, alignment, NaN alpha/beta
+  launch(*p.impl_, args, stream);
+}
+
+void run_validated(const Plan& p, const GemmArgs& args, void* stream) {
+  const Plan::Impl* im = PlanAccess::impl(p);
+  if (!im) empty_plan();
+  launch(*im, args, stream);
 }
 
 }  // namespace sparsek

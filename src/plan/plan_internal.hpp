@@ -17,13 +17,16 @@ struct HostPattern {
   std::vector<int32_t> row_ptr_copy, col_idx_copy;
 };
 // s passed the cheap checks. Device memory is copied (synchronously); col_idx only when asked.
-HostPattern host_pattern(const BsrView& s, bool with_col_idx = true);
+// `stream` (a cudaStream_t, may be null) is waited for first: the caller may have queued the
+// pattern's upload there, and our copies run on the legacy default stream, which does not order
+// itself after non-blocking streams.
+HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
 
 // cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
-// cuda, that a GPU answers.
+// cuda, that a GPU answers. Also rejects a negative Options::threads.
 Backend resolve_backend(const GemmArgs& g, const Options& o);
 // The heuristic default: the first non-peer variant of `be` that supports g (nullptr if none;
 // then *reasons says why each one does not).
@@ -33,6 +36,9 @@ const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backen
 
 // plan() once the cheap checks passed and hp holds the validated pattern (with col_idx).
 Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp);
+// run() without its argument checks, for a caller that has made them (gemm(): validate() on args,
+// and a plan found under a key that pins everything run() would compare).
+void run_validated(const Plan& p, const GemmArgs& args, void* stream);
 
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);

@@ -355,7 +355,7 @@ TuneReport tune(const GemmArgs& problem_in, const Options& options, const TuneOp
     if (!d->data) d->data = stand_in;
   validate(problem, false);
   const Backend be = resolve_backend(problem, options);
-  HostPattern hp = host_pattern(problem.sparse, true);
+  HostPattern hp = host_pattern(problem.sparse, true, options.stream);
   validate_pattern(problem, hp);
   const PatternStats st = pattern_stats(hp.row_ptr, problem.sparse.mb());
 

@@ -11,33 +11,6 @@
 namespace sparsek::test {
 namespace {
 
-sparsek_bsr to_c(const BsrView& v) {
-  sparsek_bsr b{};
-  b.rows = v.rows;
-  b.cols = v.cols;
-  b.bm = v.bm;
-  b.bk = v.bk;
-  b.nnzb = v.nnzb;
-  b.row_ptr = v.row_ptr;
-  b.col_idx = v.col_idx;
-  b.values = v.values;
-  b.dtype = sparsek_dtype(int(v.dtype));
-  b.memory = sparsek_memory(int(v.memory));
-  return b;
-}
-
-sparsek_dense to_c(const DenseView& v) {
-  sparsek_dense d{};
-  d.data = v.data;
-  d.rows = v.rows;
-  d.cols = v.cols;
-  d.ld = v.ld;
-  d.layout = sparsek_layout(int(v.layout));
-  d.dtype = sparsek_dtype(int(v.dtype));
-  d.memory = sparsek_memory(int(v.memory));
-  return d;
-}
-
 // What a C caller passing an arbitrary int in an enum parameter hands over. (Passing it on by value
 // from C++ still loads an out-of-range enum, which UBSan reports here in the test; the library
 // itself reads such parameters as integers.)

@@ -10,15 +10,6 @@ namespace {
 const int kBlocks[] = {16, 32, 64, 128};
 const DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
-std::string describe(const CaseSpec& s) {
-  return std::string(to_string(s.kind)) + " op=" + to_string(s.op) + " " + std::to_string(s.rows) + "x" +
-         std::to_string(s.cols) + " blocks " + std::to_string(s.bm) + "x" + std::to_string(s.bk) +
-         " free=" + std::to_string(s.free) + " " + to_string(s.pattern) + " in=" + to_string(s.in) +
-         " out=" + to_string(s.out) + " layouts a/b/c=" + to_string(s.la) + "/" + to_string(s.lb) + "/" +
-         to_string(s.lc) + " pad=" + std::to_string(s.pad) + " alpha=" + std::to_string(s.alpha) +
-         " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals");
-}
-
 void check(const CaseSpec& s, const Options& opt = {}) {
   SCOPED_TRACE(describe(s));
   auto gc = make_case(s);

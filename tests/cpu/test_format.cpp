@@ -22,17 +22,7 @@ namespace {
 const PatternKind kAllKinds[] = {PatternKind::fixed_k, PatternKind::bernoulli,      PatternKind::power_law,
                                  PatternKind::banded,  PatternKind::block_diagonal, PatternKind::causal};
 
-void expect_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-    return;
-  }
-  ADD_FAILURE() << "no sparsek::Error thrown (expected one mentioning '" << (parts.empty() ? "" : parts[0]) << "')";
-}
+using test::expect_invalid;
 
 // A rows x cols row-major dense matrix of small non-zero integers (exact in f16/bf16) in which the
 // blocks with (i * 7 + j * 3) % 4 == 0 are zero, so that some blocks (and whole block rows, when

@@ -14,26 +14,12 @@ namespace {
 class PlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    save("SPARSEK_TUNE", tune_);
-    save("SPARSEK_CACHE", cache_);
     setenv("SPARSEK_TUNE", "off", 1);
     clear_one_shot_plan_cache();
   }
-  void TearDown() override {
-    restore("SPARSEK_TUNE", tune_);
-    restore("SPARSEK_CACHE", cache_);
-  }
 
  private:
-  static void save(const char* name, std::pair<bool, std::string>& v) {
-    const char* e = std::getenv(name);
-    v = {e != nullptr, e ? e : ""};
-  }
-  static void restore(const char* name, const std::pair<bool, std::string>& v) {
-    if (v.first) setenv(name, v.second.c_str(), 1);
-    else unsetenv(name);
-  }
-  std::pair<bool, std::string> tune_, cache_;
+  SavedEnv tune_{"SPARSEK_TUNE"}, cache_{"SPARSEK_CACHE"};  // restored when the test ends
 };
 
 CaseSpec dsd_spec(uint64_t seed) {
@@ -299,32 +285,6 @@ TEST_F(PlanTest, OneShotCacheKeysOnOptions) {
 
 // ---- C API ----
 
-sparsek_bsr c_bsr(const BsrView& v) {
-  sparsek_bsr b{};
-  b.rows = v.rows;
-  b.cols = v.cols;
-  b.bm = v.bm;
-  b.bk = v.bk;
-  b.nnzb = v.nnzb;
-  b.row_ptr = v.row_ptr;
-  b.col_idx = v.col_idx;
-  b.values = v.values;
-  b.dtype = sparsek_dtype(int(v.dtype));
-  b.memory = sparsek_memory(int(v.memory));
-  return b;
-}
-sparsek_dense c_dense(const DenseView& v) {
-  sparsek_dense d{};
-  d.data = v.data;
-  d.rows = v.rows;
-  d.cols = v.cols;
-  d.ld = v.ld;
-  d.layout = sparsek_layout(int(v.layout));
-  d.dtype = sparsek_dtype(int(v.dtype));
-  d.memory = sparsek_memory(int(v.memory));
-  return d;
-}
-
 TEST_F(PlanTest, CApiPlanLifecycle) {
   auto gc = make_case(dsd_spec(23));
   sparsek_gemm_args a{};
@@ -332,9 +292,9 @@ TEST_F(PlanTest, CApiPlanLifecycle) {
   a.op = SPARSEK_OP_NONE;
   a.alpha = 1.f;
   a.beta = 0.f;
-  a.sparse = c_bsr(gc->args.sparse);
-  a.b = c_dense(gc->args.b);
-  a.c = c_dense(gc->args.c);
+  a.sparse = to_c(gc->args.sparse);
+  a.b = to_c(gc->args.b);
+  a.c = to_c(gc->args.c);
   sparsek_plan p = nullptr;
   ASSERT_EQ(sparsek_plan_create(&p, &a, nullptr), SPARSEK_OK) << sparsek_last_error();
   ASSERT_NE(p, nullptr);
@@ -364,9 +324,9 @@ TEST_F(PlanTest, CApiPlanErrors) {
   auto gc = make_case(dsd_spec(29));
   sparsek_gemm_args a{};
   a.kind = SPARSEK_DSD;
-  a.sparse = c_bsr(gc->args.sparse);
-  a.b = c_dense(gc->args.b);
-  a.c = c_dense(gc->args.c);
+  a.sparse = to_c(gc->args.sparse);
+  a.b = to_c(gc->args.b);
+  a.c = to_c(gc->args.c);
   sparsek_plan p = reinterpret_cast<sparsek_plan>(0x1);
   EXPECT_EQ(sparsek_plan_create(&p, nullptr, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_EQ(p, nullptr);  // set to NULL on failure

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "plan/variant.hpp"
+#include "sparsek/plan.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -330,6 +331,20 @@ TEST(Semantics, NegativeThreadCountIsRejected) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("threads=-3"), std::string::npos) << e.what();
+  }
+}
+
+// plan() rejects it too, rather than making a plan whose every run would fail.
+TEST(Semantics, NegativeThreadCountIsRejectedByPlan) {
+  auto gc = make_case(base(OpKind::dsd, Op::none, 121));
+  Options o;
+  o.threads = -1;
+  try {
+    plan(gc->args, o);
+    FAIL() << "threads=-1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("options.threads=-1"), std::string::npos) << e.what();
   }
 }
 

@@ -41,8 +41,6 @@ class TuneTest : public ::testing::Test {
  protected:
   std::string dir, path;
   void SetUp() override {
-    save("SPARSEK_TUNE", tune_);
-    save("SPARSEK_CACHE", cache_);
     char tmpl[] = "/tmp/sparsek-tune-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir = tmpl;
@@ -53,8 +51,6 @@ class TuneTest : public ::testing::Test {
     clear_one_shot_plan_cache();
   }
   void TearDown() override {
-    restore("SPARSEK_TUNE", tune_);
-    restore("SPARSEK_CACHE", cache_);
     std::string cmd = "rm -rf '" + dir + "'";
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
@@ -70,15 +66,7 @@ class TuneTest : public ::testing::Test {
   void make_dir() { ASSERT_EQ(std::system(("mkdir -p '" + dir + "/sub'").c_str()), 0); }
 
  private:
-  static void save(const char* name, std::pair<bool, std::string>& v) {
-    const char* e = std::getenv(name);
-    v = {e != nullptr, e ? e : ""};
-  }
-  static void restore(const char* name, const std::pair<bool, std::string>& v) {
-    if (v.first) setenv(name, v.second.c_str(), 1);
-    else unsetenv(name);
-  }
-  std::pair<bool, std::string> tune_, cache_;
+  SavedEnv tune_{"SPARSEK_TUNE"}, cache_{"SPARSEK_CACHE"};  // restored when the test ends
 };
 
 CaseSpec small_dsd(uint64_t seed = 1) {

@@ -16,18 +16,7 @@
 namespace sparsek {
 namespace {
 
-// Runs f, expects Error(invalid_argument) whose message contains every one of `parts`.
-void expect_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-    return;
-  }
-  ADD_FAILURE() << "no sparsek::Error thrown (expected one mentioning '" << (parts.empty() ? "" : parts[0]) << "')";
-}
+using test::expect_invalid;
 
 // A valid 64x64 BSR with 16x16 blocks (mb = kb = 4) whose arrays the tests then break:
 //   row 0: cols 0, 2   row 1: col 1   row 2: empty   row 3: cols 0, 3

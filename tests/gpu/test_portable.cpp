@@ -81,49 +81,6 @@ Options portable() {
   return o;
 }
 
-std::string describe(const CaseSpec& s) {
-  return std::string(to_string(s.kind)) + " op=" + to_string(s.op) + " " + std::to_string(s.rows) + "x" +
-         std::to_string(s.cols) + " blocks " + std::to_string(s.bm) + "x" + std::to_string(s.bk) +
-         " free=" + std::to_string(s.free) + " " + to_string(s.pattern) + " in=" + to_string(s.in) +
-         " out=" + to_string(s.out) + " layouts a/b/c=" + to_string(s.la) + "/" + to_string(s.lb) + "/" +
-         to_string(s.lc) + " pad=" + std::to_string(s.pad) + " alpha=" + std::to_string(s.alpha) +
-         " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals");
-}
-
-// Compares the host case's (downloaded) output with ref: exactly after rounding to the output
-// dtype for integer inputs, else within tolerance(); C's padding must be unchanged.
-void compare(const GemmCase& gc, const std::vector<double>& ref, const std::vector<uint8_t>& c_before) {
-  if (gc.spec.integers) {
-    const std::vector<float> got = output_values(gc);
-    ASSERT_EQ(got.size(), ref.size());
-    int bad = 0;
-    for (size_t e = 0; e < ref.size() && bad < 5; ++e) {
-      float want = 0.f;
-      store_from_float(&want, gc.spec.out, 0, float(ref[e]));
-      want = load_as_float(&want, gc.spec.out, 0);
-      if (!(got[e] == want)) {
-        ADD_FAILURE() << "element " << e << ": got " << got[e] << ", want " << want << " (exact " << ref[e] << ")";
-        ++bad;
-      }
-    }
-  } else {
-    EXPECT_LE(max_rel_error(gc.args, ref), tolerance(gc.spec.out));
-  }
-  if (gc.c) {
-    const DenseView& v = gc.c->view;
-    const size_t es = dtype_size(v.dtype);
-    for (int64_t i = 0; i < int64_t(c_before.size() / es); ++i) {
-      const int64_t major = i / v.ld, minor = i % v.ld;
-      const bool inside = v.layout == Layout::row_major ? (major < v.rows && minor < v.cols)
-                                                        : (minor < v.rows && major < v.cols);
-      if (!inside && std::memcmp(&c_before[size_t(i) * es], &gc.c->bytes[size_t(i) * es], es) != 0) {
-        ADD_FAILURE() << "C padding element " << i << " was written";
-        break;
-      }
-    }
-  }
-}
-
 // Builds the case, runs it on the GPU through the portable variant, checks it.
 void check(const CaseSpec& s, size_t dense_offset = 0) {
   SCOPED_TRACE(describe(s));
@@ -134,7 +91,7 @@ void check(const CaseSpec& s, size_t dense_offset = 0) {
   gemm(dc.args, portable());
   cuda_ok(cudaDeviceSynchronize(), "portable kernel");
   dc.download(*gc);
-  compare(*gc, ref, before);
+  expect_output_matches(*gc, ref, before);
 }
 
 CaseSpec base(OpKind kind, Op op, int bm, int bk, uint64_t seed) {

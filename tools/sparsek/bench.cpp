@@ -125,6 +125,24 @@ void compare(const std::vector<uint8_t>& got, DType t, const R* ref, int64_t n, 
 // A generous bound that only flags broken results (wrong indexing, NaN leaks), not rounding.
 double sanity_tolerance(DType out) { return out == DType::bf16 ? 3e-2 : 5e-3; }
 
+// A row for `name`: "unsupported" with the reason when `why` (why_not()'s answer) is not empty.
+Row make_row(const std::string& name, bool peer, const std::string& why) {
+  Row row;
+  row.name = name;
+  row.peer = peer;
+  if (!why.empty()) {
+    row.status = "unsupported";
+    row.reason = why;
+  }
+  return row;
+}
+
+// A row whose run threw: "unsupported" for Status::unsupported, else "failed".
+void mark_failed(Row& row, const Error& e) {
+  row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
+  row.reason = e.what();
+}
+
 bool wanted(const std::vector<std::string>& only, const std::string& name) {
   return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
 }
@@ -265,13 +283,8 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   o.backend = Backend::cpu;
   for (const Variant& v : variants()) {
     if (v.backend != Backend::cpu || !wanted(only, v.name)) continue;
-    Row row;
-    row.name = v.name;
-    row.peer = v.peer;
-    std::string why = v.why_not(g);
-    if (!why.empty()) {
-      row.status = "unsupported";
-      row.reason = why;
+    Row row = make_row(v.name, v.peer, v.why_not(g));
+    if (row.status != "ok") {
       r.rows.push_back(row);
       continue;
     }
@@ -293,8 +306,7 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
         row.wrong = !(row.rel_err <= sanity_tolerance(w.dtype));
       }
     } catch (const Error& e) {
-      row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
-      row.reason = e.what();
+      mark_failed(row, e);
     }
     r.rows.push_back(row);
   }
@@ -441,21 +453,15 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     }
   };
   auto fail = [&](Row& row, const Error& e) {
-    row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
-    row.reason = e.what();
-    cudaDeviceSynchronize();
+    mark_failed(row, e);
+    cudaDeviceSynchronize();  // do not let one row's error hit the next
     cudaGetLastError();
   };
 
   for (const Variant& v : variants()) {
     if (v.backend != Backend::cuda || !wanted(only, v.name)) continue;
-    Row row;
-    row.name = v.name;
-    row.peer = v.peer;
-    std::string why = v.why_not(args[0]);
-    if (!why.empty()) {
-      row.status = "unsupported";
-      row.reason = why;
+    Row row = make_row(v.name, v.peer, v.why_not(args[0]));
+    if (row.status != "ok") {
       r.rows.push_back(row);
       continue;
     }
@@ -475,13 +481,8 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   for (auto [name, parent] : {std::pair{kDenseGemm, "cublas_dense"}, std::pair{kEllSpmm, "cusparse_ell"}}) {
     const Variant* v = find_variant(parent);
     if (!v || !wanted(only, name)) continue;
-    Row row;
-    row.name = name;
-    row.peer = true;
-    std::string why = v->why_not(args[0]);
-    if (!why.empty()) {
-      row.status = "unsupported";
-      row.reason = why;
+    Row row = make_row(name, true, v->why_not(args[0]));
+    if (row.status != "ok") {
       r.rows.push_back(row);
       continue;
     }
@@ -521,8 +522,7 @@ int bench_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  std::string backend = args.str("--backend", "auto");
-  if (backend != "auto" && backend != "cpu" && backend != "cuda") args.bad("--backend", "must be auto, cpu or cuda");
+  const Backend backend = args.backend("--backend");
   // Parse everything before any work, so a bad flag fails fast (exit 2).
   Workload custom;
   const bool shaped = args.has("--m") || args.has("--n") || args.has("--k") || args.has("--block") ||
@@ -547,9 +547,8 @@ int bench_main(const std::vector<std::string>& argv) {
   const std::string json = args.str("--json", "");
   if (args.has("--json") && json.empty()) args.bad("--json", "needs a file name");
 
+  const bool gpu = use_gpu(backend);
   const DeviceInfo& info = device_info();
-  bool gpu = info.available && backend != "cpu";
-  if (backend == "cuda" && !info.available) throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
   const int reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
@@ -595,7 +594,7 @@ int bench_main(const std::vector<std::string>& argv) {
   }
 
   if (!gpu) {
-    if (backend == "cpu")
+    if (backend == Backend::cpu)
       std::printf("running the CPU backend (--backend cpu)\n");
     else
       std::printf("no GPU found: %s; running the CPU backend\n", info.why_not.c_str());

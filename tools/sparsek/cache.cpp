@@ -99,9 +99,9 @@ int cache_main(const std::vector<std::string>& argv) {
 
 void doctor_tune_cache(std::vector<std::string>& missing) {
   std::printf("\ntuning cache\n");
-  const std::string path = tune_cache_path();
-  std::printf("  SPARSEK_TUNE           %s\n", mode_text().c_str());
-  if (mode_text().rfind("invalid", 0) == 0) missing.push_back("SPARSEK_TUNE must be off, cached or on");
+  const std::string path = tune_cache_path(), mode = mode_text();
+  std::printf("  SPARSEK_TUNE           %s\n", mode.c_str());
+  if (mode.rfind("invalid", 0) == 0) missing.push_back("SPARSEK_TUNE must be off, cached or on");
   if (path.empty()) {
     std::printf("  path                   (no $HOME and no $SPARSEK_CACHE: tuning results are not kept)\n");
     missing.push_back("no tuning cache path: set SPARSEK_CACHE=/path/to/tune.json");

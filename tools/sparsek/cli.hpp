@@ -41,6 +41,7 @@ class Args {
   DType dtype(const std::string& name, DType dflt) const;
   PatternKind pattern(const std::string& name, PatternKind dflt) const;
   void block(const std::string& name, int* bm, int* bk) const;  // "BMxBK", each in {16,32,64,128}
+  Backend backend(const std::string& name) const;                // auto | cpu | cuda (default auto)
   std::vector<std::string> list(const std::string& name) const;  // "a,b,c"
   [[noreturn]] void bad(const std::string& name, const std::string& why) const;
 
@@ -50,6 +51,10 @@ class Args {
 };
 
 void print_help(const char* usage, const char* about, const std::vector<FlagSpec>& specs);
+
+// Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
+// auto with a GPU.
+bool use_gpu(Backend requested);
 
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);

@@ -128,6 +128,21 @@ void Args::block(const std::string& name, int* bm, int* bk) const {
   *bk = one(v.substr(x + 1), "bk");
 }
 
+Backend Args::backend(const std::string& name) const {
+  const std::string v = str(name, "auto");
+  if (v == "auto") return Backend::automatic;
+  if (v == "cpu") return Backend::cpu;
+  if (v == "cuda") return Backend::cuda;
+  bad(name, "must be auto, cpu or cuda");
+}
+
+bool use_gpu(Backend requested) {
+  const DeviceInfo& info = device_info();
+  if (requested == Backend::cuda && !info.available)
+    throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
+  return info.available && requested != Backend::cpu;
+}
+
 std::vector<std::string> Args::list(const std::string& name) const {
   std::vector<std::string> out;
   if (!has(name)) return out;

@@ -116,11 +116,8 @@ int tune_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  std::string backend = args.str("--backend", "auto");
-  if (backend != "auto" && backend != "cpu" && backend != "cuda") args.bad("--backend", "must be auto, cpu or cuda");
+  const bool gpu = use_gpu(args.backend("--backend"));
   const DeviceInfo& info = device_info();
-  if (backend == "cuda" && !info.available) throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
-  const bool gpu = info.available && backend != "cpu";
   const int64_t big = int64_t(1) << 20;
   const int64_t m = args.integer("--m", gpu ? 8192 : 1024, 1, big);
   const int64_t n = args.integer("--n", m, 1, big);

@@ -46,7 +46,6 @@ const PatternKind kPatterns[6] = {PatternKind::fixed_k, PatternKind::bernoulli, 
 enum Edge { kNone = 0, kNoBlocks = 1, kEmptyRows = 2 };
 
 struct Case {
-  int index = 0;
   uint64_t seed = 0;
   OpKind kind = OpKind::dsd;
   Op op = Op::none;
@@ -82,7 +81,6 @@ std::string describe(const Case& c, const GemmArgs& g) {
 
 Case make_case(uint64_t seed, int index) {
   Case c;
-  c.index = index;
   c.seed = mix_seed(seed, uint64_t(index));
   Rng r(c.seed);
   c.bm = kBlocks[index % 4];
@@ -321,11 +319,8 @@ int verify_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  std::string backend = args.str("--backend", "auto");
-  if (backend != "auto" && backend != "cpu" && backend != "cuda") args.bad("--backend", "must be auto, cpu or cuda");
+  const Backend be = use_gpu(args.backend("--backend")) ? Backend::cuda : Backend::cpu;
   const DeviceInfo& info = device_info();
-  if (backend == "cuda" && !info.available) throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
-  const Backend be = backend == "cpu" || (backend == "auto" && !info.available) ? Backend::cpu : Backend::cuda;
   const int cases = int(args.integer("--cases", be == Backend::cuda ? 1000 : 200, 1, 10000000));
   const uint64_t seed = args.seed("--seed", 1);
   const int only_case = int(args.integer("--case", -1, 0, 10000000));

@@ -157,18 +157,6 @@ std::string common_why_not(const GemmArgs& g) {
   return "";
 }
 
-// Reads row_ptr (host or device) into a host vector; "" or a reason.
-std::string read_row_ptr(const BsrView& a, std::vector<int32_t>& rp) {
-  rp.assign(size_t(a.mb() + 1), 0);
-  if (a.memory == Memory::host) {
-    for (size_t i = 0; i < rp.size(); ++i) rp[i] = a.row_ptr[i];
-    return "";
-  }
-  cudaError_t e = cudaMemcpy(rp.data(), a.row_ptr, rp.size() * sizeof(int32_t), cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) return std::string("could not read row_ptr: ") + cudaGetErrorName(e);
-  return "";
-}
-
 std::vector<int32_t> copy_to_host(const int32_t* p, int64_t n, Memory mem) {
   std::vector<int32_t> h(static_cast<size_t>(n));
   if (n == 0) return h;
@@ -330,8 +318,11 @@ std::string ell_why_not(const GemmArgs& g) {
     return "cuSPARSE Blocked-ELL computes f32 inputs at reduced (TF32-like) precision; f16/bf16 only";
   if (a.nnzb == 0 || a.mb() == 0) return "nnzb = 0 (no Blocked-ELL columns)";
   std::vector<int32_t> rp;
-  why = read_row_ptr(a, rp);
-  if (!why.empty()) return why;
+  try {
+    rp = copy_to_host(a.row_ptr, a.mb() + 1, a.memory);
+  } catch (const Error& e) {
+    return std::string("could not read row_ptr: ") + e.what();
+  }
   int64_t per = rp[1] - rp[0];
   for (int64_t i = 1; i < a.mb(); ++i) {
     int64_t n = rp[size_t(i + 1)] - rp[size_t(i)];
