@@ -258,4 +258,17 @@ void run_validated(const Plan& p, const GemmArgs& args, void* stream) {
   launch(*im, args, stream);
 }
 
+PlanLaunch plan_launch(const Plan& p, void* stream) {
+  const Plan::Impl* im = PlanAccess::impl(p);
+  if (!im) empty_plan();
+  PlanLaunch l;
+  l.variant = im->variant;
+  l.state = im->state.get();
+  l.options.backend = im->backend;  // as launch() builds them
+  l.options.stream = stream;
+  l.options.check_indices = false;
+  l.options.threads = im->threads;
+  return l;
+}
+
 }  // namespace sparsek

@@ -39,6 +39,15 @@ Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPatter
 // run() without its argument checks, for a caller that has made them (gemm(): validate() on args,
 // and a plan found under a key that pins everything run() would compare).
 void run_validated(const Plan& p, const GemmArgs& args, void* stream);
+// What run(p, args, stream) ends in: the plan's variant, its prepared state and the Options run()
+// hands it. Only for measuring run()'s own cost against the bare launch (sparsek tune
+// --run-overhead); calling variant->run directly skips every check run() makes.
+struct PlanLaunch {
+  const Variant* variant = nullptr;
+  VariantState* state = nullptr;
+  Options options;
+};
+PlanLaunch plan_launch(const Plan& p, void* stream);
 
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);

@@ -509,6 +509,13 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
 
 }  // namespace
 
+const std::vector<SpecWorkload>& spec_workloads() {
+  static const std::vector<SpecWorkload> table = {{8192, 128, 128, 0.125}, {8192, 64, 64, 0.125},
+                                                  {8192, 32, 32, 0.125},   {4096, 64, 64, 0.125},
+                                                  {8192, 128, 128, 0.25},  {8192, 128, 32, 0.0625}};
+  return table;
+}
+
 int bench_main(const std::vector<std::string>& argv) {
   Args args(argv, kSpecs);
   if (args.help()) {
@@ -575,15 +582,9 @@ int bench_main(const std::vector<std::string>& argv) {
     w.dtype = dtype;
     table.push_back(w);
   } else {
-    struct D {
-      int64_t s;
-      int bm, bk;
-      double density;
-    };
-    for (D d : {D{8192, 128, 128, 0.125}, D{8192, 64, 64, 0.125}, D{8192, 32, 32, 0.125}, D{4096, 64, 64, 0.125},
-                D{8192, 128, 128, 0.25}, D{8192, 128, 32, 0.0625}}) {
+    for (const SpecWorkload& d : spec_workloads()) {
       Workload w;
-      w.m = w.n = w.k = d.s;
+      w.m = w.n = w.k = d.size;
       w.bm = d.bm;
       w.bk = d.bk;
       w.density = d.density;

@@ -56,6 +56,15 @@ void print_help(const char* usage, const char* about, const std::vector<FlagSpec
 // auto with a GPU.
 bool use_gpu(Backend requested);
 
+// SPEC §6's GPU workload table: size^3 products, fixed_k pattern. `sparsek bench` runs it by
+// default on a GPU; `sparsek tune --spec-workloads` tunes each one (defined in bench.cpp).
+struct SpecWorkload {
+  int64_t size;
+  int bm, bk;
+  double density;
+};
+const std::vector<SpecWorkload>& spec_workloads();
+
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);
 int verify_main(const std::vector<std::string>& argv);

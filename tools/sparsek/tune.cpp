@@ -1,5 +1,8 @@
 // `sparsek tune`: tunes one DSD workload offline (the same workload flags as bench) and stores the
-// winner in the tuning cache; `--plan-time` instead measures how long plan() takes on it.
+// winner in the tuning cache; `--compare` then re-times the candidates in a second pass and
+// compares the pick with the best (`--spec-workloads`: over SPEC §6's table); `--plan-time`
+// measures how long plan() takes on the workload; `--run-overhead` what run(plan) costs over the
+// bare variant launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,12 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli.hpp"
 #include "core/device.hpp"
+#include "plan/plan_internal.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/tune.hpp"
 
@@ -21,7 +26,7 @@ namespace sparsek::cli {
 namespace {
 
 const std::vector<FlagSpec> kSpecs = {
-    {"--m", "M", "rows of C (default 8192 on a GPU, 1024 on the CPU)"},
+    {"--m", "M", "rows of C (default 8192 on a GPU, 1024 on the CPU; with --run-overhead 256 on a GPU, 64 on the CPU)"},
     {"--n", "N", "columns of B and C (default: M)"},
     {"--k", "K", "columns of A = rows of B (default: M)"},
     {"--block", "BMxBK", "block shape, each of 16, 32, 64, 128 (default 64x64)"},
@@ -35,6 +40,10 @@ const std::vector<FlagSpec> kSpecs = {
     {"--budget", "SEC", "seconds of timed runs per candidate (default 0.3)"},
     {"--no-store", nullptr, "tune but do not write the cache"},
     {"--plan-time", nullptr, "measure plan() on this workload (median of --reps calls) instead of tuning"},
+    {"--run-overhead", nullptr, "measure the host time of run(plan) against the bare variant launch and gemm()"},
+    {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
+    {"--compare", nullptr, "after tuning, re-time the candidates and compare the tuner's pick with the best"},
+    {"--spec-workloads", nullptr, "--compare over SPEC 6's workload table (bench's default list; GPU only)"},
 };
 
 struct Problem {
@@ -102,74 +111,37 @@ std::string bar(size_t done, size_t total) {
   return "[" + std::string(fill, '#') + std::string(width - fill, '.') + "]";
 }
 
-}  // namespace
+struct Workload {
+  int64_t m, n, k;
+  int bm, bk;
+  double density;
+  PatternKind kind;
+  DType dtype;
+};
 
-int tune_main(const std::vector<std::string>& argv) {
-  Args args(argv, kSpecs);
-  if (args.help()) {
-    print_help("sparsek tune [flags]",
-               "Times every variant that supports a DSD workload (sparsek's and the cuSPARSE/cuBLAS peers)\n"
-               "on random operands, checks each result against a reference before it may win, and\n"
-               "stores the winner (it must beat the default by more than 2%) in the tuning cache\n"
-               "($SPARSEK_CACHE or ~/.cache/sparsek/tune.json), where plan() finds it when\n"
-               "SPARSEK_TUNE is cached (the default) or on. Without a GPU it tunes the CPU backend.",
-               kSpecs);
-    return 0;
-  }
-  const bool gpu = use_gpu(args.backend("--backend"));
-  const DeviceInfo& info = device_info();
-  const int64_t big = int64_t(1) << 20;
-  const int64_t m = args.integer("--m", gpu ? 8192 : 1024, 1, big);
-  const int64_t n = args.integer("--n", m, 1, big);
-  const int64_t k = args.integer("--k", m, 1, big);
-  int bm = 64, bk = 64;
-  args.block("--block", &bm, &bk);
-  if (m % bm) args.bad("--m", "M=" + std::to_string(m) + " must be a multiple of bm=" + std::to_string(bm));
-  if (k % bk) args.bad("--k", "K=" + std::to_string(k) + " must be a multiple of bk=" + std::to_string(bk));
-  const double density = args.real("--density", 0.125, 0.0, 1.0);
-  const PatternKind kind = args.pattern("--pattern", PatternKind::fixed_k);
-  const DType dtype = args.dtype("--dtype", gpu ? DType::f16 : DType::f32);
-  const uint64_t seed = args.seed("--seed", 1);
-  TuneOptions to;
-  to.warmup = int(args.integer("--warmup", 2, 0, 100000));
-  to.max_reps = int(args.integer("--reps", 100, 1, 100000));
-  to.min_reps = std::min(to.min_reps, to.max_reps);
-  to.seconds_per_candidate = args.real("--budget", 0.3, 0.0, 3600.0);
-  to.store = !args.has("--no-store");
-  to.seed = seed;
-  Options opt;
-  opt.backend = gpu ? Backend::cuda : Backend::cpu;
+std::string describe(const Workload& w) {
+  return "dsd " + std::string(to_string(w.dtype)) + " " + std::to_string(w.m) + "x" + std::to_string(w.n) + "x" +
+         std::to_string(w.k) + ", " + block_str(w.bm, w.bk) + " blocks, " + to_string(w.kind) + " " +
+         fmt(100.0 * w.density, 2) + "%";
+}
 
-  const std::string where =
-      gpu ? info.name + " (" + std::to_string(info.sm_count) + " SMs, cc " + std::to_string(info.cc_major) + "." +
-                std::to_string(info.cc_minor) + ")"
-          : std::string("the CPU backend") + (info.available ? "" : " (no GPU: " + info.why_not + ")");
-  const std::string what = "dsd " + std::string(to_string(dtype)) + " " + std::to_string(m) + "x" + std::to_string(n) +
-                           "x" + std::to_string(k) + ", " + block_str(bm, bk) + " blocks, " + to_string(kind) + " " +
-                           fmt(100.0 * density, 2) + "%";
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
 
-  if (args.has("--plan-time")) {
-    auto prob = make_problem(m, n, k, bm, bk, density, kind, dtype, gpu, seed, true);
-    const int reps = std::max(1, to.max_reps);
-    using clock = std::chrono::steady_clock;
-    Plan p;
-    for (int i = 0; i < 3; ++i) p = plan(prob->g, opt);  // warm: first-touch, device init, cache read
-    std::vector<double> us;
-    for (int i = 0; i < reps; ++i) {
-      auto t0 = clock::now();
-      Plan q = plan(prob->g, opt);
-      us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
-    }
-    std::sort(us.begin(), us.end());
-    std::printf("sparsek %s plan() time: %s (nnzb=%lld) on %s, SPARSEK_TUNE=%s\n", version(), what.c_str(),
-                static_cast<long long>(prob->g.sparse.nnzb), where.c_str(), to_string(tune_mode()));
-    std::printf("variant %s (%s); %d calls after 3 warm-up calls: median %.1f us, min %.1f us, max %.1f us\n",
-                p.variant().c_str(), p.chosen_by().c_str(), reps, us[us.size() / 2], us.front(), us.back());
-    return 0;
-  }
-
-  auto prob = make_problem(m, n, k, bm, bk, density, kind, dtype, gpu, seed, false);
-  std::printf("sparsek %s tune: %s (nnzb=%lld) on %s\n", version(), what.c_str(),
+// Tunes w, prints the candidate table and the winner. *ok = false when storing was asked for and
+// failed.
+TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneOptions to, uint64_t seed,
+                          const std::string& where, bool* ok) {
+  auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, false);
+  std::printf("sparsek %s tune: %s (nnzb=%lld) on %s\n", version(), describe(w).c_str(),
               static_cast<long long>(prob->g.sparse.nnzb), where.c_str());
   Progress progress(stdout_is_tty());
   to.progress = [&](size_t done, size_t total, const std::string& name) {
@@ -216,16 +188,250 @@ int tune_main(const std::vector<std::string>& argv) {
     std::printf("winner: %s (%.4f ms); the default %s did not run correctly\n", e.variant.c_str(), e.time_ms,
                 e.default_variant.empty() ? "(none)" : e.default_variant.c_str());
   }
+  *ok = true;
   if (!to.store) {
     std::printf("not stored (--no-store)\n");
+  } else if (!r.stored) {
+    std::printf("NOT stored: %s\n", r.store_error.c_str());
+    *ok = false;
+  } else {
+    std::printf("stored in %s\n", tune_cache_path().c_str());
+  }
+  return r;
+}
+
+// The tuner's pick against the best candidate. The tuner's own pass cannot judge itself (its
+// pick is within its 2% margin of its own best by construction), so every candidate is timed
+// again in a second, independent tuning pass (same method, not stored) and the pick's time there
+// is compared with the fastest correct candidate's. Returns the grep-able line ("" + *pct = NaN
+// when the pick did not run correctly in the second pass).
+std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOptions to, uint64_t seed,
+                         const TuneReport& first, double* pct) {
+  auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, false);
+  to.store = false;
+  to.progress = nullptr;
+  Progress progress(stdout_is_tty());
+  progress.update("re-timing the candidates ...");
+  TuneReport again = tune(prob->g, opt, to);
+  progress.clear();
+  const TuneCandidate *pick = nullptr, *best = nullptr;
+  for (const TuneCandidate& c : again.candidates) {
+    if (!c.correct) continue;
+    if (c.variant == first.entry.variant) pick = &c;
+    if (!best || c.median_ms < best->median_ms) best = &c;
+  }
+  *pct = std::nan("");
+  if (!pick || !best) {
+    std::printf("compare: the pick %s did not run correctly in the second timing pass\n",
+                first.entry.variant.c_str());
+    return "";
+  }
+  *pct = 100.0 * (pick->median_ms / best->median_ms - 1.0);
+  char line[512];
+  std::snprintf(line, sizeof line, "tuner pick: %s %.4f ms; best: %s %.4f ms; pick within %.1f%% of best",
+                pick->variant.c_str(), pick->median_ms, best->variant.c_str(), best->median_ms, *pct);
+  std::printf("second timing pass (not stored), %zu candidate(s):", again.candidates.size());
+  for (const TuneCandidate& c : again.candidates)
+    std::printf(" %s %s;", c.variant.c_str(), c.correct ? (fmt(c.median_ms, 4) + " ms").c_str() : "-");
+  std::printf("\n%s\n", line);
+  return line;
+}
+
+// Host wall time per call of run(plan), of the bare variant launch run() ends in (same plan,
+// same prepared state, no checks) and of the one-shot gemm(), on the workload's real buffers.
+// Calls go in batches, interleaved by kind; on a GPU the stream is synchronized between batches
+// (untimed), so a full launch queue never makes the host wait for kernels.
+int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed, int calls,
+                 const std::string& where) {
+  auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, true);
+  GemmArgs& g = prob->g;
+  // Zeros, not garbage (NaN / denormal inputs could slow a CPU kernel).
+  const size_t es = dtype_size(w.dtype);
+  const size_t bytes[3] = {size_t(g.sparse.nnzb) * size_t(w.bm * w.bk) * es, size_t(w.k * w.n) * es,
+                           size_t(w.m * w.n) * es};
+  void* ptrs[3] = {const_cast<void*>(g.sparse.values), const_cast<void*>(g.b.data), g.c.data};
+  for (int i = 0; i < 3; ++i) {
+    if (gpu)
+      check_cuda(cudaMemset(ptrs[i], 0, bytes[i]), "cudaMemset");
+    else
+      std::memset(ptrs[i], 0, bytes[i]);
+  }
+  cudaStream_t stream = nullptr;
+  if (gpu) check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() {
+      if (s) cudaStreamDestroy(s);
+    }
+  } guard{stream};
+  Options opt = base;
+  opt.stream = stream;
+  Options unchecked = opt;
+  unchecked.check_indices = false;
+  const Plan p = plan(g, opt);
+  const PlanLaunch bare = plan_launch(p, stream);
+  auto sync = [&] {
+    if (gpu) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  };
+
+  using clock = std::chrono::steady_clock;
+  const int batch = 50;
+  const char* names[4] = {"run(plan, args, stream)", "bare variant run()", "gemm() one-shot",
+                          "gemm() one-shot, check_indices=false"};
+  std::vector<double> us[4];
+  auto one = [&](int kind) {
+    switch (kind) {
+      case 0: run(p, g, stream); break;
+      case 1: bare.variant->run(g, bare.options, bare.state); break;
+      case 2: gemm(g, opt); break;
+      default: gemm(g, unchecked); break;
+    }
+  };
+  auto timed_batch = [&](int kind, int n, bool record) {
+    for (int i = 0; i < n; ++i) {
+      auto t0 = clock::now();
+      one(kind);
+      auto t1 = clock::now();
+      if (record) us[kind].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    sync();
+  };
+  const int warm = std::min(calls, 100);
+  for (int kind = 0; kind < 4; ++kind) timed_batch(kind, warm, false);
+  for (int done = 0; done < calls; done += batch) {
+    const int n = std::min(batch, calls - done);
+    // Rotate the order, so no kind always follows the same one.
+    for (int j = 0; j < 4; ++j) timed_batch((j + done / batch) % 4, n, true);
+  }
+
+  std::printf("sparsek %s run() overhead: %s (nnzb=%lld) on %s; variant %s (%s)\n", version(), describe(w).c_str(),
+              static_cast<long long>(g.sparse.nnzb), where.c_str(), p.variant().c_str(), p.chosen_by().c_str());
+  std::printf("host wall time per call, %d calls of each after %d warm-up calls, in interleaved batches of %d%s:\n",
+              calls, warm, batch, gpu ? " (stream synchronized between batches, untimed)" : "");
+  std::vector<std::vector<std::string>> rows;
+  for (int kind = 0; kind < 4; ++kind)
+    rows.push_back({names[kind], fmt(median_of(us[kind]), 2), fmt(mean_of(us[kind]), 2),
+                    fmt(*std::min_element(us[kind].begin(), us[kind].end()), 2)});
+  print_table({"call", "median us", "mean us", "min us"}, rows);
+  std::printf("run() overhead over the bare variant launch: %.2f us (median), %.2f us (mean); target < 5 us\n",
+              median_of(us[0]) - median_of(us[1]), mean_of(us[0]) - mean_of(us[1]));
+  return 0;
+}
+
+}  // namespace
+
+int tune_main(const std::vector<std::string>& argv) {
+  Args args(argv, kSpecs);
+  if (args.help()) {
+    print_help("sparsek tune [flags]",
+               "Times every variant that supports a DSD workload (sparsek's and the cuSPARSE/cuBLAS peers)\n"
+               "on random operands, checks each result against a reference before it may win, and\n"
+               "stores the winner (it must beat the default by more than 2%) in the tuning cache\n"
+               "($SPARSEK_CACHE or ~/.cache/sparsek/tune.json), where plan() finds it when\n"
+               "SPARSEK_TUNE is cached (the default) or on. Without a GPU it tunes the CPU backend.\n"
+               "--compare times the candidates again and prints 'tuner pick: ...; best: ...; pick\n"
+               "within X% of best'; --run-overhead measures run(plan)'s host cost over the bare launch.",
+               kSpecs);
     return 0;
   }
-  if (!r.stored) {
-    std::printf("NOT stored: %s\n", r.store_error.c_str());
-    return 1;
+  const bool gpu = use_gpu(args.backend("--backend"));
+  const DeviceInfo& info = device_info();
+  const bool overhead = args.has("--run-overhead");
+  const bool spec = args.has("--spec-workloads");
+  const bool compare = args.has("--compare") || spec;
+  if (int(overhead) + int(compare) + int(args.has("--plan-time")) > 1)
+    args.bad(overhead ? "--run-overhead" : "--plan-time", "choose one of --plan-time, --run-overhead, --compare");
+  if (spec && !gpu)
+    args.bad("--spec-workloads", "the SPEC 6 table is sized for a GPU (none is used here); use --compare on one workload");
+  const int64_t big = int64_t(1) << 20;
+  // --run-overhead: a product small enough that the host calls, not the product, take the time
+  // (on the CPU the product runs inside the call, so it must be tiny for a us difference to show).
+  const int64_t m = args.integer("--m", overhead ? (gpu ? 256 : 64) : gpu ? 8192 : 1024, 1, big);
+  const int64_t n = args.integer("--n", m, 1, big);
+  const int64_t k = args.integer("--k", m, 1, big);
+  int bm = 64, bk = 64;
+  args.block("--block", &bm, &bk);
+  if (m % bm) args.bad("--m", "M=" + std::to_string(m) + " must be a multiple of bm=" + std::to_string(bm));
+  if (k % bk) args.bad("--k", "K=" + std::to_string(k) + " must be a multiple of bk=" + std::to_string(bk));
+  const double density = args.real("--density", 0.125, 0.0, 1.0);
+  const PatternKind kind = args.pattern("--pattern", PatternKind::fixed_k);
+  const DType dtype = args.dtype("--dtype", gpu ? DType::f16 : DType::f32);
+  const uint64_t seed = args.seed("--seed", 1);
+  const int calls = int(args.integer("--calls", 2000, 1, 10000000));
+  TuneOptions to;
+  to.warmup = int(args.integer("--warmup", 2, 0, 100000));
+  to.max_reps = int(args.integer("--reps", 100, 1, 100000));
+  to.min_reps = std::min(to.min_reps, to.max_reps);
+  to.seconds_per_candidate = args.real("--budget", 0.3, 0.0, 3600.0);
+  to.store = !args.has("--no-store");
+  to.seed = seed;
+  Options opt;
+  opt.backend = gpu ? Backend::cuda : Backend::cpu;
+
+  const std::string where =
+      gpu ? info.name + " (" + std::to_string(info.sm_count) + " SMs, cc " + std::to_string(info.cc_major) + "." +
+                std::to_string(info.cc_minor) + ")"
+          : std::string("the CPU backend") + (info.available ? "" : " (no GPU: " + info.why_not + ")");
+  const Workload given{m, n, k, bm, bk, density, kind, dtype};
+
+  if (overhead) return run_overhead(given, gpu, opt, seed, calls, where);
+
+  if (args.has("--plan-time")) {
+    auto prob = make_problem(m, n, k, bm, bk, density, kind, dtype, gpu, seed, true);
+    const int reps = std::max(1, to.max_reps);
+    using clock = std::chrono::steady_clock;
+    Plan p;
+    for (int i = 0; i < 3; ++i) p = plan(prob->g, opt);  // warm: first-touch, device init, cache read
+    std::vector<double> us;
+    for (int i = 0; i < reps; ++i) {
+      auto t0 = clock::now();
+      Plan q = plan(prob->g, opt);
+      us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("sparsek %s plan() time: %s (nnzb=%lld) on %s, SPARSEK_TUNE=%s\n", version(), describe(given).c_str(),
+                static_cast<long long>(prob->g.sparse.nnzb), where.c_str(), to_string(tune_mode()));
+    std::printf("variant %s (%s); %d calls after 3 warm-up calls: median %.1f us, min %.1f us, max %.1f us\n",
+                p.variant().c_str(), p.chosen_by().c_str(), reps, us[us.size() / 2], us.front(), us.back());
+    return 0;
   }
-  std::printf("stored in %s\n", tune_cache_path().c_str());
-  return 0;
+
+  std::vector<Workload> table;
+  if (spec) {
+    for (const SpecWorkload& s : spec_workloads())
+      table.push_back({s.size, s.size, s.size, s.bm, s.bk, s.density, PatternKind::fixed_k, dtype});
+  } else {
+    table.push_back(given);
+  }
+  int rc = 0;
+  std::vector<std::string> lines;
+  double worst = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (i) std::printf("\n");
+    bool ok = true;
+    TuneReport r = tune_and_print(table[i], gpu, opt, to, seed, where, &ok);
+    if (!ok) rc = 1;
+    if (!compare) continue;
+    double pct = 0;
+    std::string line = compare_pick(table[i], gpu, opt, to, seed, r, &pct);
+    if (line.empty()) {
+      rc = 1;
+      line = "tuner pick: " + r.entry.variant + " did not run correctly when re-timed";
+    } else {
+      worst = std::max(worst, pct);
+    }
+    const Workload& w = table[i];
+    lines.push_back("[" + std::to_string(w.m) + "x" + std::to_string(w.n) + "x" + std::to_string(w.k) + " " +
+                    block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%] " + line);
+    std::fflush(stdout);
+  }
+  if (spec) {
+    std::printf("\nsummary (%zu workloads, pick vs best in the second timing pass; target within 5%%):\n",
+                lines.size());
+    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+    std::printf("worst: pick within %.1f%% of best\n", worst);
+  }
+  return rc;
 }
 
 }  // namespace sparsek::cli
