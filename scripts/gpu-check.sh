@@ -2,7 +2,7 @@
 # The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench python (default: all)
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench python)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -63,6 +63,17 @@ if want bench; then
   note bench "rc=$? (bench.txt, bench.json)"
 fi
 
+if want tune; then
+  # issue 5's figures: run() overhead over the bare launch, and the tuner's pick against the best
+  # candidate on the SPEC §6 workloads (a second timing pass; nothing stored).
+  export SPARSEK_CACHE=$OUT/tune-cache.json
+  $B/sparsek tune --run-overhead > "$OUT/tune-overhead.txt" 2>&1
+  note overhead "rc=$? $(grep 'overhead over' "$OUT/tune-overhead.txt")"
+  $B/sparsek tune --spec-workloads --no-store --budget 0.1 > "$OUT/tune-compare.txt" 2>&1
+  note tuner "rc=$? $(grep -i 'worst' "$OUT/tune-compare.txt" | tail -1)"
+  unset SPARSEK_CACHE
+fi
+
 if want python; then
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1
   note pytest "rc=$? $(tail -1 "$OUT/pytest.log")"
@@ -72,6 +83,9 @@ if want python; then
     note torch-peers "rc=$? (torch_peers.txt)"
   fi
 fi
+
+# The device tool brings back at most 8 files: keep the JSON and the bench table loose, pack the logs.
+(cd "$OUT" && ls *.log *.txt >/dev/null 2>&1 && tar czf logs.tgz *.log gpu.txt && rm -f *.log)
 
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
