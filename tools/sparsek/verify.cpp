@@ -8,6 +8,11 @@
 // empty block rows). Inputs are integer-valued in ~40% of the cases, where an fp32 output must
 // match exactly. Outputs are poisoned (NaN) when beta = 0, padding of every dense operand holds
 // NaN (a kernel that reads it is caught) and must be left untouched in C.
+//
+// With --variants (a forced list) the sweep is drawn inside the listed variants' domains: a case
+// that none of them supports is redrawn (draw t of case i is a function of (seed, i, t)), so a
+// narrow variant such as hopper checks every case instead of the few the full sweep hands it.
+// The summary always counts the cases each variant checked.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,7 +39,9 @@ const std::vector<FlagSpec> kSpecs = {
     {"--seed", "S", "base seed (default 1); case i is reproducible from (seed, i)"},
     {"--case", "I", "run only case I (reproduce a failure)"},
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
-    {"--variants", "a,b", "only these variants"},
+    {"--variants", "a,b",
+     "only these variants (of one backend, which they select); each case is redrawn (seeded) until one of "
+     "them supports it"},
     {"--peers", nullptr, "also check the peer variants (cuSPARSE, cuBLAS)"},
     {"--verbose", nullptr, "print every case"},
     {"--inject-error", nullptr, "self-test: corrupt one output element of every run (verify must fail)"},
@@ -79,13 +86,15 @@ std::string describe(const Case& c, const GemmArgs& g) {
   return b;
 }
 
-Case make_case(uint64_t seed, int index) {
+// `slot` picks the block shape and the pattern (slot % 96 walks all 16 x 6 pairs); `case_seed`
+// draws the rest.
+Case draw_case(uint64_t case_seed, int slot) {
   Case c;
-  c.seed = mix_seed(seed, uint64_t(index));
+  c.seed = case_seed;
   Rng r(c.seed);
-  c.bm = kBlocks[index % 4];
-  c.bk = kBlocks[(index / 4) % 4];
-  c.pattern = kPatterns[(index / 16) % 6];
+  c.bm = kBlocks[slot % 4];
+  c.bk = kBlocks[(slot / 4) % 4];
+  c.pattern = kPatterns[(slot / 16) % 6];
   c.kind = OpKind(r.below(3));
   c.op = c.kind != OpKind::sdd && r.below(2) ? Op::trans : Op::none;
   c.in = DType(r.below(3));
@@ -116,6 +125,25 @@ Case make_case(uint64_t seed, int index) {
   return c;
 }
 
+// Case `index` of the default sweep: a pure function of (seed, index).
+Case make_case(uint64_t seed, int index) { return draw_case(mix_seed(seed, uint64_t(index)), index); }
+
+// Draw `t` >= 1 of case `index` under a forced variant list (--variants), used when the earlier
+// draws fell outside every listed variant's domain: a pure function of (seed, index, t), so
+// --seed S --case I --variants X reproduces it. The block shape and pattern are drawn too (the
+// default sweep's cycling would keep handing, say, a 16x16 shape to a variant that has none).
+Case redraw_case(uint64_t seed, int index, int t) {
+  const uint64_t s = mix_seed(mix_seed(seed, uint64_t(index)), 0x7265647261770000ull + uint64_t(t));
+  Rng slot(mix_seed(s, 96));
+  return draw_case(s, int(slot.below(96)));
+}
+// Draws per case before giving up (the case then counts as having no supporting variant). The
+// narrowest domain (hopper: dsd, op none, f16/bf16, bm and bk in {32,64,128}, row-major B with
+// 16-byte aligned rows) holds roughly 1 in 250 draws by the draw probabilities, so 2000 draws
+// miss it with probability ~e^-8. A rejected draw only builds the operands' shapes (and uploads
+// them on a GPU): no values, no oracle.
+constexpr int kMaxDraws = 2000;
+
 // One case's host operands (the oracle reads these) and the output's original bytes.
 struct Problem {
   Case c;
@@ -125,7 +153,7 @@ struct Problem {
   std::vector<uint8_t> out0;  // output bytes before the run (C dense or C's BSR values)
 };
 
-BsrMatrix make_sparse(const Case& c, DType dtype, Rng& r) {
+BsrMatrix make_sparse(const Case& c, DType dtype, Rng& r, bool fill) {
   Pattern p = make_pattern(c.pattern, c.mb, c.kb, c.density, c.seed);
   std::vector<int32_t> rp(size_t(c.mb + 1), 0), ci;
   for (int64_t i = 0; i < c.mb; ++i) {
@@ -135,11 +163,13 @@ BsrMatrix make_sparse(const Case& c, DType dtype, Rng& r) {
     rp[size_t(i + 1)] = int32_t(ci.size());
   }
   BsrMatrix m(c.mb * c.bm, c.kb * c.bk, c.bm, c.bk, std::move(rp), std::move(ci), dtype);
-  m.fill_random(mix_seed(c.seed, 11), c.integers);
+  if (fill) m.fill_random(mix_seed(c.seed, 11), c.integers);
   return m;
 }
 
-void build(Problem& p) {
+// With fill = false only the shapes, pattern and storage are made (values left zero): enough for
+// a variant's why_not(), which must not depend on values.
+void build(Problem& p, bool fill = true) {
   const Case& c = p.c;
   Rng r(mix_seed(c.seed, 7));
   GemmArgs& g = p.g;
@@ -149,28 +179,30 @@ void build(Problem& p) {
   g.beta = c.beta;
   const bool ints = c.integers;
   if (c.kind == OpKind::dsd) {
-    p.s = make_sparse(c, c.in, r);
+    p.s = make_sparse(c, c.in, r, fill);
     g.sparse = p.s.view();
     const int64_t M = c.op == Op::none ? p.s.rows() : p.s.cols(), K = c.op == Op::none ? p.s.cols() : p.s.rows();
     p.b = HostMatrix(K, c.free, c.in, c.lb, c.pb);
-    p.b.fill_random(mix_seed(c.seed, 2), ints);
+    if (fill) p.b.fill_random(mix_seed(c.seed, 2), ints);
     p.cm = HostMatrix(M, c.free, c.out, c.lc, c.pc);
     g.b = p.b.view;
   } else if (c.kind == OpKind::dds) {
-    p.s = make_sparse(c, c.in, r);
+    p.s = make_sparse(c, c.in, r, fill);
     g.sparse = p.s.view();
     const int64_t K = c.op == Op::none ? p.s.rows() : p.s.cols(), N = c.op == Op::none ? p.s.cols() : p.s.rows();
     p.a = HostMatrix(c.free, K, c.in, c.la, c.pa);
-    p.a.fill_random(mix_seed(c.seed, 1), ints);
+    if (fill) p.a.fill_random(mix_seed(c.seed, 1), ints);
     p.cm = HostMatrix(c.free, N, c.out, c.lc, c.pc);
     g.a = p.a.view;
   } else {
-    p.s = make_sparse(c, c.out, r);
+    p.s = make_sparse(c, c.out, r, fill);
     p.a = HostMatrix(p.s.rows(), c.free, c.in, c.la, c.pa);
     p.b = HostMatrix(c.free, p.s.cols(), c.in, c.lb, c.pb);
-    p.a.fill_random(mix_seed(c.seed, 1), ints);
-    p.b.fill_random(mix_seed(c.seed, 2), ints);
-    if (c.beta == 0.f) std::fill(p.s.value_bytes().begin(), p.s.value_bytes().end(), uint8_t(0xFF));  // NaN
+    if (fill) {
+      p.a.fill_random(mix_seed(c.seed, 1), ints);
+      p.b.fill_random(mix_seed(c.seed, 2), ints);
+    }
+    if (fill && c.beta == 0.f) std::fill(p.s.value_bytes().begin(), p.s.value_bytes().end(), uint8_t(0xFF));  // NaN
     g.sparse = p.s.view();
     g.a = p.a.view;
     g.b = p.b.view;
@@ -179,9 +211,9 @@ void build(Problem& p) {
   }
   // Dense C: NaN everywhere when beta = 0 (must be neither read nor leaked); else random values
   // with NaN in the padding (which must stay as it is).
-  if (c.beta == 0.f)
+  if (fill && c.beta == 0.f)
     p.cm.fill_bytes(0xFF);
-  else
+  else if (fill)
     p.cm.fill_random(mix_seed(c.seed, 3), ints);
   g.c = p.cm.view;
   p.out0 = p.cm.bytes;
@@ -304,6 +336,50 @@ struct DeviceProblem {
   }
 };
 
+// A variant's why_not(), with a throw read as a reason.
+std::string why_not(const Variant& v, const GemmArgs& g) {
+  try {
+    return v.why_not(g);
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+// The first draw of case `index` (draws `first` .. kMaxDraws - 1) that one of `vs` supports,
+// judged on the operands' shapes alone (uploaded on a GPU: device variants check device
+// pointers). Returns the draw number (0 = the default sweep's case), or -1 when no draw fits:
+// *out is then the default case (it counts as having no supporting variant) and *why holds the
+// listed variants' reasons for the last draw. A draw that cannot be built is taken as it is, so
+// the main loop reports it.
+int fit_case(uint64_t seed, int index, int first, const std::vector<const Variant*>& vs, Backend be, Case* out,
+             std::string* why = nullptr) {
+  for (int t = first; t < kMaxDraws; ++t) {
+    Problem q;
+    q.c = t == 0 ? make_case(seed, index) : redraw_case(seed, index, t);
+    try {
+      build(q, false);
+      validate(q.g, true);
+    } catch (const Error&) {
+      *out = q.c;
+      return t;
+    }
+    std::unique_ptr<DeviceProblem> dev;
+    if (be == Backend::cuda) dev = std::make_unique<DeviceProblem>(q);  // an upload error aborts verify
+    std::string reasons;
+    for (const Variant* v : vs) {
+      const std::string w = why_not(*v, dev ? dev->g : q.g);
+      if (w.empty()) {
+        *out = q.c;
+        return t;
+      }
+      reasons += (reasons.empty() ? "" : "; ") + std::string(v->name) + ": " + w;
+    }
+    if (why) *why = reasons;
+  }
+  if (index >= 0) *out = make_case(seed, index);
+  return -1;
+}
+
 }  // namespace
 
 int verify_main(const std::vector<std::string>& argv) {
@@ -319,19 +395,40 @@ int verify_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  const Backend be = use_gpu(args.backend("--backend")) ? Backend::cuda : Backend::cpu;
   const DeviceInfo& info = device_info();
+  const std::vector<std::string> only = args.list("--variants");
+  const bool forced = !only.empty();
+  // A forced variant list names its backend (so `--variants cpu` checks the CPU variant on a GPU
+  // machine too); an explicit --backend must agree with it.
+  Backend requested = args.backend("--backend");
+  const bool explicit_backend = requested != Backend::automatic;
+  std::string first_named;
+  for (const std::string& n : only) {
+    const Variant* v = find_variant(n);
+    if (!v) args.bad("--variants", "unknown variant '" + n + "'");
+    const char* vb = v->backend == Backend::cpu ? "cpu" : "cuda";
+    if (requested == Backend::automatic) {
+      requested = v->backend;
+      first_named = n;
+    } else if (v->backend != requested) {
+      const std::string rb = requested == Backend::cpu ? "cpu" : "cuda";
+      args.bad("--variants", "variant '" + n + "' runs on the " + vb + " backend, " +
+                                 (explicit_backend ? "not on --backend " + rb
+                                                   : "'" + first_named + "' on the " + rb +
+                                                         " backend: list variants of one backend per run"));
+    }
+  }
+  if (forced && !explicit_backend && requested == Backend::cuda && !info.available)
+    throw Error(Status::no_device, "--variants " + first_named + ": a GPU variant, but no GPU found: " + info.why_not);
+  const Backend be = use_gpu(requested) ? Backend::cuda : Backend::cpu;
   const int cases = int(args.integer("--cases", be == Backend::cuda ? 1000 : 200, 1, 10000000));
   const uint64_t seed = args.seed("--seed", 1);
   const int only_case = int(args.integer("--case", -1, 0, 10000000));
   const bool peers = args.has("--peers"), verbose = args.has("--verbose"), inject = args.has("--inject-error");
-  std::vector<std::string> only = args.list("--variants");
-  for (const std::string& n : only)
-    if (!find_variant(n)) args.bad("--variants", "unknown variant '" + n + "'");
 
   std::vector<const Variant*> vs;
   for (const Variant& v : variants())
-    if (v.backend == be && (peers || !v.peer || !only.empty()) &&
+    if (v.backend == be && (peers || !v.peer || forced) &&
         (only.empty() || std::find(only.begin(), only.end(), v.name) != only.end()))
       vs.push_back(&v);
   std::string names;
@@ -347,12 +444,27 @@ int verify_main(const std::vector<std::string>& argv) {
     return 1;
   }
 
+  if (forced) {
+    // Whether the listed variants support anything on this machine (hopper on a non-sm_90 GPU
+    // supports nothing): else every case would spend kMaxDraws draws in vain. The probe draws
+    // depend on (seed, variant list, machine) only, so --case I still reproduces case I.
+    Case unused;
+    std::string why;
+    if (fit_case(seed, -1, 1, vs, be, &unused, &why) < 0) {
+      std::printf("no listed variant supports any of %d probe draws here (reasons for the last one: %s)\n",
+                  kMaxDraws - 1, why.c_str());
+      return 1;
+    }
+  }
+
   struct Failure {
     int index;
     std::string variant, desc, why;
   };
   std::vector<Failure> failures;
   int64_t runs = 0, exact_runs = 0, unsupported_cases = 0;
+  std::vector<int64_t> per_variant(vs.size(), 0);  // cases each variant checked
+  int64_t redrawn = 0, draws = 0, no_fit = 0;      // --variants: drawing into the domain
   std::map<std::string, int64_t> by_kind, by_dtype, by_pattern, by_edge;
   std::map<std::string, int64_t> by_block;
   double worst = 0;  // worst error / tolerance (non-exact runs)
@@ -366,17 +478,32 @@ int verify_main(const std::vector<std::string>& argv) {
       progress.update("[" + std::to_string(i - first) + "/" + std::to_string(last - first) + "] failures " +
                       std::to_string(failures.size()));
     Problem p;
-    p.c = make_case(seed, i);
+    int draw = 0;
+    if (forced) {
+      // Draw case i inside the listed variants' domain (the default case when it already is).
+      try {
+        draw = fit_case(seed, i, 0, vs, be, &p.c);
+      } catch (const Error& e) {
+        failures.push_back({i, "-", "", std::string("could not upload a draw of the case: ") + e.what()});
+        aborted = true;
+        break;
+      }
+      draws += draw < 0 ? kMaxDraws : draw + 1;
+      if (draw > 0) ++redrawn;
+      if (draw < 0) ++no_fit;
+    } else {
+      p.c = make_case(seed, i);
+    }
     std::string desc;
     try {
       build(p);
-      desc = describe(p.c, p.g);
+      desc = describe(p.c, p.g) + (draw > 0 ? " draw=" + std::to_string(draw) : "");
       validate(p.g, true);
     } catch (const Error& e) {
       failures.push_back({i, "-", desc, std::string("could not build the case: ") + e.what()});
       continue;
     }
-    std::vector<double> ref = oracle(p.g);
+    std::vector<double> ref;  // the oracle's C, made once a variant supports the case
     std::unique_ptr<DeviceProblem> dev;
     if (be == Backend::cuda) {
       try {
@@ -389,15 +516,13 @@ int verify_main(const std::vector<std::string>& argv) {
     }
     const GemmArgs& probe = dev ? dev->g : p.g;
     int ran = 0;
-    for (const Variant* v : vs) {
-      std::string why;
-      try {
-        why = v->why_not(probe);
-      } catch (const Error& e) {
-        why = e.what();
-      }
+    for (size_t vi = 0; vi < vs.size(); ++vi) {
+      const Variant* v = vs[vi];
+      const std::string why = why_not(*v, probe);
       if (verbose) std::printf("case %d %s: %s%s\n", i, v->name, desc.c_str(), why.empty() ? "" : (" -> skip: " + why).c_str());
       if (!why.empty()) continue;
+      if (!ran) ref = oracle(p.g);
+      ++per_variant[vi];
       Check k;
       try {
         std::vector<uint8_t> got = dev ? dev->run(*v, p) : run_host(*v, p);
@@ -452,11 +577,23 @@ int verify_main(const std::vector<std::string>& argv) {
   std::printf("  kinds: %s\n  dtypes: %s\n  patterns: %s\n  block shapes: %zu of 16\n  edges: %s\n",
               join(by_kind).c_str(), join(by_dtype).c_str(), join(by_pattern).c_str(), by_block.size(),
               join(by_edge).c_str());
+  // Always printed, so a variant that checked few (or no) cases is visible.
+  std::string pv;
+  for (size_t vi = 0; vi < vs.size(); ++vi)
+    pv += (vi ? ", " : "") + std::string(vs[vi]->name) + " " + std::to_string(per_variant[vi]);
+  std::printf("  per variant (cases checked): %s\n", pv.c_str());
+  if (forced)
+    std::printf("  drawn into the --variants domain: %lld case(s) redrawn (%lld draws in all); %lld case(s) fit none "
+                "in %d draws\n",
+                (long long)redrawn, (long long)draws, (long long)no_fit, kMaxDraws);
   if (!worst_at.empty()) std::printf("  worst error / tolerance: %.3f (%s)\n", worst, worst_at.c_str());
   if (aborted) std::printf("ABORTED after a sticky CUDA error\n");
   if (!failures.empty()) {
-    std::printf("\nFAILED cases (reproduce with: sparsek verify --seed %llu --case I%s):\n", (unsigned long long)seed,
-                be == Backend::cpu ? " --backend cpu" : "");
+    std::string only_flag;
+    for (const std::string& n : only) only_flag += (only_flag.empty() ? " --variants " : ",") + n;
+    std::printf("\nFAILED cases (reproduce with: sparsek verify --seed %llu --case I%s%s%s):\n",
+                (unsigned long long)seed, be == Backend::cpu && !forced ? " --backend cpu" : "", only_flag.c_str(),
+                peers ? " --peers" : "");
     size_t shown = 0;
     for (const Failure& f : failures) {
       if (++shown > 50) {
