@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
       {"4096^3 64x64 12.5% f16", 4096, 4096, 4096, 64, 64, 0.125, PatternKind::fixed_k, DType::f16, true},
       {"8192^3 128x128 25% f16", 8192, 8192, 8192, 128, 128, 0.25, PatternKind::fixed_k, DType::f16, false},
       {"8192^3 128x32 6.25% f16", 8192, 8192, 8192, 128, 32, 0.0625, PatternKind::fixed_k, DType::f16, false},
+      {"8192^3 128x64 12.5% f16", 8192, 8192, 8192, 128, 64, 0.125, PatternKind::fixed_k, DType::f16, false},
       {"8192^3 64x64 12.5% power-law f16", 8192, 8192, 8192, 64, 64, 0.125, PatternKind::power_law, DType::f16, false},
   };
   std::vector<Row> rows;

@@ -438,10 +438,11 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
 
-// bm = 128 with SPARSEK_HOPPER_CLUSTER=2: CTA pairs share each A tile by multicast. Each C tile
+// bm = 128 CTA pairs (SPARSEK_HOPPER_CLUSTER=2 forces them, =1 forbids them; 128x128 blocks with
+// an even N-tile count get them by default): the pair shares each A tile by multicast. Each C tile
 // sees the same wgmmas on the same shared-memory layout, so C must be bit-identical to the
 // unclustered kernel. Odd tile counts (the second CTA's tile past N), ragged N, beta, empty rows,
-// column-major C, fewer items than pairs.
+// column-major C, fewer items than pairs; the default choice (unset) against both.
 TEST(Hopper, ClusterPairsAreBitIdentical) {
   SPARSEK_REQUIRE_SM90();
   struct Shape {
@@ -455,7 +456,8 @@ TEST(Hopper, ClusterPairsAreBitIdentical) {
                           Shape{64, 40, 776, DType::f16, 0.5f, Layout::row_major},
                           Shape{32, 7, 296, DType::bf16, 0.f, Layout::row_major},
                           Shape{128, 90, 200, DType::f32, 1.f, Layout::col_major},
-                          Shape{64, 1, 64, DType::f32, 0.f, Layout::row_major}}) {
+                          Shape{64, 1, 64, DType::f32, 0.f, Layout::row_major},
+                          Shape{128, 33, 1000, DType::f16, 0.f, Layout::row_major}}) {  // 4 tiles: paired by default
     Case cs;
     cs.bm = 128;
     cs.bk = sh.bk;
@@ -472,7 +474,12 @@ TEST(Hopper, ClusterPairsAreBitIdentical) {
     cs.seed = uint64_t(sh.bk + sh.mb);
     SCOPED_TRACE(cs.name());
     Problem p(cs);
-    const std::vector<uint8_t> base = p.run();
+    std::vector<uint8_t> base;
+    {
+      ScopedEnv off("SPARSEK_HOPPER_CLUSTER", "1");
+      base = p.run();
+    }
+    EXPECT_TRUE(p.run() == base) << "the default choice differs from cluster 1";
     ScopedEnv e("SPARSEK_HOPPER_CLUSTER", "2");
     EXPECT_TRUE(p.run() == base) << "cluster 2 differs from 1";
     EXPECT_TRUE(p.run() == base) << "cluster 2 repeat differs";

@@ -68,8 +68,9 @@ struct Config {
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
   static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
   static constexpr int A_BYTES = BM * KS * 2;         // A tile: (BM rows, KS) K-major
-  // CL = 2 (experiment, bm = 128, SPARSEK_HOPPER_CLUSTER=2): two CTAs of a cluster run the same
-  // block row on neighbouring N tiles; each loads half of every A tile and multicasts it to both.
+  // CL = 2 (bm = 128; the default for 128x128 blocks, see prepare()): two CTAs of a cluster run
+  // the same block row on neighbouring N tiles; each loads half of every A tile and multicasts it
+  // to both.
   static constexpr int CL = CL_;                      // CTAs per cluster (sharing A)
   static constexpr int A_PART = A_BYTES / CL;         // A box: the rows one CTA of the cluster loads
   static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
@@ -796,10 +797,15 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   const bool single = mode && std::string(mode) == "single";
   // Long rows tile-major (hopper2 default; docs/KERNELS.md); "longest" = the earlier order.
   const bool bigtile = !(mode && std::string(mode) == "longest");
-  // SPARSEK_HOPPER_CLUSTER=2 (bm = 128): pairs of CTAs share A by multicast. An item then spans
-  // two neighbouring N tiles (one per CTA), and the persistent grid is as many pairs as fit.
+  // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
+  // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
+  // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
+  // 3-5% faster on the H100; 128x32 measured 4-5% slower and 128x64 stays unclustered
+  // (docs/KERNELS.md, third pass). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on (bm = 128).
   const char* clu = std::getenv("SPARSEK_HOPPER_CLUSTER");
-  st->cluster = (a.bm == 128 && clu && std::atoi(clu) == 2) ? 2 : 1;
+  const int64_t tiles = (st->n + kTileN - 1) / kTileN;
+  const bool pair_default = a.bk == 128 && tiles % 2 == 0;
+  st->cluster = a.bm == 128 && (clu && *clu ? std::atoi(clu) == 2 : pair_default) ? 2 : 1;
   const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();

@@ -122,9 +122,13 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-// Arrival on an mbarrier of another CTA of the cluster (address from map_to_rank).
+// Arrival on an mbarrier of another CTA of the cluster (address from map_to_rank), with the
+// default semantics (.release.cta). Enough to hand back a slot whose only readers were wgmmas
+// already retired by wgmma.wait_group: there are no generic-proxy writes to publish.
+// NOTE: the explicit .release.cluster form compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + ERRBAR +
+// CGAERRBAR in front of the SYNCS.ARRIVE (nvcc 13.0, sm_90a); this form is the bare SYNCS.ARRIVE.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 
 // ---- fences ----
