@@ -181,6 +181,18 @@ void check_case(const Case& cs) {
   const double err = max_rel_error(p.host_args(out), ref);
   const double tol = tolerance(cs);
   EXPECT_LE(err, tol);
+  // Nothing outside C's rows x cols (the padding of its leading dimension) may be written.
+  const DenseView& v = given.view;
+  const size_t es = dtype_size(v.dtype);
+  for (size_t i = 0; i < got.size() / es; ++i) {
+    const int64_t major = int64_t(i) / v.ld, minor = int64_t(i) % v.ld;
+    const bool inside = v.layout == Layout::row_major ? (major < v.rows && minor < v.cols)
+                                                      : (minor < v.rows && major < v.cols);
+    if (!inside && std::memcmp(&got[i * es], &given.bytes[i * es], es) != 0) {
+      ADD_FAILURE() << "C padding element " << i << " (ld " << v.ld << ") was written";
+      break;
+    }
+  }
   if (!(err <= tol)) {
     double scale = 1e-30;
     for (double r : ref) scale = std::max(scale, std::fabs(r));
@@ -329,6 +341,35 @@ TEST(Hopper, NarrowAndRaggedN) {
       cs.seed = uint64_t(bm * 7 + n);
       check_case(cs);
     }
+}
+
+// Row-major C whose rows are not whole 16-byte granules (N * sizeof(out) % 16 != 0) inside a
+// padded, TMA-aligned leading dimension: the padding must stay untouched (regression: TMA stores
+// wrote the rest of the last granule).
+TEST(Hopper, RaggedRowsInPaddedC) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {32, 64, 128})
+    for (DType out : {DType::f16, DType::bf16, DType::f32})
+      for (float beta : {0.f, 1.f}) {
+        Case cs;
+        cs.bm = bm;
+        cs.bk = 64;
+        cs.out = out;
+        cs.in = out == DType::bf16 ? DType::bf16 : DType::f16;
+        cs.n = 225;   // 450 / 900 bytes: not a multiple of 16
+        cs.c_pad = 7;  // ld 232: 464 / 928 bytes, 16-byte aligned rows
+        cs.b_pad = 7;
+        cs.beta = beta;
+        cs.seed = uint64_t(bm * 3 + int(out) + int(beta));
+        check_case(cs);
+      }
+  Case empty;  // no stored block: only the beta*C / zero epilogue runs
+  empty.mb = 3;
+  empty.empty_rows = {0, 1, 2};
+  empty.n = 14;
+  empty.c_pad = 2;
+  empty.b_pad = 2;
+  check_case(empty);
 }
 
 TEST(Hopper, EmptyRowsGiveBetaC) {

@@ -632,8 +632,11 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   // access when that direction is contiguous and every pair starts 2-element aligned.
   const bool contiguous = Cfg::SWAP ? !c_row : c_row;
   p.c_pairs = contiguous && (g.c.ld % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0);
-  // NOTE: TMA stores need a 16-byte aligned base and row stride.
-  p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0;
+  // NOTE: TMA stores need a 16-byte aligned base and row stride, and a row length that is a whole
+  // number of 16-byte granules: with N * sizeof(T) % 16 != 0 the H100 wrote the rest of the last
+  // granule, i.e. into C's padding past column N (found by `sparsek verify --variants hopper`).
+  p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
+                (g.c.cols * int64_t(sizeof(T))) % 16 == 0;
   if (p.tma_store)
     tm_c = tensor_map_2d(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
                          uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
