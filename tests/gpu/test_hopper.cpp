@@ -479,8 +479,8 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
 
-// bm = 128 CTA pairs (SPARSEK_HOPPER_CLUSTER=2 forces them, =1 forbids them; 128x128 blocks with
-// an even N-tile count get them by default): the pair shares each A tile by multicast. Each C tile
+// bm = 128 CTA pairs (SPARSEK_HOPPER_CLUSTER=2 forces them, =1 forbids them; 128x64 and 128x128
+// blocks with an even N-tile count get them by default): the pair shares each A tile by multicast. Each C tile
 // sees the same wgmmas on the same shared-memory layout, so C must be bit-identical to the
 // unclustered kernel. Odd tile counts (the second CTA's tile past N), ragged N, beta, empty rows,
 // column-major C, fewer items than pairs; the default choice (unset) against both.
@@ -532,11 +532,11 @@ TEST(Hopper, ClusterPairsAreBitIdentical) {
   }
 }
 
-// One very long row among many one-block rows, every block shape and both schedules: right
-// against the oracle and bit-identical over repeats.
+// One very long row among many one-block rows (split into pieces automatically: three N tiles),
+// every block shape and three schedules: right against the oracle and bit-identical over repeats.
 TEST(Hopper, VeryLongRowAmongManyShortOnes) {
   SPARSEK_REQUIRE_SM90();
-  for (const char* sched : {"", "longest"}) {
+  for (const char* sched : {"", "bigtile", "longest"}) {
     for (int bm : {32, 64, 128}) {
       SCOPED_TRACE(std::string("schedule '") + sched + "'");
       std::unique_ptr<ScopedEnv> e;
@@ -556,6 +556,100 @@ TEST(Hopper, VeryLongRowAmongManyShortOnes) {
       const std::vector<uint8_t> first = p.run();
       for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs (bm=" << bm << ")";
     }
+  }
+}
+
+// Bytes the hopper variant's prepare() holds on the device for this problem (schedule, plus the
+// partial tiles when it splits rows).
+size_t hopper_workspace(Problem& p) {
+  const Variant* v = find_variant("hopper");
+  Options o;
+  o.backend = Backend::cuda;
+  return v->prepare(p.device_args(), o)->workspace_bytes();
+}
+
+// Split rows (SPARSEK_HOPPER_SPLIT=<stages> forces pieces that long): each piece writes its raw
+// sums to a partial slot and a second launch adds them in K order and writes C. Every block
+// shape, output dtype, beta, both C layouts, ragged N, CTA pairs and none; a row holding every
+// block column, an empty row; right against the oracle and bit-identical over repeats.
+TEST(Hopper, SplitRowsMatchOracleAndRepeat) {
+  SPARSEK_REQUIRE_SM90();
+  struct Shape {
+    int bm, bk;
+    int64_t n;
+    DType out;
+    float beta;
+    Layout c;
+    const char* cluster;  // SPARSEK_HOPPER_CLUSTER ("" = default)
+  };
+  for (const Shape& sh : {Shape{32, 32, 136, DType::f32, 0.f, Layout::row_major, ""},
+                          Shape{32, 64, 296, DType::f16, 0.5f, Layout::col_major, ""},
+                          Shape{64, 64, 520, DType::bf16, 0.f, Layout::row_major, ""},
+                          Shape{64, 128, 64, DType::f32, 1.f, Layout::row_major, ""},
+                          Shape{128, 128, 1000, DType::f16, 0.f, Layout::row_major, "2"},
+                          Shape{128, 64, 200, DType::f32, 0.25f, Layout::col_major, "1"},
+                          Shape{128, 32, 776, DType::f32, 0.f, Layout::row_major, "2"}}) {
+    Case cs;
+    cs.bm = sh.bm;
+    cs.bk = sh.bk;
+    cs.mb = 12;
+    cs.kb = 40;
+    cs.density = 0.3;
+    cs.full_rows = {3};
+    cs.empty_rows = {5};
+    cs.n = sh.n;
+    cs.out = sh.out;
+    cs.beta = sh.beta;
+    cs.c_layout = sh.c;
+    cs.in = sh.out == DType::bf16 ? DType::bf16 : DType::f16;
+    cs.seed = uint64_t(sh.bm * 7 + sh.bk);
+    SCOPED_TRACE(cs.name());
+    std::unique_ptr<ScopedEnv> clu;
+    if (*sh.cluster) clu = std::make_unique<ScopedEnv>("SPARSEK_HOPPER_CLUSTER", sh.cluster);
+    Problem p(cs);
+    size_t whole = 0;
+    {
+      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+      whole = hopper_workspace(p);
+    }
+    ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
+    EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
+    check_case(cs);
+    const std::vector<uint8_t> first = p.run();
+    for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs";
+  }
+}
+
+// Automatic splitting: with one 256-column tile a 128-block row is 8x the work of a CTA's share,
+// so the schedule cuts it into pieces (more device workspace than with SPARSEK_HOPPER_SPLIT=off);
+// the same shape without the long row is not split. Both right against the oracle.
+TEST(Hopper, LongRowWithFewTilesIsSplit) {
+  SPARSEK_REQUIRE_SM90();
+  for (bool long_row : {true, false}) {
+    Case cs;
+    cs.bm = 64;
+    cs.bk = 64;
+    cs.mb = 200;
+    cs.kb = 128;
+    cs.density = 0.05;
+    if (long_row) cs.full_rows = {7};
+    cs.n = 256;
+    cs.out = DType::f32;
+    cs.seed = long_row ? 3 : 4;
+    SCOPED_TRACE(long_row ? "with a 128-block row" : "uniform rows");
+    Problem p(cs);
+    size_t whole = 0;
+    {
+      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+      whole = hopper_workspace(p);
+    }
+    if (long_row)
+      EXPECT_GT(hopper_workspace(p), whole) << "the long row was not split";
+    else
+      EXPECT_EQ(hopper_workspace(p), whole) << "uniform rows were split";
+    check_case(cs);
+    const std::vector<uint8_t> first = p.run();
+    EXPECT_TRUE(p.run() == first) << "repeat differs";
   }
 }
 

@@ -14,9 +14,12 @@
 //    loops take turns and one consumer's epilogue runs under the other's math.
 //  - Epilogue: accumulators -> 128B-swizzled shared boxes -> TMA stores (full 128-byte L2 rows);
 //    column-major or unaligned C is written straight from the registers.
-//  - Persistent grid: prepare() builds the schedule on the host (very long rows first, then
-//    N-tile-major, each item to the least-loaded CTA); the producer streams across work items,
-//    so a short row does not pay the pipeline fill.
+//  - Persistent grid: prepare() builds the schedule on the host (N-tile-major, a long item moved
+//    ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
+//    streams across work items, so a short row does not pay the pipeline fill.
+//  - Split rows: an item much longer than one CTA's share of the work (few N tiles, a dominant
+//    row) is cut into pieces along its blocks; pieces write raw fp32 sums to partial slots and a
+//    second, small launch adds each item's slots in a fixed order and writes C (deterministic).
 //  - bm = 32 swaps A and B: the tile is computed as C^T (256 x 32) so that the wide N side is the
 //    wgmma M side (wgmma needs M = 64).
 // What limits it (L2 traffic: B costs 1/bm bytes per FLOP) is measured in docs/KERNELS.md.
@@ -111,10 +114,25 @@ struct Params {
   int cluster_mode;       // CL = 2 diagnostics: 0 multicast, 1 each CTA loads all of A alone
                           // (no coupling), 2 each loads all of A but slots are freed pairwise
   float alpha, beta;
+  // Split rows (null when the schedule split nothing): per item, the partial slot its raw sums go
+  // to (-1: a whole item, written to C here). hopper_split_reduce then sums each split item's
+  // slots in order and writes C.
+  const int* slot_of;
+  float* partials;        // [slot][CTA of the cluster][consumer][MI * ACC / 4][128 threads] float4
 };
 
 // ---------------------------------------------------------------------------------------------
 // Device code (sm_90a only; the sm_80 pass compiles an empty kernel).
+
+// Profiling build (-DSPARSEK_HOPPER_PROFILE, docs/KERNELS.md): clock64() counters summed over the
+// CTAs: what consumer warpgroup 1 waits on and what the producer waits on. Off: no code at all.
+#ifdef SPARSEK_HOPPER_PROFILE
+enum ProfSlot { kProfConsumer, kProfFullWait, kProfEpilogue, kProfPartial, kProfProducer, kProfEmptyWait, kProfSlots };
+__device__ unsigned long long g_prof[kProfSlots];
+#define SK_PROF(...) __VA_ARGS__
+#else
+#define SK_PROF(...)
+#endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -157,6 +175,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
   int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
+  SK_PROF(const long long t_start = clock64(); long long prof_wait = 0;)
   for (int it = first; it < last; ++it) {
     const bool more = it + 1 < last;
     const int4 wn = more ? p.items[it + 1] : make_int4(0, 0, 0, 0);
@@ -169,7 +188,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
         if (lane == 0) {
           for (int h = 0; h < p.kslices; ++h) {
             const uint32_t bar = full + 8 * stage;
+            SK_PROF(const long long tw = clock64();)
             ptx::mbar_wait_or_trap(empty + 8 * stage, phase ^ 1, kWaitLimit);
+            SK_PROF(prof_wait += clock64() - tw;)
             ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
             // vals: (nnzb*bm, bk), box (KS, bm / CL) at block j, slice h, the rows of this rank
             const uint32_t a_dst = s_a + stage * Cfg::A_BYTES + rank * Cfg::A_PART;
@@ -201,6 +222,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
     w = wn;
     cols = cols_next;
   }
+  SK_PROF(if (lane == 0) {
+    atomicAdd(&g_prof[kProfProducer], (unsigned long long)(clock64() - t_start));
+    atomicAdd(&g_prof[kProfEmptyWait], (unsigned long long)prof_wait);
+  })
 }
 
 // Where accumulator register 4*j + 2*h + e of instruction mi lands in the consumer's C tile
@@ -286,14 +311,38 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
   }
 }
 
+// One accumulator pair (already times alpha) into C at tile coordinates (r, n) and (r1, n1): one
+// 2-element access when the pair is adjacent and aligned, else element by element; beta * C added
+// when beta != 0 (C is never read when beta == 0: NaN in C must not leak); columns past N skipped.
+template <class Cfg>
+__device__ __forceinline__ void store_pair(const Params& p, int row0, int n0, int r, int n, int r1, int n1, float v0,
+                                           float v1) {
+  using T = typename Cfg::TOut;
+  T* c = static_cast<T*>(p.c);
+  const bool read_c = p.beta != 0.f;
+  const bool ok0 = n0 + n < p.n, ok1 = n0 + n1 < p.n;
+  const int64_t off0 = int64_t(row0 + r) * p.c_rs + int64_t(n0 + n) * p.c_cs;
+  const int64_t off1 = int64_t(row0 + r1) * p.c_rs + int64_t(n0 + n1) * p.c_cs;
+  if (p.c_pairs && ok0 && ok1) {
+    using P = typename Pair<T>::type;
+    P* q = reinterpret_cast<P*>(c + off0);
+    if (read_c) {
+      const P old = *q;
+      v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
+      v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+    }
+    *q = make_pair2<T>(v0, v1);
+  } else {
+    if (ok0) c[off0] = from_float<T>(v0 + (read_c ? p.beta * to_float(c[off0]) : 0.f));
+    if (ok1) c[off1] = from_float<T>(v1 + (read_c ? p.beta * to_float(c[off1]) : 0.f));
+  }
+}
+
 // Epilogue straight from the registers (C column-major or not TMA-aligned).
 template <class Cfg>
 __device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int row0,
                                                 int n0) {
-  using T = typename Cfg::TOut;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  T* c = static_cast<T*>(p.c);
-  const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
 #pragma unroll
   for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
@@ -303,24 +352,31 @@ __device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC],
         int r, n, r1, n1;
         fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
         fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
-        const bool ok0 = n0 + n < p.n, ok1 = n0 + n1 < p.n;
-        const int64_t off0 = int64_t(row0 + r) * p.c_rs + int64_t(n0 + n) * p.c_cs;
-        const int64_t off1 = int64_t(row0 + r1) * p.c_rs + int64_t(n0 + n1) * p.c_cs;
-        float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
-        if (p.c_pairs && ok0 && ok1) {  // adjacent and aligned: one access
-          using P = typename Pair<T>::type;
-          P* q = reinterpret_cast<P*>(c + off0);
-          if (read_c) {
-            const P old = *q;
-            v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
-            v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
-          }
-          *q = make_pair2<T>(v0, v1);
-        } else {
-          if (ok0) c[off0] = from_float<T>(v0 + (read_c ? p.beta * to_float(c[off0]) : 0.f));
-          if (ok1) c[off1] = from_float<T>(v1 + (read_c ? p.beta * to_float(c[off1]) : 0.f));
-        }
+        store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * acc[mi][4 * j + 2 * h],
+                        p.alpha * acc[mi][4 * j + 2 * h + 1]);
       }
+}
+
+// Split rows: a consumer's accumulators as float4 [MI * ACC / 4][128 threads] (thread-major, so
+// a warp moves 512 contiguous bytes per access) in partial slot `slot` of this CTA and consumer.
+template <class Cfg>
+__device__ __forceinline__ float4* partial_slot(const Params& p, int slot, int rank, int which) {
+  constexpr int NC = Cfg::COOP ? 2 : 1, V = Cfg::MI * Cfg::ACC / 4;
+  const size_t base = (size_t(slot) * Cfg::CL + size_t(rank)) * NC + size_t(Cfg::COOP ? which : 0);
+  return reinterpret_cast<float4*>(p.partials) + base * V * 128 + threadIdx.x % 128;
+}
+
+// A piece of a split item: its raw sums go to its slot (no alpha, no C).
+template <class Cfg>
+__device__ __forceinline__ void store_partial(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int slot, int rank,
+                                              int which) {
+  float4* dst = partial_slot<Cfg>(p, slot, rank, which);
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; i += 4)
+      __stcg(dst + ((mi * Cfg::ACC + i) / 4) * 128,
+             make_float4(acc[mi][i], acc[mi][i + 1], acc[mi][i + 2], acc[mi][i + 3]));
 }
 
 // Consumer: one warpgroup. Cooperative (bm = 128): every item, rows 64*which.. of it. Ping-pong:
@@ -350,6 +406,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     }
   };
   float acc[Cfg::MI][Cfg::ACC];
+  SK_PROF(const long long t_start = clock64(); long long prof_full = 0, prof_epi = 0, prof_part = 0;)
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
     const int nst = (w.w - w.z) * p.kslices;
@@ -368,7 +425,9 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       for (int i = 0; i < Cfg::ACC; ++i) acc[mi][i] = 0.f;
     uint32_t prev = 0;
     for (int s = 0; s < nst; ++s) {
+      SK_PROF(const long long tw = clock64();)
       ptx::mbar_wait_or_trap(full + 8 * stage, phase, kWaitLimit);
+      SK_PROF(prof_full += clock64() - tw;)
       if (s == nst - 1 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
       const uint32_t a = s_a + stage * Cfg::A_BYTES, b = s_b + stage * Cfg::B_BYTES;
       ptx::wgmma_fence();
@@ -406,12 +465,28 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
+    SK_PROF(const long long te = clock64();)
     const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = w.y + rank * Cfg::BN;
+    if (p.slot_of) {  // split rows: a piece leaves its sums to hopper_split_reduce
+      const int slot = p.slot_of[it];
+      if (slot >= 0) {
+        store_partial<Cfg>(acc, p, slot, rank, which);
+        SK_PROF(prof_part += clock64() - te;)
+        continue;
+      }
+    }
     if (p.tma_store)
       epilogue_tma<Cfg>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
     else
       epilogue_direct<Cfg>(acc, p, row0, n0);
+    SK_PROF(prof_epi += clock64() - te;)
   }
+  SK_PROF(if (tid == 0 && which == 0) {
+    atomicAdd(&g_prof[kProfConsumer], (unsigned long long)(clock64() - t_start));
+    atomicAdd(&g_prof[kProfFullWait], (unsigned long long)prof_full);
+    atomicAdd(&g_prof[kProfEpilogue], (unsigned long long)prof_epi);
+    atomicAdd(&g_prof[kProfPartial], (unsigned long long)prof_part);
+  })
   // The last TMA stores must finish before the CTA (and its shared memory) goes away.
   if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
 }
@@ -466,6 +541,52 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// Split rows, second launch: one CTA of 128 threads per (split item, CTA of the cluster, consumer,
+// quarter of the fragment) sums the item's partial slots in slot order (the same order in every
+// run: bit-identical) and writes C. Thread t reads the fragment registers consumer thread t
+// stored, so the fragment coordinates (and store_pair) are the main kernel's. (One CTA per item
+// measured 2.4x slower than uniform rows at N = 256: a few CTAs streaming all the partials.)
+// group: {block row, N tile (of the cluster's first CTA), first slot, slots}.
+template <class Cfg>
+__global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NC = Cfg::COOP ? 2 : 1, V = Cfg::MI * Cfg::ACC / 4, H = 8, PASSES = V / H;
+  const int pass = int(blockIdx.x % PASSES), which = int(blockIdx.x / PASSES % NC);
+  const int rank = int(blockIdx.x / (PASSES * NC) % Cfg::CL);
+  const int4 gr = groups[blockIdx.x / (PASSES * NC * Cfg::CL)];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row0 = gr.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = gr.y + rank * Cfg::BN;
+  {
+    float4 sum[H];
+#pragma unroll
+    for (int u = 0; u < H; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+    for (int k = 0; k < gr.w; ++k) {
+      const float4* src = partial_slot<Cfg>(p, gr.z + k, rank, which) + pass * H * 128;
+#pragma unroll
+      for (int u = 0; u < H; ++u) {
+        const float4 t = __ldcg(src + u * 128);
+        sum[u].x += t.x;
+        sum[u].y += t.y;
+        sum[u].z += t.z;
+        sum[u].w += t.w;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < H; ++u) {
+      const int v = pass * H + u, mi = v / (Cfg::ACC / 4), j = v % (Cfg::ACC / 4);
+      int r, n, r1, n1;
+      fragment_coord<Cfg>(mi, j, 0, 0, warp, lane, r, n);
+      fragment_coord<Cfg>(mi, j, 0, 1, warp, lane, r1, n1);
+      store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].x, p.alpha * sum[u].y);
+      fragment_coord<Cfg>(mi, j, 1, 0, warp, lane, r, n);
+      fragment_coord<Cfg>(mi, j, 1, 1, warp, lane, r1, n1);
+      store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].z, p.alpha * sum[u].w);
+    }
+  }
+#endif
+}
+
 }  // namespace sm90
 
 // ---------------------------------------------------------------------------------------------
@@ -481,61 +602,146 @@ struct HopperState final : VariantState {
   // What the schedule was built for (run() checks it).
   int64_t mb = 0, n = 0, nnzb = 0;
   int bm = 0, bk = 0;
+  int ks = 64;           // Config::KS
   int grid = 0;
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
   int4* items = nullptr;
   int* cta_items = nullptr;
-  size_t bytes = 0;  // schedule size on the device
+  int* slot_of = nullptr;    // split rows (Params::slot_of); null when nothing was split
+  int4* groups = nullptr;    // split items for hopper_split_reduce
+  int ngroups = 0;
+  float* partials = nullptr;
+  size_t bytes = 0;  // schedule and split-row buffers on the device
   size_t workspace_bytes() const override { return bytes; }
   ~HopperState() override {
+#ifdef SPARSEK_HOPPER_PROFILE
+    unsigned long long c[kProfSlots] = {};
+    if (cudaMemcpyFromSymbol(c, g_prof, sizeof(c)) == cudaSuccess && c[kProfConsumer] > 0)
+      std::fprintf(stderr,
+                   "hopper-profile bm=%d bk=%d ks=%d cl=%d: consumer 1 waits on full %.1f%%, epilogue %.1f%% "
+                   "(of which split-row partial stores %.1f%%); producer waits on empty %.1f%% of its time\n",
+                   bm, bk, ks, cluster, 100.0 * c[kProfFullWait] / c[kProfConsumer],
+                   100.0 * (c[kProfEpilogue] + c[kProfPartial]) / c[kProfConsumer],
+                   100.0 * c[kProfPartial] / c[kProfConsumer], 100.0 * c[kProfEmptyWait] / std::max(1ull, c[kProfProducer]));
+#endif
     // NOTE: cudaFree waits for the device to finish, so a launch still reading the schedule is
     // safe (the one-shot API destroys the state right after enqueueing).
-    if (items) cudaFree(items);
-    if (cta_items) cudaFree(cta_items);
+    for (void* q : {static_cast<void*>(items), static_cast<void*>(cta_items), static_cast<void*>(slot_of),
+                    static_cast<void*>(groups), static_cast<void*>(partials)})
+      if (q) cudaFree(q);
   }
+};
+
+// Item order of the persistent schedule (SPARSEK_HOPPER_SCHEDULE; docs/KERNELS.md measures them).
+enum class Order {
+  deadline,  // default: one N-tile-major list; an item goes as early as it must to end with its
+             // tile (long rows start a few tiles ahead, not all at once)
+  bigtile,   // items of rows >= 2x the mean length first, then the rest; each group N-tile-major,
+             // longest first within a tile (second pass)
+  longest,   // the same, but the long rows' items longest first across all tiles (first pass)
+  single,    // one item per CTA, non-persistent (the ladder's baseline); never splits
 };
 
 struct Schedule {
   std::vector<int4> items;
+  std::vector<int> slot_of;    // Params::slot_of per item; empty when nothing was split
+  std::vector<int4> groups;    // split items: {block row, n0, first slot, slots}
   std::vector<int> cta_items;  // [grid + 1]
+  int slots = 0;               // partial slots (one per piece)
 };
 
-// Work items for the persistent grid. Order: first the items of rows far longer than the mean
-// (>= 2x: they must start early), then the rest; each group N-tile-major, longest first within a
-// tile: CTAs running at the same time then share the B panels of one or two N tiles and A stays
-// in L2. Each item goes to the least-loaded CTA (ties: lowest index, so uniform rows go round-
-// robin and keep that order). single = one item per CTA (the non-persistent baseline).
-Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas,
-                        bool single, bool long_tile_major = false) {
+// A piece shorter than this (in stages) costs more in its partial tile than it saves.
+constexpr int kMinPieceStages = 16;
+
+// Work items for the persistent grid; each goes to the least-loaded CTA in list order (ties:
+// lowest index, so uniform rows go round-robin and keep that order). Tile-major order keeps the
+// CTAs running at the same time on the B panels of one or two N tiles, with A in L2.
+// Split rows: an item much longer than one CTA's share of all the work would set the makespan on
+// its own (few N tiles, one dominant row), so it is cut into pieces of about that share along its
+// stored blocks. split_stages: 0 automatic, < 0 never, > 0 forced piece length (tests).
+// A piece writes its raw sums to a partial slot; hopper_split_reduce (a second launch) adds each
+// item's slots in K order and writes C, so nothing waits inside the persistent kernel.
+Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
+                        int split_stages) {
   Schedule s;
   const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
-  int64_t filled = 0;
-  for (int64_t r = 0; r < mb; ++r) filled += row_ptr[r + 1] > row_ptr[r];
-  const double mean = filled ? double(row_ptr[mb]) / double(filled) : 0.0;
   auto len = [](const int4& w) { return w.w - w.z; };
-  std::vector<int4> all, rest;
+  auto cost = [&](const int4& w) { return int64_t(w.w - w.z) * kslices + 1; };  // + 1: the epilogue
+  std::vector<int4> all;
+  std::vector<int> group;  // split item of each entry, -1 for a whole item
   for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t r = 0; r < mb; ++r) {
-      const int4 w = make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]);
-      (len(w) >= 2.0 * mean && len(w) > 0 ? all : rest).push_back(w);
-    }
-  // long_tile_major (default; SPARSEK_HOPPER_SCHEDULE=longest turns it off): the long rows' items
-  // grouped by N tile too, so that the CTAs starting on them share fewer B panels.
-  if (long_tile_major)
-    std::stable_sort(all.begin(), all.end(),
-                     [&](const int4& a, const int4& b) { return a.y != b.y ? a.y < b.y : len(a) > len(b); });
-  else
-    std::stable_sort(all.begin(), all.end(), [&](const int4& a, const int4& b) { return len(a) > len(b); });
-  std::stable_sort(rest.begin(), rest.end(),
-                   [&](const int4& a, const int4& b) { return a.y != b.y ? a.y < b.y : len(a) > len(b); });
-  all.insert(all.end(), rest.begin(), rest.end());
+    for (int64_t r = 0; r < mb; ++r) all.push_back(make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]));
   if (all.empty()) {
     s.cta_items = {0};
     return s;
   }
-  if (single) {
-    s.items = all;
+  double total = 0;
+  for (const int4& w : all) total += double(cost(w));
+  group.assign(all.size(), -1);
+  if (order != Order::single && split_stages >= 0) {
+    const double share = total / double(ctas);
+    const double target = split_stages > 0 ? double(split_stages) : std::max(share, double(kMinPieceStages));
+    const double limit = split_stages > 0 ? target : 1.5 * target;
+    std::vector<int4> out;
+    std::vector<int> og;
+    int groups = 0;
+    for (const int4& w : all) {
+      const int64_t L = len(w), st = L * kslices;
+      if (double(st) <= limit || L < 2) {
+        out.push_back(w);
+        og.push_back(-1);
+        continue;
+      }
+      const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / target)));
+      for (int64_t k = 0; k < P; ++k) {
+        out.push_back(make_int4(w.x, w.y, int(w.z + L * k / P), int(w.z + L * (k + 1) / P)));
+        og.push_back(groups);
+      }
+      ++groups;
+    }
+    all.swap(out);
+    group.swap(og);
+    // Slots: each split item's pieces get consecutive slots in their K order.
+    std::vector<int> slot(all.size(), -1);
+    for (size_t i = 0; i < all.size(); ++i)
+      if (group[i] >= 0) {
+        if (int(s.groups.size()) <= group[i]) s.groups.push_back(make_int4(all[i].x, all[i].y, s.slots, 0));
+        slot[i] = s.slots++;
+        s.groups.back().w++;
+      }
+    group.swap(slot);  // from here on: the slot of each entry
+  }
+  // Sort indices (stable), then apply.
+  std::vector<size_t> idx(all.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto tile_major = [&](size_t a, size_t b) {
+    return all[a].y != all[b].y ? all[a].y < all[b].y : len(all[a]) > len(all[b]);
+  };
+  if (order == Order::deadline) {
+    // Item of tile t should end by (t + 1) * (one tile's share of a CTA's time): it starts by
+    // that minus its cost. Long items move ahead of their tile by as much as they need.
+    const double tile_time = total / double(tiles) / double(ctas);
+    std::vector<double> key(all.size());
+    for (size_t i = 0; i < all.size(); ++i)
+      key[i] = double(all[i].y / bn + 1) * tile_time - double(cost(all[i]));
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return key[a] != key[b] ? key[a] < key[b] : len(all[a]) > len(all[b]);
+    });
+  } else {
+    int64_t filled = 0;
+    for (int64_t r = 0; r < mb; ++r) filled += row_ptr[r + 1] > row_ptr[r];
+    const double mean = filled ? double(row_ptr[mb]) / double(filled) : 0.0;
+    auto is_long = [&](size_t i) { return len(all[i]) >= 2.0 * mean && len(all[i]) > 0; };
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      const bool la = is_long(a), lb = is_long(b);
+      if (la != lb) return la;
+      if (la && order == Order::longest) return len(all[a]) > len(all[b]);
+      return tile_major(a, b);
+    });
+  }
+  if (order == Order::single) {
+    for (size_t i : idx) s.items.push_back(all[i]);
     s.cta_items.resize(all.size() + 1);
     for (size_t i = 0; i <= all.size(); ++i) s.cta_items[i] = int(i);
     return s;
@@ -544,17 +750,19 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
   using Load = std::pair<int64_t, int>;  // (stages so far, cta)
   std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
   for (int b = 0; b < grid; ++b) heap.push({0, b});
-  std::vector<std::vector<int4>> per(static_cast<size_t>(grid));
-  for (const int4& w : all) {
+  std::vector<std::vector<size_t>> per(static_cast<size_t>(grid));
+  for (size_t i : idx) {
     const Load l = heap.top();
     heap.pop();
-    per[size_t(l.second)].push_back(w);
-    // + 1: an empty row still costs an epilogue
-    heap.push({l.first + int64_t(w.w - w.z) * kslices + 1, l.second});
+    per[size_t(l.second)].push_back(i);
+    heap.push({l.first + cost(all[i]), l.second});
   }
   s.cta_items.push_back(0);
   for (const auto& v : per) {
-    s.items.insert(s.items.end(), v.begin(), v.end());
+    for (size_t i : v) {
+      s.items.push_back(all[i]);
+      if (!s.groups.empty()) s.slot_of.push_back(group[i]);
+    }
     s.cta_items.push_back(int(s.items.size()));
   }
   return s;
@@ -643,6 +851,8 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.alpha = g.alpha;
   p.beta = g.beta;
   p.cluster_mode = st.cluster_mode;
+  p.slot_of = st.slot_of;
+  p.partials = st.partials;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
   if constexpr (Cfg::CL > 1) {
     cudaLaunchConfig_t cfg = {};
@@ -662,6 +872,11 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   } else {
     hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
     check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
+  }
+  if (st.ngroups > 0) {
+    const int per_group = Cfg::CL * (Cfg::COOP ? 2 : 1) * (Cfg::MI * Cfg::ACC / 32);  // see the kernel
+    hopper_split_reduce<Cfg><<<st.ngroups * per_group, 128, 0, stream>>>(st.groups, p);
+    check_cuda(cudaGetLastError(), "hopper_split_reduce launch");
   }
 }
 
@@ -716,15 +931,16 @@ Kernel pick_in(DType in, DType out) {
   return in == DType::bf16 ? pick_out<BM, KS, true, CL>(out) : pick_out<BM, KS, false, CL>(out);
 }
 template <int BM, int CL = 1>
-Kernel pick_ks(int bk, DType in, DType out) {
-  return bk == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
+Kernel pick_ks(int ks, DType in, DType out) {
+  return ks == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
 }
-// cluster: 2 selects the A-multicast pair for bm = 128 (other shapes ignore it).
-Kernel pick(int bm, int bk, DType in, DType out, int cluster = 1) {
+// ks: the stage depth (stage_k(bk) unless an experiment asks for 32). cluster: 2 selects the
+// A-multicast pair for bm = 128 (other shapes ignore it).
+Kernel pick(int bm, int ks, DType in, DType out, int cluster = 1) {
   switch (bm) {
-    case 32: return pick_ks<32>(bk, in, out);
-    case 64: return pick_ks<64>(bk, in, out);
-    case 128: return cluster == 2 ? pick_ks<128, 2>(bk, in, out) : pick_ks<128>(bk, in, out);
+    case 32: return pick_ks<32>(ks, in, out);
+    case 64: return pick_ks<64>(ks, in, out);
+    case 128: return cluster == 2 ? pick_ks<128, 2>(ks, in, out) : pick_ks<128>(ks, in, out);
   }
   return {};
 }
@@ -776,16 +992,33 @@ std::string why_not(const GemmArgs& g) {
   if (d.cc_major != 9 || d.cc_minor != 0)
     return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
-  const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
+  const int smem = pick(a.bm, stage_k(a.bk), a.dtype, g.c.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
            std::to_string(d.smem_per_block_optin);
   return "";
 }
 
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : std::string(fallback);
+}
+
+// Copies a host vector into a new device allocation and counts its bytes.
+template <class T>
+void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
+  check_cuda(cudaMalloc(dst, v.size() * sizeof(T)), "cudaMalloc(hopper schedule)");
+  check_cuda(cudaMemcpy(*dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy(hopper schedule)");
+  bytes += v.size() * sizeof(T);
+}
+
 std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   const BsrView& a = g.sparse;
   auto st = std::make_unique<HopperState>();
+#ifdef SPARSEK_HOPPER_PROFILE
+  const unsigned long long zero[kProfSlots] = {};
+  check_cuda(cudaMemcpyToSymbol(g_prof, zero, sizeof(zero)), "cudaMemcpyToSymbol(g_prof)");
+#endif
   st->mb = a.mb();
   st->n = g.b.cols;
   st->nnzb = a.nnzb;
@@ -795,43 +1028,51 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   if (st->mb > 0)
     check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
                "cudaMemcpy(row_ptr)");
-  // SPARSEK_HOPPER_SCHEDULE=single: one work item per CTA (the non-persistent ladder step).
-  const char* mode = std::getenv("SPARSEK_HOPPER_SCHEDULE");
-  const bool single = mode && std::string(mode) == "single";
-  // Long rows tile-major (hopper2 default; docs/KERNELS.md); "longest" = the earlier order.
-  const bool bigtile = !(mode && std::string(mode) == "longest");
+  // Experiment switches (docs/KERNELS.md): SPARSEK_HOPPER_SCHEDULE = deadline (default) | bigtile |
+  // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic).
+  const std::string mode = env_or("SPARSEK_HOPPER_SCHEDULE", "deadline");
+  const Order order = mode == "single" ? Order::single
+                      : mode == "longest" ? Order::longest
+                      : mode == "bigtile" ? Order::bigtile
+                                          : Order::deadline;
+  const std::string split = env_or("SPARSEK_HOPPER_SPLIT", "");
+  const int split_stages = split.empty() ? 0 : split == "off" ? -1 : std::max(1, std::atoi(split.c_str()));
+  st->ks = stage_k(a.bk);
   // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
   // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
-  // 3-5% faster on the H100; 128x32 measured 4-5% slower and 128x64 stays unclustered
-  // (docs/KERNELS.md, third pass). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on (bm = 128).
-  const char* clu = std::getenv("SPARSEK_HOPPER_CLUSTER");
+  // 3-7% faster on the H100, and 128x64 (+3-5%); 128x32 measured 4-5% slower (docs/KERNELS.md,
+  // third and fourth passes). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on (bm = 128).
+  const std::string clu = env_or("SPARSEK_HOPPER_CLUSTER", "");
   const int64_t tiles = (st->n + kTileN - 1) / kTileN;
-  const bool pair_default = a.bk == 128 && tiles % 2 == 0;
-  st->cluster = a.bm == 128 && (clu && *clu ? std::atoi(clu) == 2 : pair_default) ? 2 : 1;
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
+  const bool pair_default = a.bk >= 64 && tiles % 2 == 0;
+  st->cluster = a.bm == 128 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
+  const Kernel k = pick(a.bm, st->ks, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk),
-                                    std::max(1, lists), single, bigtile);
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / st->ks, std::max(1, lists), order,
+                                    split_stages);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
-    std::fprintf(stderr, "hopper: bm=%d cluster=%d lists=%d items=%zu\n", a.bm, k.cluster,
-                 int(s.cta_items.size()) - 1, s.items.size());
-  const char* cmode = std::getenv("SPARSEK_HOPPER_CLUSTER_MODE");
-  st->cluster_mode = cmode ? std::max(0, std::min(2, std::atoi(cmode))) : 0;
+    std::fprintf(stderr, "hopper: bm=%d ks=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
+                 st->ks, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
+  st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
   if (a.nnzb > 0) encode_tiled();  // resolves the driver entry point
   if (st->grid > 0) {
-    st->bytes = s.items.size() * sizeof(int4) + s.cta_items.size() * sizeof(int);
-    check_cuda(cudaMalloc(&st->items, s.items.size() * sizeof(int4)), "cudaMalloc(hopper schedule)");
-    check_cuda(cudaMalloc(&st->cta_items, s.cta_items.size() * sizeof(int)), "cudaMalloc(hopper schedule)");
-    check_cuda(cudaMemcpy(st->items, s.items.data(), s.items.size() * sizeof(int4), cudaMemcpyHostToDevice),
-               "cudaMemcpy(hopper schedule)");
-    check_cuda(cudaMemcpy(st->cta_items, s.cta_items.data(), s.cta_items.size() * sizeof(int),
-                          cudaMemcpyHostToDevice),
-               "cudaMemcpy(hopper schedule)");
+    upload(s.items, &st->items, st->bytes);
+    upload(s.cta_items, &st->cta_items, st->bytes);
+  }
+  if (!s.groups.empty()) {
+    upload(s.slot_of, &st->slot_of, st->bytes);
+    upload(s.groups, &st->groups, st->bytes);
+    st->ngroups = int(s.groups.size());
+    // One partial tile per piece, per CTA of a cluster and per consumer.
+    const size_t per = size_t(128) * (a.bm == 32 ? 64 : 128) * sizeof(float) * (a.bm == 128 ? 2 : 1);
+    const size_t pbytes = size_t(s.slots) * size_t(k.cluster) * per;
+    check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
+    st->bytes += pbytes;
   }
   return st;
 }
@@ -842,7 +1083,7 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
+  const Kernel k = pick(a.bm, st->ks, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
 }
