@@ -559,31 +559,6 @@ TEST(Hopper, VeryLongRowAmongManyShortOnes) {
   }
 }
 
-// L2 eviction priorities (SPARSEK_HOPPER_L2, default 5: A evict_last, C stores evict_first) change
-// where lines live in L2, never the math: every mode gives the same bytes, also with CTA pairs.
-TEST(Hopper, L2HintsDoNotChangeResults) {
-  SPARSEK_REQUIRE_SM90();
-  for (int bk : {32, 128}) {
-    Case cs;
-    cs.bm = 128;
-    cs.bk = bk;
-    cs.mb = 20;
-    cs.kb = 16;
-    cs.density = 0.3;
-    cs.n = 1024;  // 4 tiles: 128x128 pairs by default
-    cs.out = DType::f16;
-    cs.seed = uint64_t(bk);
-    SCOPED_TRACE(cs.name());
-    Problem p(cs);
-    const std::vector<uint8_t> base = p.run();
-    for (const char* mode : {"0", "1", "4", "7"}) {
-      ScopedEnv e("SPARSEK_HOPPER_L2", mode);
-      EXPECT_TRUE(p.run() == base) << "L2 mode " << mode << " differs from the default";
-    }
-    check_case(cs);
-  }
-}
-
 // Bytes the hopper variant's prepare() holds on the device for this problem (schedule, plus the
 // partial tiles when it splits rows).
 size_t hopper_workspace(Problem& p) {

@@ -87,6 +87,11 @@ struct Config {
   static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + 1024;  // + align
   static constexpr ptx::Swizzle A_SWIZZLE = KS == 64 ? ptx::Swizzle::b128 : ptx::Swizzle::b64;
   static constexpr uint32_t A_SBO = 8 * KS * 2;       // 8 rows of the A box
+  // L2 priorities: A loads evict_last (A is re-read once per N tile), C stores evict_first (never
+  // read again): +1-2% on 128x64 / 128x128 blocks on the H100. Not for small stages: there the
+  // single producer thread's issue rate is the limit, and the extra instructions cost 3-18%
+  // (docs/KERNELS.md, fourth pass).
+  static constexpr bool L2_HINTS = BM == 128 && KS == 64;
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
   static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
@@ -117,8 +122,6 @@ struct Params {
   // Split rows (null when the schedule split nothing): per item, the partial slot its raw sums go
   // to (-1: a whole item, written to C here). hopper_split_reduce then sums each split item's
   // slots in order and writes C.
-  int l2_mode;            // experiment (SPARSEK_HOPPER_L2): +1 A evict_last, +2 B evict_first,
-                          // +4 C stores evict_first
   const int* slot_of;
   float* partials;        // [slot][CTA of the cluster][consumer][MI * ACC / 4][128 threads] float4
 };
@@ -198,30 +201,23 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
             const uint32_t a_dst = s_a + stage * Cfg::A_BYTES + rank * Cfg::A_PART;
             const int a_row = (j0 + t) * Cfg::BM + rank * (Cfg::BM / Cfg::CL);
             if constexpr (Cfg::CL > 1) {
-              if (p.cluster_mode == 0 && (p.l2_mode & 1))
+              if (p.cluster_mode == 0)
                 ptx::tma_load_2d_multicast_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, uint16_t((1u << Cfg::CL) - 1),
                                                 ptx::l2_policy_evict_last());
-              else if (p.cluster_mode == 0)
-                ptx::tma_load_2d_multicast(a_dst, tm_a, bar, h * Cfg::KS, a_row, uint16_t((1u << Cfg::CL) - 1));
               else  // diagnostics: every part of A loaded locally
                 for (int r = 0; r < Cfg::CL; ++r)
                   ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES + r * Cfg::A_PART, tm_a, bar, h * Cfg::KS,
                                    (j0 + t) * Cfg::BM + r * (Cfg::BM / Cfg::CL));
-            } else if (p.l2_mode & 1) {
+            } else if constexpr (Cfg::L2_HINTS) {
               ptx::tma_load_2d_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, ptx::l2_policy_evict_last());
             } else {
               ptx::tma_load_2d(a_dst, tm_a, bar, h * Cfg::KS, a_row);
             }
             // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS (this rank's N tile)
 #pragma unroll
-            for (int c = 0; c < Cfg::BN / 64; ++c) {
-              const uint32_t b_dst = s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK;
-              const int b_col = w.y + rank * Cfg::BN + 64 * c, b_row = col * p.bk + h * Cfg::KS;
-              if (p.l2_mode & 2)
-                ptx::tma_load_2d_hint(b_dst, tm_b, bar, b_col, b_row, ptx::l2_policy_evict_first());
-              else
-                ptx::tma_load_2d(b_dst, tm_b, bar, b_col, b_row);
-            }
+            for (int c = 0; c < Cfg::BN / 64; ++c)
+              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
+                               w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
             if (++stage == Cfg::STAGES) {
               stage = 0;
               phase ^= 1;
@@ -317,7 +313,7 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
     ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
     ptx::named_barrier_sync(3 + which, 128);
     if (tid == 0) {
-      if (p.l2_mode & 4)
+      if constexpr (Cfg::L2_HINTS)
         ptx::tma_store_2d_hint(tm_c, buf_s, n0 + k * Cfg::CW, row0, ptx::l2_policy_evict_first());
       else
         ptx::tma_store_2d(tm_c, buf_s, n0 + k * Cfg::CW, row0);
@@ -621,7 +617,6 @@ struct HopperState final : VariantState {
   int grid = 0;
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
-  int l2_mode = 0;  // Params::l2_mode
   int4* items = nullptr;
   int* cta_items = nullptr;
   int* slot_of = nullptr;    // split rows (Params::slot_of); null when nothing was split
@@ -868,7 +863,6 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.beta = g.beta;
   p.cluster_mode = st.cluster_mode;
   p.slot_of = st.slot_of;
-  p.l2_mode = st.l2_mode;
   p.partials = st.partials;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
   if constexpr (Cfg::CL > 1) {
@@ -1046,8 +1040,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
     check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
                "cudaMemcpy(row_ptr)");
   // Experiment switches (docs/KERNELS.md): SPARSEK_HOPPER_SCHEDULE = deadline (default) | bigtile |
-  // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic);
-  // SPARSEK_HOPPER_L2 = Params::l2_mode (default 5).
+  // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic).
   const std::string mode = env_or("SPARSEK_HOPPER_SCHEDULE", "deadline");
   const Order order = mode == "single" ? Order::single
                       : mode == "longest" ? Order::longest
@@ -1056,9 +1049,6 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   const std::string split = env_or("SPARSEK_HOPPER_SPLIT", "");
   const int split_stages = split.empty() ? 0 : split == "off" ? -1 : std::max(1, std::atoi(split.c_str()));
   st->ks = stage_k(a.bk);
-  // L2 priorities: A evict_last (A is re-read once per N tile), C stores evict_first (never read
-  // again here): +1-2% on 128-row blocks on the H100 (docs/KERNELS.md, fourth pass).
-  st->l2_mode = std::atoi(env_or("SPARSEK_HOPPER_L2", "5").c_str()) & 7;
   // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
   // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
