@@ -116,6 +116,7 @@ struct Params {
   int kslices;            // bk / KS: stages per stored block
   int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
   int tma_store;          // 1: C is row-major and TMA-aligned: the epilogue stores through tm_c
+  int b3d;                // 1: tm_b is 3-D (64 columns, K, N / 64 chunks): one TMA per stage for B
   int cluster_mode;       // CL = 2 diagnostics: 0 multicast, 1 each CTA loads all of A alone
                           // (no coupling), 2 each loads all of A but slots are freed pairwise
   float alpha, beta;
@@ -213,11 +214,17 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
             } else {
               ptx::tma_load_2d(a_dst, tm_a, bar, h * Cfg::KS, a_row);
             }
-            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS (this rank's N tile)
+            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS (this rank's N tile),
+            // as one 3-D box when N is whole 64-column chunks
+            if (p.b3d) {
+              ptx::tma_load_3d(s_b + stage * Cfg::B_BYTES, tm_b, bar, 0, col * p.bk + h * Cfg::KS,
+                               (w.y + rank * Cfg::BN) / 64);
+            } else {
 #pragma unroll
-            for (int c = 0; c < Cfg::BN / 64; ++c)
-              ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
-                               w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
+              for (int c = 0; c < Cfg::BN / 64; ++c)
+                ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
+                                 w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
+            }
             if (++stage == Cfg::STAGES) {
               stage = 0;
               phase ^= 1;
@@ -793,22 +800,26 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// 2-D tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes.
+// 2-D tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes. With
+// chunks > 0: 3-D, the inner dimension cut into `chunks` pieces of box_inner elements side by
+// side (dims: box_inner, outer, chunks; the chunk stride is box_inner elements), so that one box
+// of (box_inner, box_outer, box_chunks) covers box_chunks neighbouring 2-D boxes.
 CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
                           uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
-                          const char* what) {
+                          const char* what, uint32_t elem_bytes = 2, uint64_t chunks = 0, uint32_t box_chunks = 1) {
   CUtensorMap m;
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t estrides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(base), dims, strides, box, estrides,
+  const cuuint64_t dims[3] = {chunks ? box_inner : inner, outer, chunks};
+  const cuuint64_t strides[2] = {row_bytes, uint64_t(box_inner) * elem_bytes};
+  const cuuint32_t box[3] = {box_inner, box_outer, box_chunks};
+  const cuuint32_t estrides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&m, type, chunks ? 3 : 2, const_cast<void*>(base), dims, strides, box, estrides,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw Error(Status::cuda_error, std::string("cuTensorMapEncodeTiled(") + what + ") failed with CUresult " +
                                         std::to_string(int(r)) + " (dims " + std::to_string(inner) + "x" +
-                                        std::to_string(outer) + ", row bytes " + std::to_string(row_bytes) + ")");
+                                        std::to_string(outer) + ", row bytes " + std::to_string(row_bytes) +
+                                        (chunks ? ", 3-D" : "") + ")");
   return m;
 }
 
@@ -829,14 +840,19 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   std::memset(&tm_a, 0, sizeof(tm_a));
   std::memset(&tm_b, 0, sizeof(tm_b));
   std::memset(&tm_c, 0, sizeof(tm_c));
+  const bool b3d = g.b.cols % 64 == 0;
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
     tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
                          Cfg::KS, Cfg::BM / Cfg::CL,
                          Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
+    // NOTE: 3-D only when N is whole 64-column chunks: a partial last chunk would make the map
+    // claim memory past column N of B's last row, which the caller need not have allocated.
     tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
-                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B");
+                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B", 2, b3d ? uint64_t(g.b.cols / 64) : 0,
+                         Cfg::BN / 64);
   }
   Params p{};
+  p.b3d = b3d;
   p.items = st.items;
   p.cta_items = st.cta_items;
   p.col_idx = a.col_idx;

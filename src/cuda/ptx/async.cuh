@@ -73,6 +73,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
 }
+// 3-D tile load (c0 innermost): one instruction for what would be several 2-D boxes side by side.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 // The same, multicast: the box lands at the same shared offset in every CTA of the cluster named
 // in `cta_mask`, completing bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tensor_map, uint32_t bar, int c0,
