@@ -559,6 +559,35 @@ TEST(Hopper, VeryLongRowAmongManyShortOnes) {
   }
 }
 
+// N a whole number of 64-column chunks: B is loaded as one 3-D TMA box per stage (a tile past the
+// last chunk is zero-filled). Every block height, a last tile of 1-3 chunks, padded B and C rows,
+// CTA pairs (128x128) and beta; right against the oracle.
+TEST(Hopper, WholeChunkNUsesThreeDimensionalB) {
+  SPARSEK_REQUIRE_SM90();
+  struct Shape {
+    int bm, bk;
+    int64_t n, b_pad, c_pad;
+    float beta;
+  };
+  for (const Shape& sh : {Shape{32, 32, 320, 0, 0, 0.f}, Shape{32, 64, 64, 8, 0, 0.5f}, Shape{64, 64, 448, 0, 8, 0.f},
+                          Shape{64, 128, 192, 64, 0, 0.f}, Shape{128, 128, 1024, 0, 0, 1.f},
+                          Shape{128, 128, 832, 8, 8, 0.f}, Shape{128, 32, 576, 0, 0, 0.f}}) {
+    Case cs;
+    cs.bm = sh.bm;
+    cs.bk = sh.bk;
+    cs.mb = 9;
+    cs.kb = 24;
+    cs.density = 0.3;
+    cs.n = sh.n;
+    cs.b_pad = sh.b_pad;
+    cs.c_pad = sh.c_pad;
+    cs.beta = sh.beta;
+    cs.out = DType::f32;
+    cs.seed = uint64_t(sh.bm + sh.n);
+    check_case(cs);
+  }
+}
+
 // Bytes the hopper variant's prepare() holds on the device for this problem (schedule, plus the
 // partial tiles when it splits rows).
 size_t hopper_workspace(Problem& p) {
