@@ -574,33 +574,31 @@ __global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, c
   const int4 gr = groups[blockIdx.x / (PASSES * NC * Cfg::CL)];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = gr.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = gr.y + rank * Cfg::BN;
-  {
-    float4 sum[H];
+  float4 sum[H];
 #pragma unroll
-    for (int u = 0; u < H; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int u = 0; u < H; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 2
-    for (int k = 0; k < gr.w; ++k) {
-      const float4* src = partial_slot<Cfg>(p, gr.z + k, rank, which) + pass * H * 128;
-#pragma unroll
-      for (int u = 0; u < H; ++u) {
-        const float4 t = __ldcg(src + u * 128);
-        sum[u].x += t.x;
-        sum[u].y += t.y;
-        sum[u].z += t.z;
-        sum[u].w += t.w;
-      }
-    }
+  for (int k = 0; k < gr.w; ++k) {
+    const float4* src = partial_slot<Cfg>(p, gr.z + k, rank, which) + pass * H * 128;
 #pragma unroll
     for (int u = 0; u < H; ++u) {
-      const int v = pass * H + u, mi = v / (Cfg::ACC / 4), j = v % (Cfg::ACC / 4);
-      int r, n, r1, n1;
-      fragment_coord<Cfg>(mi, j, 0, 0, warp, lane, r, n);
-      fragment_coord<Cfg>(mi, j, 0, 1, warp, lane, r1, n1);
-      store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].x, p.alpha * sum[u].y);
-      fragment_coord<Cfg>(mi, j, 1, 0, warp, lane, r, n);
-      fragment_coord<Cfg>(mi, j, 1, 1, warp, lane, r1, n1);
-      store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].z, p.alpha * sum[u].w);
+      const float4 t = __ldcg(src + u * 128);
+      sum[u].x += t.x;
+      sum[u].y += t.y;
+      sum[u].z += t.z;
+      sum[u].w += t.w;
     }
+  }
+#pragma unroll
+  for (int u = 0; u < H; ++u) {
+    const int v = pass * H + u, mi = v / (Cfg::ACC / 4), j = v % (Cfg::ACC / 4);
+    int r, n, r1, n1;
+    fragment_coord<Cfg>(mi, j, 0, 0, warp, lane, r, n);
+    fragment_coord<Cfg>(mi, j, 0, 1, warp, lane, r1, n1);
+    store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].x, p.alpha * sum[u].y);
+    fragment_coord<Cfg>(mi, j, 1, 0, warp, lane, r, n);
+    fragment_coord<Cfg>(mi, j, 1, 1, warp, lane, r1, n1);
+    store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].z, p.alpha * sum[u].w);
   }
 #endif
 }
@@ -620,7 +618,6 @@ struct HopperState final : VariantState {
   // What the schedule was built for (run() checks it).
   int64_t mb = 0, n = 0, nnzb = 0;
   int bm = 0, bk = 0;
-  int ks = 64;           // Config::KS
   int grid = 0;
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
@@ -637,9 +634,9 @@ struct HopperState final : VariantState {
     unsigned long long c[kProfSlots] = {};
     if (cudaMemcpyFromSymbol(c, g_prof, sizeof(c)) == cudaSuccess && c[kProfConsumer] > 0)
       std::fprintf(stderr,
-                   "hopper-profile bm=%d bk=%d ks=%d cl=%d: consumer 1 waits on full %.1f%%, epilogue %.1f%% "
+                   "hopper-profile bm=%d bk=%d cl=%d: consumer 1 waits on full %.1f%%, epilogue %.1f%% "
                    "(of which split-row partial stores %.1f%%); producer waits on empty %.1f%% of its time\n",
-                   bm, bk, ks, cluster, 100.0 * c[kProfFullWait] / c[kProfConsumer],
+                   bm, bk, cluster, 100.0 * c[kProfFullWait] / c[kProfConsumer],
                    100.0 * (c[kProfEpilogue] + c[kProfPartial]) / c[kProfConsumer],
                    100.0 * c[kProfPartial] / c[kProfConsumer], 100.0 * c[kProfEmptyWait] / std::max(1ull, c[kProfProducer]));
 #endif
@@ -687,7 +684,6 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
   auto len = [](const int4& w) { return w.w - w.z; };
   auto cost = [&](const int4& w) { return int64_t(w.w - w.z) * kslices + 1; };  // + 1: the epilogue
   std::vector<int4> all;
-  std::vector<int> group;  // split item of each entry, -1 for a whole item
   for (int64_t t = 0; t < tiles; ++t)
     for (int64_t r = 0; r < mb; ++r) all.push_back(make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]));
   if (all.empty()) {
@@ -696,39 +692,30 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
   }
   double total = 0;
   for (const int4& w : all) total += double(cost(w));
-  group.assign(all.size(), -1);
+  std::vector<int> slot(all.size(), -1);  // partial slot of each entry (-1: a whole item)
   if (order != Order::single && split_stages >= 0) {
     const double share = total / double(ctas);
     const double target = split_stages > 0 ? double(split_stages) : std::max(share, double(kMinPieceStages));
     const double limit = split_stages > 0 ? target : 1.5 * target;
     std::vector<int4> out;
-    std::vector<int> og;
-    int groups = 0;
+    std::vector<int> out_slot;
     for (const int4& w : all) {
       const int64_t L = len(w), st = L * kslices;
       if (double(st) <= limit || L < 2) {
         out.push_back(w);
-        og.push_back(-1);
+        out_slot.push_back(-1);
         continue;
       }
+      // The pieces get consecutive slots in K order; the reduction adds them in that order.
       const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / target)));
+      s.groups.push_back(make_int4(w.x, w.y, s.slots, int(P)));
       for (int64_t k = 0; k < P; ++k) {
         out.push_back(make_int4(w.x, w.y, int(w.z + L * k / P), int(w.z + L * (k + 1) / P)));
-        og.push_back(groups);
+        out_slot.push_back(s.slots++);
       }
-      ++groups;
     }
     all.swap(out);
-    group.swap(og);
-    // Slots: each split item's pieces get consecutive slots in their K order.
-    std::vector<int> slot(all.size(), -1);
-    for (size_t i = 0; i < all.size(); ++i)
-      if (group[i] >= 0) {
-        if (int(s.groups.size()) <= group[i]) s.groups.push_back(make_int4(all[i].x, all[i].y, s.slots, 0));
-        slot[i] = s.slots++;
-        s.groups.back().w++;
-      }
-    group.swap(slot);  // from here on: the slot of each entry
+    slot.swap(out_slot);
   }
   // Sort indices (stable), then apply.
   std::vector<size_t> idx(all.size());
@@ -779,7 +766,7 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
   for (const auto& v : per) {
     for (size_t i : v) {
       s.items.push_back(all[i]);
-      if (!s.groups.empty()) s.slot_of.push_back(group[i]);
+      if (!s.groups.empty()) s.slot_of.push_back(slot[i]);
     }
     s.cta_items.push_back(int(s.items.size()));
   }
@@ -800,16 +787,17 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// 2-D tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes. With
+// Tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes. 2-D, or with
 // chunks > 0: 3-D, the inner dimension cut into `chunks` pieces of box_inner elements side by
 // side (dims: box_inner, outer, chunks; the chunk stride is box_inner elements), so that one box
 // of (box_inner, box_outer, box_chunks) covers box_chunks neighbouring 2-D boxes.
-CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
-                          uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
-                          const char* what, uint32_t elem_bytes = 2, uint64_t chunks = 0, uint32_t box_chunks = 1) {
+CUtensorMap tensor_map(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
+                       uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                       const char* what, uint64_t chunks = 0, uint32_t box_chunks = 1) {
   CUtensorMap m;
+  const uint64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;  // the types map_type() gives
   const cuuint64_t dims[3] = {chunks ? box_inner : inner, outer, chunks};
-  const cuuint64_t strides[2] = {row_bytes, uint64_t(box_inner) * elem_bytes};
+  const cuuint64_t strides[2] = {row_bytes, box_inner * elem_bytes};
   const cuuint32_t box[3] = {box_inner, box_outer, box_chunks};
   const cuuint32_t estrides[3] = {1, 1, 1};
   const CUresult r = encode_tiled()(&m, type, chunks ? 3 : 2, const_cast<void*>(base), dims, strides, box, estrides,
@@ -842,13 +830,13 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   std::memset(&tm_c, 0, sizeof(tm_c));
   const bool b3d = g.b.cols % 64 == 0;
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
-    tm_a = tensor_map_2d(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
+    tm_a = tensor_map(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
                          Cfg::KS, Cfg::BM / Cfg::CL,
                          Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
     // NOTE: 3-D only when N is whole 64-column chunks: a partial last chunk would make the map
     // claim memory past column N of B's last row, which the caller need not have allocated.
-    tm_b = tensor_map_2d(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
-                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B", 2, b3d ? uint64_t(g.b.cols / 64) : 0,
+    tm_b = tensor_map(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
+                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B", b3d ? uint64_t(g.b.cols / 64) : 0,
                          Cfg::BN / 64);
   }
   Params p{};
@@ -873,7 +861,7 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
                 (g.c.cols * int64_t(sizeof(T))) % 16 == 0;
   if (p.tma_store)
-    tm_c = tensor_map_2d(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
+    tm_c = tensor_map(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
                          uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
   p.alpha = g.alpha;
   p.beta = g.beta;
@@ -958,16 +946,15 @@ Kernel pick_in(DType in, DType out) {
   return in == DType::bf16 ? pick_out<BM, KS, true, CL>(out) : pick_out<BM, KS, false, CL>(out);
 }
 template <int BM, int CL = 1>
-Kernel pick_ks(int ks, DType in, DType out) {
-  return ks == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
+Kernel pick_ks(int bk, DType in, DType out) {
+  return stage_k(bk) == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
 }
-// ks: the stage depth (stage_k(bk) unless an experiment asks for 32). cluster: 2 selects the
-// A-multicast pair for bm = 128 (other shapes ignore it).
-Kernel pick(int bm, int ks, DType in, DType out, int cluster = 1) {
+// cluster: 2 selects the A-multicast pair for bm = 128 (other shapes ignore it).
+Kernel pick(int bm, int bk, DType in, DType out, int cluster = 1) {
   switch (bm) {
-    case 32: return pick_ks<32>(ks, in, out);
-    case 64: return pick_ks<64>(ks, in, out);
-    case 128: return cluster == 2 ? pick_ks<128, 2>(ks, in, out) : pick_ks<128>(ks, in, out);
+    case 32: return pick_ks<32>(bk, in, out);
+    case 64: return pick_ks<64>(bk, in, out);
+    case 128: return cluster == 2 ? pick_ks<128, 2>(bk, in, out) : pick_ks<128>(bk, in, out);
   }
   return {};
 }
@@ -1019,7 +1006,7 @@ std::string why_not(const GemmArgs& g) {
   if (d.cc_major != 9 || d.cc_minor != 0)
     return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
-  const int smem = pick(a.bm, stage_k(a.bk), a.dtype, g.c.dtype).smem;
+  const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
            std::to_string(d.smem_per_block_optin);
@@ -1064,7 +1051,6 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
                                           : Order::deadline;
   const std::string split = env_or("SPARSEK_HOPPER_SPLIT", "");
   const int split_stages = split.empty() ? 0 : split == "off" ? -1 : std::max(1, std::atoi(split.c_str()));
-  st->ks = stage_k(a.bk);
   // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
   // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
@@ -1074,15 +1060,15 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   const int64_t tiles = (st->n + kTileN - 1) / kTileN;
   const bool pair_default = a.bk >= 64 && tiles % 2 == 0;
   st->cluster = a.bm == 128 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
-  const Kernel k = pick(a.bm, st->ks, a.dtype, g.c.dtype, st->cluster);
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / st->ks, std::max(1, lists), order,
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk), std::max(1, lists), order,
                                     split_stages);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
-    std::fprintf(stderr, "hopper: bm=%d ks=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
-                 st->ks, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
+    std::fprintf(stderr, "hopper: bm=%d bk=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
+                 a.bk, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
@@ -1110,7 +1096,7 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
-  const Kernel k = pick(a.bm, st->ks, a.dtype, g.c.dtype, st->cluster);
+  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
 }
