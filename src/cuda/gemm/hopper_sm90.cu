@@ -14,8 +14,8 @@
 //    loops take turns and one consumer's epilogue runs under the other's math.
 //  - Epilogue: accumulators -> 128B-swizzled shared boxes -> TMA stores (full 128-byte L2 rows);
 //    column-major or unaligned C is written straight from the registers.
-//  - Persistent grid: prepare() builds the schedule on the host (N-tile-major, a long item moved
-//    ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
+//  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
+//    item moved ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
 //    streams across work items, so a short row does not pay the pipeline fill.
 //  - Split rows: an item much longer than one CTA's share of the work (few N tiles, a dominant
 //    row) is cut into pieces along its blocks; pieces write raw fp32 sums to partial slots and a
@@ -23,8 +23,6 @@
 //  - bm = 32 swaps A and B: the tile is computed as C^T (256 x 32) so that the wide N side is the
 //    wgmma M side (wgmma needs M = 64).
 // What limits it (L2 traffic: B costs 1/bm bytes per FLOP) is measured in docs/KERNELS.md.
-#include <cuda.h>  // CUtensorMap and the driver enums only: libcuda is never linked
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,16 +31,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <queue>
 #include <string>
 #include <vector>
 
 #include "core/device.hpp"
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/pipeline.cuh"
+#include "cuda/common/tma.hpp"
 #include "cuda/ptx/async.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "plan/backends.hpp"
+#include "plan/schedule.hpp"
 
 namespace sparsek {
 // Device side in a named namespace: members unused by the sm_80 pass would warn (#177) in an
@@ -142,32 +141,11 @@ __device__ unsigned long long g_prof[kProfSlots];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// A pipeline wait longer than this (~20 s at 2 GHz) is a lost arrival: trap rather than hang.
-constexpr long long kWaitLimit = 40'000'000'000LL;
-
-template <class T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float(float v) { return v; }
-template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
-
-// Two adjacent elements as one access (the caller checked alignment).
-template <class T> struct Pair;
-template <> struct Pair<float> { using type = float2; };
-template <> struct Pair<__half> { using type = __half2; };
-template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
-
-template <class T>
-__device__ __forceinline__ typename Pair<T>::type make_pair2(float a, float b) {
-  typename Pair<T>::type v;
-  T* e = reinterpret_cast<T*>(&v);
-  e[0] = from_float<T>(a);
-  e[1] = from_float<T>(b);
-  return v;
-}
+using dev::from_float;
+using dev::kWaitLimit;
+using dev::make_pair2;
+using dev::Pair;
+using dev::to_float;
 
 // Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
 // column indices in registers (32 at a time, the next item's first 32 prefetched a whole item
@@ -177,7 +155,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                                         int first, int last, uint32_t s_a, uint32_t s_b, uint32_t full,
                                         uint32_t empty) {
   const int lane = threadIdx.x % 32;
-  uint32_t stage = 0, phase = 0;
+  dev::Ring<Cfg::STAGES> ring;
+  uint32_t& stage = ring.stage;
+  const uint32_t& phase = ring.phase;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
   int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
@@ -225,10 +205,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                 ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
                                  w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
             }
-            if (++stage == Cfg::STAGES) {
-              stage = 0;
-              phase ^= 1;
-            }
+            ring.advance();
           }
         }
         __syncwarp();
@@ -410,7 +387,9 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
                                         uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint8_t* ebuf,
                                         uint32_t ebuf_s, uint32_t c_bar) {
   const int tid = threadIdx.x % 128, lane = tid % 32;
-  uint32_t stage = 0, phase = 0, c_phase = 0;
+  dev::Ring<Cfg::STAGES> ring;
+  const uint32_t &stage = ring.stage, &phase = ring.phase;
+  uint32_t c_phase = 0;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
   // A slot is free once every consumer of every CTA of the cluster is done with it (the peer's
   // multicast writes into this CTA's slot too).
@@ -429,9 +408,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     const int4 w = p.items[it];
     const int nst = (w.w - w.z) * p.kslices;
     if (!Cfg::COOP && ((it - first) & 1) != which) {
-      const uint32_t t = stage + uint32_t(nst);
-      phase ^= (t / Cfg::STAGES) & 1;
-      stage = t % Cfg::STAGES;
+      ring.skip(uint32_t(nst));
       continue;
     }
     if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
@@ -472,10 +449,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       ptx::wgmma_wait<1>();
       if (s > 0 && lane == 0) release(prev);
       prev = stage;
-      if (++stage == Cfg::STAGES) {
-        stage = 0;
-        phase ^= 1;
-      }
+      ring.advance();
     }
     ptx::wgmma_wait<0>();
     if (nst > 0 && lane == 0) release(prev);
@@ -541,8 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     __syncthreads();
   // The CTAs of a cluster share one item list (and differ in N tile).
-  const int list = blockIdx.x / Cfg::CL;
-  const int first = p.cta_items[list], last = p.cta_items[list + 1];
+  const dev::ItemRange range = dev::item_range(p.cta_items, int(blockIdx.x / Cfg::CL));
+  const int first = range.first, last = range.last;
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<40>();
     if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
@@ -648,196 +622,23 @@ struct HopperState final : VariantState {
   }
 };
 
-// Item order of the persistent schedule (SPARSEK_HOPPER_SCHEDULE; docs/KERNELS.md measures them).
-enum class Order {
-  deadline,  // default: one N-tile-major list; an item goes as early as it must to end with its
-             // tile (long rows start a few tiles ahead, not all at once)
-  bigtile,   // items of rows >= 2x the mean length first, then the rest; each group N-tile-major,
-             // longest first within a tile (second pass)
-  longest,   // the same, but the long rows' items longest first across all tiles (first pass)
-  single,    // one item per CTA, non-persistent (the ladder's baseline); never splits
-};
-
-struct Schedule {
-  std::vector<int4> items;
-  std::vector<int> slot_of;    // Params::slot_of per item; empty when nothing was split
-  std::vector<int4> groups;    // split items: {block row, n0, first slot, slots}
-  std::vector<int> cta_items;  // [grid + 1]
-  int slots = 0;               // partial slots (one per piece)
-};
-
-// A piece shorter than this (in stages) costs more in its partial tile than it saves.
-constexpr int kMinPieceStages = 16;
-
-// Work items for the persistent grid; each goes to the least-loaded CTA in list order (ties:
-// lowest index, so uniform rows go round-robin and keep that order). Tile-major order keeps the
-// CTAs running at the same time on the B panels of one or two N tiles, with A in L2.
-// Split rows: an item much longer than one CTA's share of all the work would set the makespan on
-// its own (few N tiles, one dominant row), so it is cut into pieces of about that share along its
-// stored blocks. split_stages: 0 automatic, < 0 never, > 0 forced piece length (tests).
-// A piece writes its raw sums to a partial slot; hopper_split_reduce (a second launch) adds each
-// item's slots in K order and writes C, so nothing waits inside the persistent kernel.
-Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
-                        int split_stages) {
-  Schedule s;
-  const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
-  auto len = [](const int4& w) { return w.w - w.z; };
-  auto cost = [&](const int4& w) { return int64_t(w.w - w.z) * kslices + 1; };  // + 1: the epilogue
-  std::vector<int4> all;
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t r = 0; r < mb; ++r) all.push_back(make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]));
-  if (all.empty()) {
-    s.cta_items = {0};
-    return s;
-  }
-  double total = 0;
-  for (const int4& w : all) total += double(cost(w));
-  std::vector<int> slot(all.size(), -1);  // partial slot of each entry (-1: a whole item)
-  if (order != Order::single && split_stages >= 0) {
-    const double share = total / double(ctas);
-    const double target = split_stages > 0 ? double(split_stages) : std::max(share, double(kMinPieceStages));
-    const double limit = split_stages > 0 ? target : 1.5 * target;
-    std::vector<int4> out;
-    std::vector<int> out_slot;
-    for (const int4& w : all) {
-      const int64_t L = len(w), st = L * kslices;
-      if (double(st) <= limit || L < 2) {
-        out.push_back(w);
-        out_slot.push_back(-1);
-        continue;
-      }
-      // The pieces get consecutive slots in K order; the reduction adds them in that order.
-      const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / target)));
-      s.groups.push_back(make_int4(w.x, w.y, s.slots, int(P)));
-      for (int64_t k = 0; k < P; ++k) {
-        out.push_back(make_int4(w.x, w.y, int(w.z + L * k / P), int(w.z + L * (k + 1) / P)));
-        out_slot.push_back(s.slots++);
-      }
-    }
-    all.swap(out);
-    slot.swap(out_slot);
-  }
-  // Sort indices (stable), then apply.
-  std::vector<size_t> idx(all.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  auto tile_major = [&](size_t a, size_t b) {
-    return all[a].y != all[b].y ? all[a].y < all[b].y : len(all[a]) > len(all[b]);
-  };
-  if (order == Order::deadline) {
-    // Item of tile t should end by (t + 1) * (one tile's share of a CTA's time): it starts by
-    // that minus its cost. Long items move ahead of their tile by as much as they need.
-    const double tile_time = total / double(tiles) / double(ctas);
-    std::vector<double> key(all.size());
-    for (size_t i = 0; i < all.size(); ++i)
-      key[i] = double(all[i].y / bn + 1) * tile_time - double(cost(all[i]));
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-      return key[a] != key[b] ? key[a] < key[b] : len(all[a]) > len(all[b]);
-    });
-  } else {
-    int64_t filled = 0;
-    for (int64_t r = 0; r < mb; ++r) filled += row_ptr[r + 1] > row_ptr[r];
-    const double mean = filled ? double(row_ptr[mb]) / double(filled) : 0.0;
-    auto is_long = [&](size_t i) { return len(all[i]) >= 2.0 * mean && len(all[i]) > 0; };
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-      const bool la = is_long(a), lb = is_long(b);
-      if (la != lb) return la;
-      if (la && order == Order::longest) return len(all[a]) > len(all[b]);
-      return tile_major(a, b);
-    });
-  }
-  if (order == Order::single) {
-    for (size_t i : idx) s.items.push_back(all[i]);
-    s.cta_items.resize(all.size() + 1);
-    for (size_t i = 0; i <= all.size(); ++i) s.cta_items[i] = int(i);
-    return s;
-  }
-  const int grid = int(std::min<int64_t>(ctas, int64_t(all.size())));
-  using Load = std::pair<int64_t, int>;  // (stages so far, cta)
-  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
-  for (int b = 0; b < grid; ++b) heap.push({0, b});
-  std::vector<std::vector<size_t>> per(static_cast<size_t>(grid));
-  for (size_t i : idx) {
-    const Load l = heap.top();
-    heap.pop();
-    per[size_t(l.second)].push_back(i);
-    heap.push({l.first + cost(all[i]), l.second});
-  }
-  s.cta_items.push_back(0);
-  for (const auto& v : per) {
-    for (size_t i : v) {
-      s.items.push_back(all[i]);
-      if (!s.groups.empty()) s.slot_of.push_back(slot[i]);
-    }
-    s.cta_items.push_back(int(s.items.size()));
-  }
-  return s;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q),
-               "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (q != cudaDriverEntryPointSuccess || !f)
-      throw Error(Status::cuda_error, "cuTensorMapEncodeTiled is not available from the driver (query result " +
-                                          std::to_string(int(q)) + ")");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// Tensor map over a row-major (outer x inner) array; 128B (or 64B) swizzled boxes. 2-D, or with
-// chunks > 0: 3-D, the inner dimension cut into `chunks` pieces of box_inner elements side by
-// side (dims: box_inner, outer, chunks; the chunk stride is box_inner elements), so that one box
-// of (box_inner, box_outer, box_chunks) covers box_chunks neighbouring 2-D boxes.
-CUtensorMap tensor_map(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer,
-                       uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
-                       const char* what, uint64_t chunks = 0, uint32_t box_chunks = 1) {
-  CUtensorMap m;
-  const uint64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;  // the types map_type() gives
-  const cuuint64_t dims[3] = {chunks ? box_inner : inner, outer, chunks};
-  const cuuint64_t strides[2] = {row_bytes, box_inner * elem_bytes};
-  const cuuint32_t box[3] = {box_inner, box_outer, box_chunks};
-  const cuuint32_t estrides[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, type, chunks ? 3 : 2, const_cast<void*>(base), dims, strides, box, estrides,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(Status::cuda_error, std::string("cuTensorMapEncodeTiled(") + what + ") failed with CUresult " +
-                                        std::to_string(int(r)) + " (dims " + std::to_string(inner) + "x" +
-                                        std::to_string(outer) + ", row bytes " + std::to_string(row_bytes) +
-                                        (chunks ? ", 3-D" : "") + ")");
-  return m;
-}
-
-CUtensorMapDataType map_type(DType t) {
-  switch (t) {
-    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-  }
-  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-}
-
 template <class Cfg>
 void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   const BsrView& a = g.sparse;
   using T = typename Cfg::TOut;
-  CUtensorMap tm_a, tm_b, tm_c;
+  CUtensorMap tm_a, tm_b, tm_c;  // a zero map is never used (no stored block / no TMA store)
   std::memset(&tm_a, 0, sizeof(tm_a));
   std::memset(&tm_b, 0, sizeof(tm_b));
   std::memset(&tm_c, 0, sizeof(tm_c));
   const bool b3d = g.b.cols % 64 == 0;
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
-    tm_a = tensor_map(a.values, map_type(a.dtype), uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2,
-                         Cfg::KS, Cfg::BM / Cfg::CL,
-                         Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, "A values");
+    tm_a = tma_map_2d(a.values, a.dtype, uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2, Cfg::KS,
+                      Cfg::BM / Cfg::CL, Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                      "A values");
     // NOTE: 3-D only when N is whole 64-column chunks: a partial last chunk would make the map
     // claim memory past column N of B's last row, which the caller need not have allocated.
-    tm_b = tensor_map(g.b.data, map_type(a.dtype), uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2,
-                         64, Cfg::KS, CU_TENSOR_MAP_SWIZZLE_128B, "B", b3d ? uint64_t(g.b.cols / 64) : 0,
-                         Cfg::BN / 64);
+    tm_b = tma_map_2d(g.b.data, a.dtype, uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2, 64, Cfg::KS,
+                      CU_TENSOR_MAP_SWIZZLE_128B, "B", b3d ? uint64_t(g.b.cols / 64) : 0, Cfg::BN / 64);
   }
   Params p{};
   p.b3d = b3d;
@@ -861,8 +662,8 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
                 (g.c.cols * int64_t(sizeof(T))) % 16 == 0;
   if (p.tma_store)
-    tm_c = tensor_map(g.c.data, map_type(g.c.dtype), uint64_t(g.c.cols), uint64_t(g.c.rows),
-                         uint64_t(g.c.ld) * sizeof(T), Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
+    tm_c = tma_map_2d(g.c.data, g.c.dtype, uint64_t(g.c.cols), uint64_t(g.c.rows), uint64_t(g.c.ld) * sizeof(T),
+                      Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
   p.alpha = g.alpha;
   p.beta = g.beta;
   p.cluster_mode = st.cluster_mode;
@@ -1044,11 +845,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
                "cudaMemcpy(row_ptr)");
   // Experiment switches (docs/KERNELS.md): SPARSEK_HOPPER_SCHEDULE = deadline (default) | bigtile |
   // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic).
-  const std::string mode = env_or("SPARSEK_HOPPER_SCHEDULE", "deadline");
-  const Order order = mode == "single" ? Order::single
-                      : mode == "longest" ? Order::longest
-                      : mode == "bigtile" ? Order::bigtile
-                                          : Order::deadline;
+  const Order order = parse_order(env_or("SPARSEK_HOPPER_SCHEDULE", "deadline"));
   const std::string split = env_or("SPARSEK_HOPPER_SPLIT", "");
   const int split_stages = split.empty() ? 0 : split == "off" ? -1 : std::max(1, std::atoi(split.c_str()));
   // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
@@ -1072,7 +869,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
-  if (a.nnzb > 0) encode_tiled();  // resolves the driver entry point
+  if (a.nnzb > 0) tma_encode_tiled();  // resolves the driver entry point
   if (st->grid > 0) {
     upload(s.items, &st->items, st->bytes);
     upload(s.cta_items, &st->cta_items, st->bytes);

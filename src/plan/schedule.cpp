@@ -1,0 +1,117 @@
+// Host schedules of the persistent Hopper kernels (schedule.hpp).
+#include "plan/schedule.hpp"
+
+#include <cuda_runtime.h>  // make_int4
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <utility>
+
+namespace sparsek {
+
+Order parse_order(const std::string& name) {
+  return name == "single" ? Order::single
+         : name == "longest" ? Order::longest
+         : name == "bigtile" ? Order::bigtile
+                             : Order::deadline;
+}
+
+Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
+                        int split_stages) {
+  Schedule s;
+  const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
+  auto len = [](const int4& w) { return w.w - w.z; };
+  auto cost = [&](const int4& w) { return int64_t(w.w - w.z) * kslices + 1; };  // + 1: the epilogue
+  std::vector<int4> all;
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t r = 0; r < mb; ++r) all.push_back(make_int4(int(r), int(t * bn), row_ptr[r], row_ptr[r + 1]));
+  if (all.empty()) {
+    s.cta_items = {0};
+    return s;
+  }
+  double total = 0;
+  for (const int4& w : all) total += double(cost(w));
+  std::vector<int> slot(all.size(), -1);  // partial slot of each entry (-1: a whole item)
+  if (order != Order::single && split_stages >= 0) {
+    const double share = total / double(ctas);
+    const double target = split_stages > 0 ? double(split_stages) : std::max(share, double(kMinPieceStages));
+    const double limit = split_stages > 0 ? target : 1.5 * target;
+    std::vector<int4> out;
+    std::vector<int> out_slot;
+    for (const int4& w : all) {
+      const int64_t L = len(w), st = L * kslices;
+      if (double(st) <= limit || L < 2) {
+        out.push_back(w);
+        out_slot.push_back(-1);
+        continue;
+      }
+      // The pieces get consecutive slots in K order; the reduction adds them in that order.
+      const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / target)));
+      s.groups.push_back(make_int4(w.x, w.y, s.slots, int(P)));
+      for (int64_t k = 0; k < P; ++k) {
+        out.push_back(make_int4(w.x, w.y, int(w.z + L * k / P), int(w.z + L * (k + 1) / P)));
+        out_slot.push_back(s.slots++);
+      }
+    }
+    all.swap(out);
+    slot.swap(out_slot);
+  }
+  // Sort indices (stable), then apply.
+  std::vector<size_t> idx(all.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto tile_major = [&](size_t a, size_t b) {
+    return all[a].y != all[b].y ? all[a].y < all[b].y : len(all[a]) > len(all[b]);
+  };
+  if (order == Order::deadline) {
+    // Item of tile t should end by (t + 1) * (one tile's share of a CTA's time): it starts by
+    // that minus its cost. Long items move ahead of their tile by as much as they need.
+    const double tile_time = total / double(tiles) / double(ctas);
+    std::vector<double> key(all.size());
+    for (size_t i = 0; i < all.size(); ++i)
+      key[i] = double(all[i].y / bn + 1) * tile_time - double(cost(all[i]));
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return key[a] != key[b] ? key[a] < key[b] : len(all[a]) > len(all[b]);
+    });
+  } else {
+    int64_t filled = 0;
+    for (int64_t r = 0; r < mb; ++r) filled += row_ptr[r + 1] > row_ptr[r];
+    const double mean = filled ? double(row_ptr[mb]) / double(filled) : 0.0;
+    auto is_long = [&](size_t i) { return len(all[i]) >= 2.0 * mean && len(all[i]) > 0; };
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      const bool la = is_long(a), lb = is_long(b);
+      if (la != lb) return la;
+      if (la && order == Order::longest) return len(all[a]) > len(all[b]);
+      return tile_major(a, b);
+    });
+  }
+  if (order == Order::single) {
+    for (size_t i : idx) s.items.push_back(all[i]);
+    s.cta_items.resize(all.size() + 1);
+    for (size_t i = 0; i <= all.size(); ++i) s.cta_items[i] = int(i);
+    return s;
+  }
+  const int grid = int(std::min<int64_t>(ctas, int64_t(all.size())));
+  using Load = std::pair<int64_t, int>;  // (stages so far, cta)
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+  for (int b = 0; b < grid; ++b) heap.push({0, b});
+  std::vector<std::vector<size_t>> per(static_cast<size_t>(grid));
+  for (size_t i : idx) {
+    const Load l = heap.top();
+    heap.pop();
+    per[size_t(l.second)].push_back(i);
+    heap.push({l.first + cost(all[i]), l.second});
+  }
+  s.cta_items.push_back(0);
+  for (const auto& v : per) {
+    for (size_t i : v) {
+      s.items.push_back(all[i]);
+      if (!s.groups.empty()) s.slot_of.push_back(slot[i]);
+    }
+    s.cta_items.push_back(int(s.items.size()));
+  }
+  return s;
+}
+
+}  // namespace sparsek

@@ -1,0 +1,50 @@
+// Internal (host): schedules of the persistent Hopper kernels, built once per pattern by plan()
+// and consumed by the kernels' device-side item loop (src/cuda/common/pipeline.cuh).
+#pragma once
+#include <vector_types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sparsek {
+
+// Item order of the persistent product schedule (SPARSEK_HOPPER_SCHEDULE; docs/KERNELS.md
+// measures them).
+enum class Order {
+  deadline,  // default: one N-tile-major list; an item goes as early as it must to end with its
+             // tile (long rows start a few tiles ahead, not all at once)
+  bigtile,   // items of rows >= 2x the mean length first, then the rest; each group N-tile-major,
+             // longest first within a tile (second pass)
+  longest,   // the same, but the long rows' items longest first across all tiles (first pass)
+  single,    // one item per CTA, non-persistent (the ladder's baseline); never splits
+};
+// "deadline" | "bigtile" | "longest" | "single"; anything else is the default (deadline).
+Order parse_order(const std::string& name);
+
+// A product work item is {block row, first column n0, first stored block, end stored block}.
+struct Schedule {
+  std::vector<int4> items;
+  std::vector<int> slot_of;    // per item, its split-row partial slot (-1: whole); empty when nothing was split
+  std::vector<int4> groups;    // split items: {block row, n0, first slot, slots}
+  std::vector<int> cta_items;  // [lists + 1]: list b runs items [cta_items[b], cta_items[b + 1])
+  int slots = 0;               // partial slots (one per piece)
+};
+
+// A piece shorter than this (in stages) costs more in its partial tile than it saves.
+constexpr int kMinPieceStages = 16;
+
+// Work items (block row, bn-wide N tile) of a DSD product for `ctas` persistent work lists; each
+// item goes to the least-loaded list in order (ties: lowest index, so uniform rows go round-robin
+// and keep that order). Tile-major order keeps the CTAs running at the same time on the B panels
+// of one or two N tiles, with A in L2. The cost of an item is its stored blocks times `kslices`
+// pipeline stages, plus one for the epilogue.
+// Split rows: an item much longer than one list's share of all the work would set the makespan on
+// its own (few N tiles, one dominant row), so it is cut into pieces of about that share along its
+// stored blocks. split_stages: 0 automatic, < 0 never, > 0 forced piece length (tests).
+// A piece writes its raw sums to a partial slot; a second launch adds each item's slots in K
+// order and writes C, so nothing waits inside the persistent kernel.
+Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
+                        int split_stages);
+
+}  // namespace sparsek
