@@ -6,6 +6,7 @@
 #include <list>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 #include "core/device.hpp"
 #include "plan/backends.hpp"
@@ -111,6 +112,22 @@ void validate_pattern(const GemmArgs& g, const HostPattern& hp) {
   }
 }
 
+PatternTranspose transposed_pattern(const BsrView& s) {
+  const HostPattern hp = host_pattern(s, true);
+  const int64_t mb = s.mb(), kb = s.kb(), nnzb = s.nnzb;
+  for (int64_t i = 0; i < mb; ++i)
+    if (hp.row_ptr[i] < 0 || hp.row_ptr[i + 1] < hp.row_ptr[i] || hp.row_ptr[i + 1] > nnzb)
+      bad("row_ptr[" + std::to_string(i + 1) + "]=" + std::to_string(hp.row_ptr[i + 1]) + " is out of order or range");
+  if (mb >= 0 && hp.row_ptr[mb] != nnzb)
+    bad("row_ptr[" + std::to_string(mb) + "]=" + std::to_string(hp.row_ptr[mb]) + " differs from nnzb=" +
+        std::to_string(nnzb));
+  for (int64_t j = 0; j < nnzb; ++j)
+    if (hp.col_idx[j] < 0 || hp.col_idx[j] >= kb)
+      bad("col_idx[" + std::to_string(j) + "]=" + std::to_string(hp.col_idx[j]) + " is out of range [0, " +
+          std::to_string(kb) + ")");
+  return transpose_pattern(hp.row_ptr, hp.col_idx, mb, kb);
+}
+
 void validate(const GemmArgs& g, bool check_indices) {
   const char* sname = sparse_name(g);
   if (int(g.op) != 0 && int(g.op) != 1) bad("op must be none or trans, got " + std::to_string(int(g.op)));
@@ -186,6 +203,22 @@ const Variant* find_variant(const std::string& name) {
   for (const Variant& v : variants())
     if (name == v.name) return &v;
   return nullptr;
+}
+
+GemmArgs as_dsd(const GemmArgs& g) {
+  if (g.kind != OpKind::dds) return g;
+  auto transposed = [](DenseView d) {
+    std::swap(d.rows, d.cols);
+    d.layout = d.layout == Layout::row_major ? Layout::col_major : Layout::row_major;
+    return d;
+  };
+  GemmArgs v = g;
+  v.kind = OpKind::dsd;
+  v.op = g.op == Op::none ? Op::trans : Op::none;
+  v.b = transposed(g.a);
+  v.c = transposed(g.c);
+  v.a = DenseView{};
+  return v;
 }
 
 namespace {

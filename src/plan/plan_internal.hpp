@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "format/format_internal.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/plan.hpp"
 
@@ -24,6 +25,11 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* strea
 
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
+
+// The pattern of s's transpose (transpose_pattern) read through host_pattern(). The indices are
+// range-checked first, cheaply: a kernel's set-up must not write out of bounds on a pattern that
+// skipped the O(nnzb) validation (Options::check_indices = false).
+PatternTranspose transposed_pattern(const BsrView& s);
 
 // cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
 // cuda, that a GPU answers. Also rejects a negative Options::threads.

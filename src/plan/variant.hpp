@@ -39,4 +39,9 @@ struct Variant {
 const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
 
+// A DDS product C = A * op(B) as the DSD C^T = op(B)^T * A^T that the GPU kernels run: the op
+// flipped, A^T as the dense B, C^T as C (a row-major matrix read column-major is its transpose,
+// so only the views change; nothing is copied). DSD and SDD come back unchanged.
+GemmArgs as_dsd(const GemmArgs& g);
+
 }  // namespace sparsek

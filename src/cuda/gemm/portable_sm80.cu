@@ -22,6 +22,7 @@
 #include "core/device.hpp"
 #include "cuda/ptx/mma_sm80.cuh"
 #include "plan/backends.hpp"
+#include "plan/plan_internal.hpp"
 
 namespace sparsek {
 namespace {
@@ -550,12 +551,6 @@ int log2i(int v) {
 }
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-DenseView transposed(DenseView d) {
-  std::swap(d.rows, d.cols);
-  d.layout = d.layout == Layout::row_major ? Layout::col_major : Layout::row_major;
-  return d;
-}
-
 // The pattern of A^T on the device: block rows of A^T (= block columns of A), the block row of A
 // each entry came from (its column in A^T), and its position in A's values.
 struct TransposedPattern : VariantState {
@@ -572,9 +567,7 @@ struct TransposedPattern : VariantState {
 };
 
 // DSD runs on op(A) = A^T when asked (dsd, trans), and DDS with op none becomes a DSD on B^T.
-bool needs_transpose(const GemmArgs& g) {
-  return (g.kind == OpKind::dsd && g.op == Op::trans) || (g.kind == OpKind::dds && g.op == Op::none);
-}
+bool needs_transpose(const GemmArgs& g) { return g.kind != OpKind::sdd && as_dsd(g).op == Op::trans; }
 
 // NOTE: a kernel may use more than 48 KB of dynamic shared memory only after a per-kernel,
 // per-device opt-in. It is done for every instantiation at once, on first use per device (from
@@ -618,43 +611,16 @@ void ensure_smem_opt_in() {
 std::unique_ptr<VariantState> prepare_portable(const GemmArgs& g, const Options&) {
   ensure_smem_opt_in();
   if (!needs_transpose(g)) return nullptr;
-  const BsrView& s = g.sparse;
-  const int64_t mb = s.mb(), kb = s.kb(), nnzb = s.nnzb;
-  std::vector<int32_t> rp(static_cast<size_t>(mb + 1)), ci(static_cast<size_t>(nnzb));
-  check_cuda(cudaMemcpy(rp.data(), s.row_ptr, rp.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(row_ptr)");
-  if (nnzb > 0)
-    check_cuda(cudaMemcpy(ci.data(), s.col_idx, ci.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(col_idx)");
-  // The sort below indexes by these values: re-check them here, since callers may skip the
-  // O(nnzb) validation (Options::check_indices = false).
-  for (int64_t i = 0; i < mb; ++i)
-    if (rp[size_t(i)] < 0 || rp[size_t(i + 1)] < rp[size_t(i)] || rp[size_t(i + 1)] > nnzb)
-      throw Error(Status::invalid_argument, "row_ptr[" + std::to_string(i + 1) + "] = " +
-                                                std::to_string(rp[size_t(i + 1)]) + " is out of order or range");
-  for (int64_t j = 0; j < nnzb; ++j)
-    if (ci[size_t(j)] < 0 || ci[size_t(j)] >= kb)
-      throw Error(Status::invalid_argument, "col_idx[" + std::to_string(j) + "] = " + std::to_string(ci[size_t(j)]) +
-                                                " is outside [0, " + std::to_string(kb) + ")");
-  // Counting sort by column; walking A's rows in order keeps each new row's entries sorted.
-  std::vector<int32_t> trp(static_cast<size_t>(kb + 1), 0), tcol(static_cast<size_t>(nnzb)),
-      tperm(static_cast<size_t>(nnzb));
-  for (int64_t j = 0; j < nnzb; ++j) ++trp[size_t(ci[size_t(j)]) + 1];
-  for (int64_t c = 0; c < kb; ++c) trp[size_t(c + 1)] += trp[size_t(c)];
-  std::vector<int32_t> next(trp.begin(), trp.end() - 1);
-  for (int64_t i = 0; i < mb; ++i)
-    for (int32_t j = rp[size_t(i)]; j < rp[size_t(i + 1)]; ++j) {
-      const int32_t pos = next[size_t(ci[size_t(j)])]++;
-      tcol[size_t(pos)] = int32_t(i);
-      tperm[size_t(pos)] = j;
-    }
+  const PatternTranspose t = transposed_pattern(g.sparse);
   auto st = std::make_unique<TransposedPattern>();
   auto upload = [](int32_t*& dst, const std::vector<int32_t>& v, const char* what) {
     check_cuda(cudaMalloc(&dst, std::max<size_t>(v.size(), 1) * 4), what);
     if (!v.empty()) check_cuda(cudaMemcpy(dst, v.data(), v.size() * 4, cudaMemcpyHostToDevice), what);
   };
-  upload(st->row_ptr, trp, "cudaMalloc/cudaMemcpy(transposed row_ptr)");
-  upload(st->col, tcol, "cudaMalloc/cudaMemcpy(transposed col_idx)");
-  upload(st->perm, tperm, "cudaMalloc/cudaMemcpy(transposed permutation)");
-  st->bytes = (trp.size() + tcol.size() + tperm.size()) * 4;
+  upload(st->row_ptr, t.row_ptr, "cudaMalloc/cudaMemcpy(transposed row_ptr)");
+  upload(st->col, t.col_idx, "cudaMalloc/cudaMemcpy(transposed col_idx)");
+  upload(st->perm, t.src, "cudaMalloc/cudaMemcpy(transposed permutation)");
+  st->bytes = (t.row_ptr.size() + t.col_idx.size() + t.src.size()) * 4;
   return st;
 }
 
@@ -722,10 +688,9 @@ void run_portable(const GemmArgs& g, const Options& o, VariantState* state) {
                    unsigned(s.nnzb), s.bk, stream);
     return;
   }
-  // DSD on (op(A), B, C); DDS as DSD on (op(B)^T, A^T, C^T): a row-major matrix read as
-  // column-major is its transpose, so only the views change.
-  const DenseView B = g.kind == OpKind::dsd ? g.b : transposed(g.a);
-  const DenseView C = g.kind == OpKind::dsd ? g.c : transposed(g.c);
+  // DSD on (op(A), B, C); DDS as DSD on (op(B)^T, A^T, C^T) (as_dsd: only the views change).
+  const GemmArgs d = as_dsd(g);
+  const DenseView &B = d.b, &C = d.c;
   const bool trans = needs_transpose(g);
   const int bm_eff = trans ? s.bk : s.bm, bk_eff = trans ? s.bm : s.bk;
   const int64_t mb_eff = trans ? s.kb() : s.mb();
