@@ -114,4 +114,19 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
   return s;
 }
 
+Schedule build_sdd_schedule(const std::vector<int32_t>& row_ptr, int group, int ctas) {
+  Schedule s;
+  std::vector<int4> all;
+  for (size_t r = 0; r + 1 < row_ptr.size(); ++r)
+    for (int32_t j = row_ptr[r]; j < row_ptr[r + 1]; j += group)
+      all.push_back(make_int4(int(r), j, std::min(group, row_ptr[r + 1] - j), 0));
+  const int64_t lists = std::min<int64_t>(std::max(ctas, 1), int64_t(all.size()));
+  s.cta_items.push_back(0);
+  for (int64_t b = 0; b < lists; ++b) {
+    for (int64_t i = b; i < int64_t(all.size()); i += lists) s.items.push_back(all[size_t(i)]);
+    s.cta_items.push_back(int(s.items.size()));
+  }
+  return s;
+}
+
 }  // namespace sparsek

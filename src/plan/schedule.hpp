@@ -47,4 +47,10 @@ constexpr int kMinPieceStages = 16;
 Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
                         int split_stages);
 
+// Work items of an SDD product (C's pattern row_ptr): each block row's stored blocks in groups of
+// up to `group` neighbours, {block row, first position, blocks in the group, 0}, for `ctas`
+// persistent lists. Every item runs the same dense K loop, so list b takes items b, b + lists, ...
+// in row order (the items running at the same time share A's rows and lie close in B).
+Schedule build_sdd_schedule(const std::vector<int32_t>& row_ptr, int group, int ctas);
+
 }  // namespace sparsek

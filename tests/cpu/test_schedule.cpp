@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -111,6 +112,42 @@ TEST(Schedule, EmptyProblems) {
   EXPECT_EQ(s.cta_items, std::vector<int>{0});
   Schedule z = build_schedule(row_ptr_of({1, 2}), 0, 256, 1, 8, Order::deadline, 0);
   EXPECT_TRUE(z.items.empty());
+}
+
+// SDD: every stored block in exactly one group of at most `group` neighbours of its row, groups in
+// row order, list b holding items b, b + lists, ...; no lists beyond the items; none for nnzb = 0.
+TEST(Schedule, SddGroupsCoverEveryBlockOnce) {
+  const std::vector<int32_t> rp = row_ptr_of({0, 9, 4, 0, 1, 16, 3});
+  for (int group : {1, 2, 4, 8})
+    for (int ctas : {1, 3, 132}) {
+      SCOPED_TRACE("group " + std::to_string(group) + " ctas " + std::to_string(ctas));
+      const Schedule s = build_sdd_schedule(rp, group, ctas);
+      std::vector<int> seen(size_t(rp.back()), 0);
+      std::vector<int4> in_order;
+      const int lists = int(s.cta_items.size()) - 1;
+      EXPECT_EQ(s.cta_items.front(), 0);
+      EXPECT_EQ(s.cta_items.back(), int(s.items.size()));
+      EXPECT_EQ(lists, std::min<int>(ctas, int(s.items.size())));
+      for (int b = 0; b < lists; ++b)
+        for (int i = s.cta_items[size_t(b)]; i < s.cta_items[size_t(b) + 1]; ++i) {
+          const int4 w = s.items[size_t(i)];
+          EXPECT_GE(w.z, 1);
+          EXPECT_LE(w.z, group);
+          EXPECT_GE(w.y, rp[size_t(w.x)]);
+          EXPECT_LE(w.y + w.z, rp[size_t(w.x) + 1]) << "a group stays inside its row";
+          for (int j = w.y; j < w.y + w.z; ++j) seen[size_t(j)]++;
+          // round-robin: item t of list b is the (b + t * lists)-th group in row order
+          const size_t pos = size_t(b + (i - s.cta_items[size_t(b)]) * lists);
+          if (in_order.size() <= pos) in_order.resize(pos + 1, int4{-1, -1, -1, -1});
+          in_order[pos] = w;
+        }
+      for (int j = 0; j < rp.back(); ++j) EXPECT_EQ(seen[size_t(j)], 1) << "block " << j;
+      for (size_t t = 1; t < in_order.size(); ++t)
+        EXPECT_LT(in_order[t - 1].y, in_order[t].y) << "groups in row order";
+    }
+  const Schedule none = build_sdd_schedule(row_ptr_of({0, 0}), 4, 8);
+  EXPECT_TRUE(none.items.empty());
+  EXPECT_EQ(none.cta_items, std::vector<int>{0});
 }
 
 TEST(Schedule, ParseOrder) {
