@@ -43,4 +43,29 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Output elements whose 16-bit dtype is chosen at run time: one kernel writes f16 or bf16 (`bf16`
+// says which; both are 2 bytes, so tiles, boxes and addresses are the same) and f32 needs no
+// choice. Overloaded on the storage type: float (f32) or uint16_t (f16 / bf16 bits).
+__device__ __forceinline__ float out_load(const float* p, bool) { return *p; }
+__device__ __forceinline__ float out_load(const uint16_t* p, bool bf16) {
+  return bf16 ? __uint_as_float(uint32_t(*p) << 16) : __half2float(__ushort_as_half(*p));
+}
+__device__ __forceinline__ void out_store(float* p, float v, bool) { *p = v; }
+__device__ __forceinline__ void out_store(uint16_t* p, float v, bool bf16) {
+  *p = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+// Two adjacent elements as one access (the caller checked alignment).
+__device__ __forceinline__ float2 out_load2(const float* p, bool) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 out_load2(const uint16_t* p, bool bf16) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+  if (bf16) return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+__device__ __forceinline__ void out_store2(float* p, float v0, float v1, bool) {
+  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void out_store2(uint16_t* p, float v0, float v1, bool bf16) {
+  *reinterpret_cast<uint32_t*>(p) = bf16 ? pack2<true>(v0, v1) : pack2<false>(v0, v1);
+}
+
 }  // namespace sparsek::dev

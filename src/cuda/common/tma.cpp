@@ -33,6 +33,10 @@ CUtensorMapDataType tma_dtype(DType t) {
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
+CUtensorMapSwizzle tma_swizzle(int row_bytes) {
+  return row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+}
+
 CUtensorMap tma_map(const void* base, DType dtype, int rank, const uint64_t* dims, const uint64_t* byte_strides,
                     const uint32_t* box, CUtensorMapSwizzle swizzle, const char* what) {
   CUtensorMap m;

@@ -18,6 +18,8 @@ namespace sparsek {
 PFN_cuTensorMapEncodeTiled_v12000 tma_encode_tiled();
 
 CUtensorMapDataType tma_dtype(DType t);
+// The swizzle of a box whose shared-memory rows are `row_bytes` long (128 or 64).
+CUtensorMapSwizzle tma_swizzle(int row_bytes);
 
 // Tensor map over an array whose innermost dimension is contiguous. dims[0] is the innermost
 // extent (elements); byte_strides[i] is the stride of dims[i + 1]; box[i] the box extent.

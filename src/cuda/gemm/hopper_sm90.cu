@@ -1,19 +1,26 @@
-// Hopper (sm_90a) DSD kernel: C = alpha * A * B + beta * C with A in BSR, B and C dense, all on
-// the device. fp16 / bf16 inputs, fp32 accumulation, f16 / bf16 / f32 output.
+// Hopper (sm_90a) DSD kernel: C = alpha * op(A) * B + beta * C with A in BSR, B and C dense, all
+// on the device. fp16 / bf16 inputs, fp32 accumulation, f16 / bf16 / f32 output. DDS runs here too,
+// as the DSD on the transposes (as_dsd(): C^T = op(B)^T * A^T, only the views change); SDD has its
+// own kernel (hopper_sdd_sm90.cu) behind the same variant.
 //
 // Shape of the computation (docs/KERNELS.md "Hopper sm90 DSD" holds the ladder and the numbers):
-//  - A work item is (block row r, N tile n0): C[r*bm : (r+1)*bm, n0 : n0+BN]. Its K loop walks the
-//    row's stored blocks j in [row_ptr[r], row_ptr[r+1]), in K slices of KS = min(bk, 64).
+//  - A work item is (block row r of op(A), N tile n0): C[r*bm : (r+1)*bm, n0 : n0+BN]. Its K loop
+//    walks the row's stored blocks j in [row_ptr[r], row_ptr[r+1]), in K slices of KS = min(bk, 64)
+//    (bm x bk: op(A)'s block shape). op(A) = A^T walks the transposed pattern plan() built once
+//    (block rows of A^T, and perm: where each block sits in A's values); no values are copied.
 //  - A values [nnzb][bm][bk] are one 2-D tensor (nnzb*bm) x bk: slice h of block j is one TMA box
-//    at (h*KS, j*bm). B (row-major K x N) gives slice h of block j as BN/64 boxes of (KS x 64) at
-//    rows col_idx[j]*bk + h*KS. 128-byte swizzle (64-byte for KS = 32).
+//    at (h*KS, j*bm), K-major in shared memory. op(A) = A^T reads the same tensor as KS rows of the
+//    stored block (M contiguous: an MN-major tile, read through the wgmma transpose bit).
+//    B row-major (K x N) gives slice h of block j as BN/64 boxes of (KS x 64) at rows
+//    col_idx[j]*bk + h*KS (MN-major); B column-major gives one box (KS x BN) of its N rows
+//    (K-major). 128-byte swizzle (64-byte where a tile row is 32 elements).
 //  - A ring of STAGES shared-memory stages on raw mbarriers. Warpgroup 0 produces (one thread
 //    issues the TMA loads); warpgroups 1 and 2 consume with wgmma straight from shared memory.
 //    bm = 128: both consumers work on every item, 64 rows each (tile 128 x 256). bm <= 64: each
 //    consumer owns every other item of its CTA (ping-pong): the ring is one FIFO, so the main
 //    loops take turns and one consumer's epilogue runs under the other's math.
-//  - Epilogue: accumulators -> 128B-swizzled shared boxes -> TMA stores (full 128-byte L2 rows);
-//    column-major or unaligned C is written straight from the registers.
+//  - Epilogue: accumulators -> swizzled shared boxes -> TMA stores (full 128-byte L2 rows), in
+//    C's orientation (row- or column-major); C not TMA-aligned is written from the registers.
 //  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
 //    item moved ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
 //    streams across work items, so a short row does not pay the pipeline fill.
@@ -38,9 +45,12 @@
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/tma.hpp"
+#include "cuda/common/wgmma_tile.cuh"
+#include "cuda/gemm/hopper_sdd.hpp"
 #include "cuda/ptx/async.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "plan/backends.hpp"
+#include "plan/plan_internal.hpp"
 #include "plan/schedule.hpp"
 
 namespace sparsek {
@@ -49,17 +59,23 @@ namespace sparsek {
 namespace sm90 {
 
 // ---------------------------------------------------------------------------------------------
-// Compile-time configuration: one per (bm, KS, input dtype, output dtype).
+// Compile-time configuration: one per (bm, KS, input dtype, output width, cluster, operand layouts).
+// f16 or bf16 C is a run-time choice inside one kernel (Params::out_bf16: the two have the same
+// width, so only the conversion instruction differs); a template per output dtype would add a third
+// of the kernels and their compile time. (The input dtype cannot be: a run-time choice of the wgmma
+// type made ptxas insert warpgroup arrives and spill the accumulators.)
 
 constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
 constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
-template <int BM_, int KS_, bool BF16_, class TOut_, int CL_ = 1>
+template <int BM_, int KS_, bool BF16_, class TOut_, int CL_ = 1, bool A_MN_ = false, bool B_K_ = false>
 struct Config {
-  static constexpr int BM = BM_;   // rows of a work tile = rows of a block
+  static constexpr int BM = BM_;   // rows of a work tile = rows of op(A)'s blocks
   static constexpr int KS = KS_;   // K extent of one pipeline stage
-  static constexpr bool BF16 = BF16_;
-  using TOut = TOut_;
+  static constexpr bool BF16 = BF16_;  // bf16 (else f16) inputs
+  using TOut = TOut_;              // float (f32 C) or uint16_t (f16 / bf16 C)
+  static constexpr bool A_MN = A_MN_;  // op(A) = A^T: A's tile is MN-major (M contiguous)
+  static constexpr bool B_K = B_K_;    // B column-major: B's tile is K-major
   static constexpr bool SWAP = BM == 32;  // compute C^T tiles: N is the wgmma M side
   // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
   // owns every other item (ping-pong).
@@ -69,23 +85,31 @@ struct Config {
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
   static constexpr int ROWS = SWAP ? BM : 64;         // rows of C one consumer writes per item
-  static constexpr int A_BYTES = BM * KS * 2;         // A tile: (BM rows, KS) K-major
+  using ATile = dev::TileLayout<BM, KS, !A_MN>;       // A tile: (BM of M, KS of K)
+  using BTile = dev::TileLayout<BN, KS, B_K>;         // B tile: (BN of N, KS of K)
+  static constexpr int A_BYTES = ATile::BYTES;
   // CL = 2 (bm = 128; the default for 128x128 blocks, see prepare()): two CTAs of a cluster run
   // the same block row on neighbouring N tiles; each loads half of every A tile and multicasts it
   // to both.
   static constexpr int CL = CL_;                      // CTAs per cluster (sharing A)
-  static constexpr int A_PART = A_BYTES / CL;         // A box: the rows one CTA of the cluster loads
-  static constexpr int B_CHUNK = KS * 128;            // B box: (KS rows, 64 cols) N-major
-  static constexpr int B_BYTES = BN * KS * 2;         // BN/64 B boxes
+  static constexpr int A_PART = A_BYTES / CL;         // the part of the A tile one CTA of the cluster loads
+  // A boxes per stage and CTA: K-major one (BM / CL rows); MN-major one per 64-wide chunk (with a
+  // cluster: this CTA's chunk).
+  static constexpr int A_BOXES = A_MN && CL == 1 ? ATile::CHUNKS : 1;
+  static constexpr int A_BOX_BYTES = A_BYTES / (A_BOXES * CL);
+  static constexpr int B_CHUNK = BTile::CHUNK;        // MN-major: one box (KS rows, 64 cols)
+  static constexpr int B_BYTES = BTile::BYTES;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   // Epilogue staging: per consumer two (ROWS x 128 B) boxes, 128B-swizzled, stored by TMA.
-  static constexpr int CW = 128 / int(sizeof(TOut));  // columns of C per store box
+  static constexpr int CW = 128 / int(sizeof(TOut));  // elements per 128-byte box line
   static constexpr int E_BYTES = ROWS * 128;
+  // Column-major C: a box line is a column piece of COL_IW rows (COL_LB bytes), COL_OL columns.
+  static constexpr int COL_IW = CW < ROWS ? CW : ROWS;
+  static constexpr int COL_LB = COL_IW * int(sizeof(TOut));
+  static constexpr int COL_OL = E_BYTES / COL_LB;
   static constexpr int E_TOTAL = 2 * 2 * E_BYTES;
   static constexpr int STAGES = std::min(12, (kSmemLimit - E_TOTAL - 2048) / STAGE_BYTES);
   static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + 1024;  // + align
-  static constexpr ptx::Swizzle A_SWIZZLE = KS == 64 ? ptx::Swizzle::b128 : ptx::Swizzle::b64;
-  static constexpr uint32_t A_SBO = 8 * KS * 2;       // 8 rows of the A box
   // L2 priorities: A loads evict_last (A is re-read once per N tile), C stores evict_first (never
   // read again): +1-2% on 128x64 / 128x128 blocks on the H100. Not for small stages: there the
   // single producer thread's issue rate is the limit, and the extra instructions cost 3-18%
@@ -94,8 +118,9 @@ struct Config {
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
   static_assert(KS == 32 || KS == 64, "a stage is 32 or 64 wide in K (one swizzle row)");
-  static_assert(A_PART % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
+  static_assert(A_BOX_BYTES % 1024 == 0 && B_CHUNK % 1024 == 0 && E_BYTES % 1024 == 0,
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
+  static_assert(!A_MN || CL == 1 || A_PART == ATile::CHUNK, "a CTA of a pair loads one 64-wide chunk of A");
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
@@ -107,17 +132,20 @@ struct Config {
 struct Params {
   const int4* items;      // [total items], grouped by CTA
   const int* cta_items;   // [grid + 1]: CTA b runs items [cta_items[b], cta_items[b + 1])
-  const int* col_idx;     // [nnzb]
+  const int* col_idx;     // [nnzb]: the block column of op(A) (op T: of the transposed pattern)
+  const int* perm;        // op T: [nnzb], where block j of the transposed pattern sits in A's values
   void* c;                // C(m, n) at c[m * c_rs + n * c_cs]
   int64_t c_rs, c_cs;
   int n;                  // N
-  int bk;
+  int bk;                 // op(A)'s block depth
   int kslices;            // bk / KS: stages per stored block
   int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
-  int tma_store;          // 1: C is row-major and TMA-aligned: the epilogue stores through tm_c
+  int tma_store;          // 1: C is TMA-aligned: the epilogue stores through tm_c
+  int c_col;              // 1: C is column-major (the TMA-store boxes run down C's columns)
   int b3d;                // 1: tm_b is 3-D (64 columns, K, N / 64 chunks): one TMA per stage for B
   int cluster_mode;       // CL = 2 diagnostics: 0 multicast, 1 each CTA loads all of A alone
                           // (no coupling), 2 each loads all of A but slots are freed pairwise
+  int out_bf16;           // bf16 (else f16) C when TOut is 16-bit
   float alpha, beta;
   // Split rows (null when the schedule split nothing): per item, the partial slot its raw sums go
   // to (-1: a whole item, written to C here). hopper_split_reduce then sums each split item's
@@ -141,14 +169,14 @@ __device__ unsigned long long g_prof[kProfSlots];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-using dev::from_float;
 using dev::kWaitLimit;
-using dev::make_pair2;
-using dev::Pair;
-using dev::to_float;
+using dev::out_load;
+using dev::out_load2;
+using dev::out_store;
+using dev::out_store2;
 
 // Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
-// column indices in registers (32 at a time, the next item's first 32 prefetched a whole item
+// block indices in registers (32 at a time, the next item's first 32 prefetched a whole item
 // ahead) so that no dependent global load sits in front of a TMA issue.
 template <class Cfg>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorMap* tm_b, const Params& p,
@@ -159,18 +187,29 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
   uint32_t& stage = ring.stage;
   const uint32_t& phase = ring.phase;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
+  // Positions [j, end) of the pattern, one per lane: x = the block column of op(A), y = the block
+  // in A's values (op T: through perm; else the position itself).
+  auto indices = [&](int j, int end) {
+    int2 v = make_int2(0, 0);
+    if (lane < end - j) {
+      v.x = p.col_idx[j + lane];
+      v.y = Cfg::A_MN ? p.perm[j + lane] : j + lane;
+    }
+    return v;
+  };
   int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
-  int cols = lane < w.w - w.z ? p.col_idx[w.z + lane] : 0;
+  int2 idx = indices(w.z, w.w);
   SK_PROF(const long long t_start = clock64(); long long prof_wait = 0;)
   for (int it = first; it < last; ++it) {
     const bool more = it + 1 < last;
     const int4 wn = more ? p.items[it + 1] : make_int4(0, 0, 0, 0);
-    const int cols_next = lane < wn.w - wn.z ? p.col_idx[wn.z + lane] : 0;
+    const int2 idx_next = indices(wn.z, wn.w);
     for (int j0 = w.z; j0 < w.w; j0 += 32) {
-      if (j0 != w.z) cols = lane < w.w - j0 ? p.col_idx[j0 + lane] : 0;
+      if (j0 != w.z) idx = indices(j0, w.w);
       const int count = min(32, w.w - j0);
       for (int t = 0; t < count; ++t) {
-        const int col = __shfl_sync(0xffffffffu, cols, t);
+        const int col = __shfl_sync(0xffffffffu, idx.x, t);
+        const int blk = Cfg::A_MN ? __shfl_sync(0xffffffffu, idx.y, t) : j0 + t;
         if (lane == 0) {
           for (int h = 0; h < p.kslices; ++h) {
             const uint32_t bar = full + 8 * stage;
@@ -178,32 +217,54 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
             ptx::mbar_wait_or_trap(empty + 8 * stage, phase ^ 1, kWaitLimit);
             SK_PROF(prof_wait += clock64() - tw;)
             ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
-            // vals: (nnzb*bm, bk), box (KS, bm / CL) at block j, slice h, the rows of this rank
-            const uint32_t a_dst = s_a + stage * Cfg::A_BYTES + rank * Cfg::A_PART;
-            const int a_row = (j0 + t) * Cfg::BM + rank * (Cfg::BM / Cfg::CL);
+            // A part `part` of slice h of the block: vals (nnzb*bm_stored, bk_stored).
+            //   K-major: box (KS, BM / CL) at (h*KS, blk*BM + part * BM / CL): rows of the block.
+            //   MN-major (op T): box (64 or 32, KS) at (part * 64, blk*bk + h*KS): KS rows of the
+            //   stored block, one chunk of its columns (= op(A)'s rows).
+            auto a_box = [&](int part, int& x, int& y) {
+              if constexpr (Cfg::A_MN) {
+                x = part * Cfg::ATile::W;
+                y = blk * p.bk + h * Cfg::KS;
+              } else {
+                x = h * Cfg::KS;
+                y = blk * Cfg::BM + part * (Cfg::BM / Cfg::CL);
+              }
+            };
+            const uint32_t a_stage = s_a + stage * Cfg::A_BYTES;
+            int ax, ay;
             if constexpr (Cfg::CL > 1) {
-              if (p.cluster_mode == 0)
-                ptx::tma_load_2d_multicast_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, uint16_t((1u << Cfg::CL) - 1),
-                                                ptx::l2_policy_evict_last());
-              else  // diagnostics: every part of A loaded locally
-                for (int r = 0; r < Cfg::CL; ++r)
-                  ptx::tma_load_2d(s_a + stage * Cfg::A_BYTES + r * Cfg::A_PART, tm_a, bar, h * Cfg::KS,
-                                   (j0 + t) * Cfg::BM + r * (Cfg::BM / Cfg::CL));
-            } else if constexpr (Cfg::L2_HINTS) {
-              ptx::tma_load_2d_hint(a_dst, tm_a, bar, h * Cfg::KS, a_row, ptx::l2_policy_evict_last());
-            } else {
-              ptx::tma_load_2d(a_dst, tm_a, bar, h * Cfg::KS, a_row);
-            }
-            // B: (K, N) row-major, BN/64 boxes (64, KS) at rows col*bk + h*KS (this rank's N tile),
-            // as one 3-D box when N is whole 64-column chunks
-            if (p.b3d) {
-              ptx::tma_load_3d(s_b + stage * Cfg::B_BYTES, tm_b, bar, 0, col * p.bk + h * Cfg::KS,
-                               (w.y + rank * Cfg::BN) / 64);
+              if (p.cluster_mode == 0) {
+                a_box(rank, ax, ay);
+                ptx::tma_load_2d_multicast_hint(a_stage + rank * Cfg::A_PART, tm_a, bar, ax, ay,
+                                                uint16_t((1u << Cfg::CL) - 1), ptx::l2_policy_evict_last());
+              } else {  // diagnostics: every part of A loaded locally
+                for (int r = 0; r < Cfg::CL; ++r) {
+                  a_box(r, ax, ay);
+                  ptx::tma_load_2d(a_stage + r * Cfg::A_PART, tm_a, bar, ax, ay);
+                }
+              }
             } else {
 #pragma unroll
-              for (int c = 0; c < Cfg::BN / 64; ++c)
-                ptx::tma_load_2d(s_b + stage * Cfg::B_BYTES + c * Cfg::B_CHUNK, tm_b, bar,
-                                 w.y + rank * Cfg::BN + 64 * c, col * p.bk + h * Cfg::KS);
+              for (int c = 0; c < Cfg::A_BOXES; ++c) {
+                a_box(c, ax, ay);
+                if constexpr (Cfg::L2_HINTS)
+                  ptx::tma_load_2d_hint(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay, ptx::l2_policy_evict_last());
+                else
+                  ptx::tma_load_2d(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay);
+              }
+            }
+            // B rows col*bk + h*KS of this rank's N tile.
+            const uint32_t b_stage = s_b + stage * Cfg::B_BYTES;
+            const int n0 = w.y + rank * Cfg::BN, k0 = col * p.bk + h * Cfg::KS;
+            if constexpr (Cfg::B_K) {
+              // B column-major, (N rows of K): one box (KS, BN) at (k0, n0), K-major
+              ptx::tma_load_2d(b_stage, tm_b, bar, k0, n0);
+            } else if (p.b3d) {
+              // B row-major: BN/64 boxes (64, KS) side by side as one 3-D box (N is whole 64-column chunks)
+              ptx::tma_load_3d(b_stage, tm_b, bar, 0, k0, n0 / 64);
+            } else {
+#pragma unroll
+              for (int c = 0; c < Cfg::BN / 64; ++c) ptx::tma_load_2d(b_stage + c * Cfg::B_CHUNK, tm_b, bar, n0 + 64 * c, k0);
             }
             ring.advance();
           }
@@ -212,7 +273,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
       }
     }
     w = wn;
-    cols = cols_next;
+    idx = idx_next;
   }
   SK_PROF(if (lane == 0) {
     atomicAdd(&g_prof[kProfProducer], (unsigned long long)(clock64() - t_start));
@@ -220,44 +281,50 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
   })
 }
 
-// Where accumulator register 4*j + 2*h + e of instruction mi lands in the consumer's C tile
-// (tile row r in [0, ROWS), tile column n in [0, BN)). wgmma m64nN fragment of thread
-// (warp, lane): row 16*warp + 8*h + lane/4, column 8*j + 2*(lane%4) + e. Swapped, that row is the
-// column n (within 64-wide chunk mi) and that column the row r.
-template <class Cfg>
-__device__ __forceinline__ void fragment_coord(int mi, int j, int h, int e, int warp, int lane, int& r, int& n) {
-  const int fr = warp * 16 + h * 8 + lane / 4, fc = j * 8 + (lane % 4) * 2 + e;
-  if constexpr (Cfg::SWAP) {
-    r = fc;
-    n = mi * 64 + fr;
-  } else {
-    r = fr;
-    n = fc;
-  }
+// Byte offset of (line, byte) in a TMA box of LB-byte lines, swizzled as the TMA writes and reads
+// it: 16-byte granules XOR-ed with address bits 7.. (128B: line % 8; 64B: (line / 2) % 4).
+template <int LB>
+__device__ __forceinline__ int box_offset(int line, int byte) {
+  const int o = line * LB + byte;
+  return o ^ (((o >> 7) & (LB / 16 - 1)) << 4);
 }
 
-// Epilogue through shared memory and TMA stores: the tile goes out in (ROWS x CW) boxes of full
-// 128-byte rows (one L2 request per row instead of eight 16-byte pieces), alternating between
-// two swizzled buffers so that filling one overlaps the store of the other. With beta != 0 the C
-// box is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
-template <class Cfg>
+// Epilogue through shared memory and TMA stores: the tile goes out in boxes of whole 128-byte
+// lines (one L2 request per line instead of eight 16-byte pieces), alternating between two
+// swizzled buffers so that filling one overlaps the store of the other. Row-major C: box k is
+// columns [k*CW, +CW) of the consumer's ROWS rows (a line is a row). Column-major C: box k is rows
+// [(k % IC)*IW, +IW) of columns [(k / IC)*OL, +OL) (a line is a column). With beta != 0 the C box
+// is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
+template <class Cfg, bool C_COL>
 __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p,
                                              const CUtensorMap* tm_c, int row0, int n0, int which,
                                              uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
   using T = typename Cfg::TOut;
+  constexpr int ES = int(sizeof(T));
+  constexpr int IW = C_COL ? Cfg::COL_IW : Cfg::CW;     // elements per line
+  constexpr int LB = IW * ES;                           // bytes per line (128; 64 for 32-row pieces of 16-bit C)
+  constexpr int OL = C_COL ? Cfg::COL_OL : Cfg::ROWS;   // lines per box
+  constexpr int IC = C_COL ? Cfg::ROWS / IW : 1;        // column-major: boxes down one column group
+  // A fragment's pair is adjacent in a line when it runs along the line (non-swapped pairs run
+  // along n, swapped ones along m).
+  constexpr bool PAIRED = C_COL == Cfg::SWAP;
+  static_assert(OL * LB == Cfg::E_BYTES && (LB == 128 || LB == 64), "a box fills one staging buffer");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
 #pragma unroll
   for (int k = 0; k < Cfg::BN / Cfg::CW; ++k) {
     uint8_t* buf = ebuf + (k & 1) * Cfg::E_BYTES;
     const uint32_t buf_s = ebuf_s + (k & 1) * Cfg::E_BYTES;
+    // The box's first element: c0 along C's contiguous dimension, c1 along the other.
+    const int c0 = C_COL ? row0 + (k % IC) * IW : n0 + k * Cfg::CW;
+    const int c1 = C_COL ? n0 + (k / IC) * OL : row0;
     // The buffer was last used two boxes ago: its store must have read it.
     if (tid == 0) ptx::bulk_wait_group_read<1>();
     ptx::named_barrier_sync(3 + which, 128);
     if (read_c) {
       if (tid == 0) {
         ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
-        ptx::tma_load_2d(buf_s, tm_c, c_bar, n0 + k * Cfg::CW, row0);
+        ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
       }
       ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
       c_phase ^= 1;
@@ -269,38 +336,42 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           int r, n, r1, n1;
-          fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
-          fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
-          if (n / Cfg::CW != k) continue;  // compile-time unless swapped (then warp-uniform)
+          dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
+          dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
+          // Box membership: compile-time or warp-uniform (the pair shares its box).
+          if constexpr (C_COL) {
+            if (r / IW != k % IC || n / OL != k / IC) continue;
+          } else {
+            if (n / Cfg::CW != k) continue;
+          }
           float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
-          // Box row r holds 128 bytes; 16-byte granules are XOR-swizzled by (r % 8) (TMA 128B).
-          const int b0 = (n % Cfg::CW) * int(sizeof(T)), b1 = (n1 % Cfg::CW) * int(sizeof(T));
-          uint8_t* q0 = buf + r * 128 + (((b0 >> 4) ^ (r & 7)) << 4) + (b0 & 15);
-          if constexpr (Cfg::SWAP) {  // the pair runs down a column: two rows
-            uint8_t* q1 = buf + r1 * 128 + (((b1 >> 4) ^ (r1 & 7)) << 4) + (b1 & 15);
+          uint8_t* q0 = buf + (C_COL ? box_offset<LB>(n % OL, (r % IW) * ES) : box_offset<LB>(r, (n % IW) * ES));
+          T* e0 = reinterpret_cast<T*>(q0);
+          if constexpr (PAIRED) {  // the pair is adjacent in the line (never across a 16-byte granule)
             if (read_c) {
-              v0 += p.beta * to_float(*reinterpret_cast<const T*>(q0));
-              v1 += p.beta * to_float(*reinterpret_cast<const T*>(q1));
+              const float2 old = out_load2(e0, p.out_bf16);
+              v0 += p.beta * old.x;
+              v1 += p.beta * old.y;
             }
-            *reinterpret_cast<T*>(q0) = from_float<T>(v0);
-            *reinterpret_cast<T*>(q1) = from_float<T>(v1);
-          } else {  // the pair is adjacent in the row
-            using P = typename Pair<T>::type;
+            out_store2(e0, v0, v1, p.out_bf16);
+          } else {  // the pair spans two lines
+            T* e1 = reinterpret_cast<T*>(
+                buf + (C_COL ? box_offset<LB>(n1 % OL, (r1 % IW) * ES) : box_offset<LB>(r1, (n1 % IW) * ES)));
             if (read_c) {
-              const P old = *reinterpret_cast<const P*>(q0);
-              v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
-              v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+              v0 += p.beta * out_load(e0, p.out_bf16);
+              v1 += p.beta * out_load(e1, p.out_bf16);
             }
-            *reinterpret_cast<P*>(q0) = make_pair2<T>(v0, v1);
+            out_store(e0, v0, p.out_bf16);
+            out_store(e1, v1, p.out_bf16);
           }
         }
     ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
     ptx::named_barrier_sync(3 + which, 128);
     if (tid == 0) {
       if constexpr (Cfg::L2_HINTS)
-        ptx::tma_store_2d_hint(tm_c, buf_s, n0 + k * Cfg::CW, row0, ptx::l2_policy_evict_first());
+        ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
       else
-        ptx::tma_store_2d(tm_c, buf_s, n0 + k * Cfg::CW, row0);
+        ptx::tma_store_2d(tm_c, buf_s, c0, c1);
       ptx::bulk_commit_group();
     }
   }
@@ -319,17 +390,15 @@ __device__ __forceinline__ void store_pair(const Params& p, int row0, int n0, in
   const int64_t off0 = int64_t(row0 + r) * p.c_rs + int64_t(n0 + n) * p.c_cs;
   const int64_t off1 = int64_t(row0 + r1) * p.c_rs + int64_t(n0 + n1) * p.c_cs;
   if (p.c_pairs && ok0 && ok1) {
-    using P = typename Pair<T>::type;
-    P* q = reinterpret_cast<P*>(c + off0);
     if (read_c) {
-      const P old = *q;
-      v0 += p.beta * to_float(reinterpret_cast<const T*>(&old)[0]);
-      v1 += p.beta * to_float(reinterpret_cast<const T*>(&old)[1]);
+      const float2 old = out_load2(c + off0, p.out_bf16);
+      v0 += p.beta * old.x;
+      v1 += p.beta * old.y;
     }
-    *q = make_pair2<T>(v0, v1);
+    out_store2(c + off0, v0, v1, p.out_bf16);
   } else {
-    if (ok0) c[off0] = from_float<T>(v0 + (read_c ? p.beta * to_float(c[off0]) : 0.f));
-    if (ok1) c[off1] = from_float<T>(v1 + (read_c ? p.beta * to_float(c[off1]) : 0.f));
+    if (ok0) out_store(c + off0, v0 + (read_c ? p.beta * out_load(c + off0, p.out_bf16) : 0.f), p.out_bf16);
+    if (ok1) out_store(c + off1, v1 + (read_c ? p.beta * out_load(c + off1, p.out_bf16) : 0.f), p.out_bf16);
   }
 }
 
@@ -345,8 +414,8 @@ __device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC],
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         int r, n, r1, n1;
-        fragment_coord<Cfg>(mi, j, h, 0, warp, lane, r, n);
-        fragment_coord<Cfg>(mi, j, h, 1, warp, lane, r1, n1);
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
         store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * acc[mi][4 * j + 2 * h],
                         p.alpha * acc[mi][4 * j + 2 * h + 1]);
       }
@@ -386,9 +455,8 @@ template <class Cfg>
 __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p, int first, int last, int which,
                                         uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint8_t* ebuf,
                                         uint32_t ebuf_s, uint32_t c_bar) {
-  const int tid = threadIdx.x % 128, lane = tid % 32;
+  const int tid = threadIdx.x % 128;
   dev::Ring<Cfg::STAGES> ring;
-  const uint32_t &stage = ring.stage, &phase = ring.phase;
   uint32_t c_phase = 0;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
   // A slot is free once every consumer of every CTA of the cluster is done with it (the peer's
@@ -404,6 +472,11 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
   };
   float acc[Cfg::MI][Cfg::ACC];
   SK_PROF(const long long t_start = clock64(); long long prof_full = 0, prof_epi = 0, prof_part = 0;)
+#ifdef SPARSEK_HOPPER_PROFILE
+  long long* const full_wait = &prof_full;
+#else
+  long long* const full_wait = nullptr;
+#endif
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
     const int nst = (w.w - w.z) * p.kslices;
@@ -413,50 +486,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     }
     if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
     const bool hand_over = !Cfg::COOP && it + 1 < last;  // the other consumer runs item it+1
-    if (nst == 0 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
-#pragma unroll
-    for (int mi = 0; mi < Cfg::MI; ++mi)
-#pragma unroll
-      for (int i = 0; i < Cfg::ACC; ++i) acc[mi][i] = 0.f;
-    uint32_t prev = 0;
-    for (int s = 0; s < nst; ++s) {
-      SK_PROF(const long long tw = clock64();)
-      ptx::mbar_wait_or_trap(full + 8 * stage, phase, kWaitLimit);
-      SK_PROF(prof_full += clock64() - tw;)
-      if (s == nst - 1 && hand_over) ptx::named_barrier_arrive(2 - which, 256);
-      const uint32_t a = s_a + stage * Cfg::A_BYTES, b = s_b + stage * Cfg::B_BYTES;
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::KS / 16; ++kk) {
-#pragma unroll
-        for (int mi = 0; mi < Cfg::MI; ++mi) {
-          if constexpr (!Cfg::SWAP) {
-            // A rows (K-major, +32 B per k16 inside the swizzled row) x B (N-major 64-col chunks)
-            const int rows = Cfg::COOP ? which * 64 : 0;
-            const uint64_t da = ptx::smem_desc(a + rows * Cfg::KS * 2 + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
-            const uint64_t db = ptx::smem_desc(b + kk * 2048, Cfg::B_CHUNK, 1024, ptx::Swizzle::b128);
-            ptx::wgmma_m64k16<Cfg::WN, Cfg::BF16, 0, 1>(acc[mi], da, db, 1);
-          } else {
-            // C^T: B^T chunk mi (MN-major, 64 of N) x A block^T (K-major, bm = 32 as wgmma N)
-            const uint64_t da = ptx::smem_desc(b + mi * Cfg::B_CHUNK + kk * 2048, Cfg::B_CHUNK, 1024, ptx::Swizzle::b128);
-            const uint64_t db = ptx::smem_desc(a + kk * 32, 16, Cfg::A_SBO, Cfg::A_SWIZZLE);
-            ptx::wgmma_m64k16<Cfg::WN, Cfg::BF16, 1, 0>(acc[mi], da, db, 1);
-          }
-        }
-      }
-      ptx::wgmma_commit();
-      // Keep this stage's group in flight; the previous one is done, so its slot goes back.
-      ptx::wgmma_wait<1>();
-      if (s > 0 && lane == 0) release(prev);
-      prev = stage;
-      ring.advance();
-    }
-    ptx::wgmma_wait<0>();
-    if (nst > 0 && lane == 0) release(prev);
-#pragma unroll
-    for (int mi = 0; mi < Cfg::MI; ++mi)
-#pragma unroll
-      for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
+    dev::mainloop<Cfg>(acc, nst, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release, full_wait);
     SK_PROF(const long long te = clock64();)
     const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = w.y + rank * Cfg::BN;
     if (p.slot_of) {  // split rows: a piece leaves its sums to hopper_split_reduce
@@ -467,8 +497,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
         continue;
       }
     }
-    if (p.tma_store)
-      epilogue_tma<Cfg>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+    if (p.tma_store && p.c_col)
+      epilogue_tma<Cfg, true>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+    else if (p.tma_store)
+      epilogue_tma<Cfg, false>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
     else
       epilogue_direct<Cfg>(acc, p, row0, n0);
     SK_PROF(prof_epi += clock64() - te;)
@@ -567,11 +599,11 @@ __global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, c
   for (int u = 0; u < H; ++u) {
     const int v = pass * H + u, mi = v / (Cfg::ACC / 4), j = v % (Cfg::ACC / 4);
     int r, n, r1, n1;
-    fragment_coord<Cfg>(mi, j, 0, 0, warp, lane, r, n);
-    fragment_coord<Cfg>(mi, j, 0, 1, warp, lane, r1, n1);
+    dev::fragment_coord<Cfg::SWAP>(mi, j, 0, 0, warp, lane, r, n);
+    dev::fragment_coord<Cfg::SWAP>(mi, j, 0, 1, warp, lane, r1, n1);
     store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].x, p.alpha * sum[u].y);
-    fragment_coord<Cfg>(mi, j, 1, 0, warp, lane, r, n);
-    fragment_coord<Cfg>(mi, j, 1, 1, warp, lane, r1, n1);
+    dev::fragment_coord<Cfg::SWAP>(mi, j, 1, 0, warp, lane, r, n);
+    dev::fragment_coord<Cfg::SWAP>(mi, j, 1, 1, warp, lane, r1, n1);
     store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * sum[u].z, p.alpha * sum[u].w);
   }
 #endif
@@ -588,20 +620,44 @@ using namespace sm90;
 constexpr int kTileN = 256;                         // Config::BN
 int stage_k(int bk) { return bk == 32 ? 32 : 64; }     // Config::KS
 
+// The DSD the kernel runs for args (as_dsd): op(A)'s block shape and block rows, and the operand
+// layouts that pick the kernel.
+struct DsdShape {
+  GemmArgs g;          // the DSD view
+  bool trans = false;  // op(A) = A^T: MN-major A tiles through the transposed pattern
+  bool b_col = false;  // B column-major: K-major B tiles
+  int bm = 0, bk = 0;  // op(A)'s blocks
+  int64_t mb = 0;      // op(A)'s block rows
+};
+DsdShape dsd_shape(const GemmArgs& args) {
+  DsdShape d;
+  d.g = as_dsd(args);
+  const BsrView& a = d.g.sparse;
+  d.trans = d.g.op == Op::trans;
+  d.b_col = d.g.b.layout == Layout::col_major;
+  d.bm = d.trans ? a.bk : a.bm;
+  d.bk = d.trans ? a.bm : a.bk;
+  d.mb = d.trans ? a.kb() : a.mb();
+  return d;
+}
+
 struct HopperState final : VariantState {
   // What the schedule was built for (run() checks it).
   int64_t mb = 0, n = 0, nnzb = 0;
   int bm = 0, bk = 0;
+  bool trans = false;
   int grid = 0;
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
   int4* items = nullptr;
   int* cta_items = nullptr;
+  int* col = nullptr;        // op T: the transposed pattern's block columns (Params::col_idx)
+  int* perm = nullptr;       // op T: Params::perm
   int* slot_of = nullptr;    // split rows (Params::slot_of); null when nothing was split
   int4* groups = nullptr;    // split items for hopper_split_reduce
   int ngroups = 0;
   float* partials = nullptr;
-  size_t bytes = 0;  // schedule and split-row buffers on the device
+  size_t bytes = 0;  // schedule, transposed pattern and split-row buffers on the device
   size_t workspace_bytes() const override { return bytes; }
   ~HopperState() override {
 #ifdef SPARSEK_HOPPER_PROFILE
@@ -616,12 +672,14 @@ struct HopperState final : VariantState {
 #endif
     // NOTE: cudaFree waits for the device to finish, so a launch still reading the schedule is
     // safe (the one-shot API destroys the state right after enqueueing).
-    for (void* q : {static_cast<void*>(items), static_cast<void*>(cta_items), static_cast<void*>(slot_of),
-                    static_cast<void*>(groups), static_cast<void*>(partials)})
+    for (void* q : {static_cast<void*>(items), static_cast<void*>(cta_items), static_cast<void*>(col),
+                    static_cast<void*>(perm), static_cast<void*>(slot_of), static_cast<void*>(groups),
+                    static_cast<void*>(partials)})
       if (q) cudaFree(q);
   }
 };
 
+// g: the DSD view (dsd_shape().g).
 template <class Cfg>
 void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   const BsrView& a = g.sparse;
@@ -630,40 +688,57 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   std::memset(&tm_a, 0, sizeof(tm_a));
   std::memset(&tm_b, 0, sizeof(tm_b));
   std::memset(&tm_c, 0, sizeof(tm_c));
-  const bool b3d = g.b.cols % 64 == 0;
+  const bool b3d = !Cfg::B_K && g.b.cols % 64 == 0;
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
-    tm_a = tma_map_2d(a.values, a.dtype, uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2, Cfg::KS,
-                      Cfg::BM / Cfg::CL, Cfg::KS == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-                      "A values");
-    // NOTE: 3-D only when N is whole 64-column chunks: a partial last chunk would make the map
-    // claim memory past column N of B's last row, which the caller need not have allocated.
-    tm_b = tma_map_2d(g.b.data, a.dtype, uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2, 64, Cfg::KS,
-                      CU_TENSOR_MAP_SWIZZLE_128B, "B", b3d ? uint64_t(g.b.cols / 64) : 0, Cfg::BN / 64);
+    // vals: (nnzb * bm_stored, bk_stored). op none: boxes (KS, BM / CL) of a block's rows;
+    // op T: boxes (64 or 32 of the stored columns, KS of the stored rows).
+    const uint32_t box_inner = Cfg::A_MN ? uint32_t(Cfg::ATile::W) : uint32_t(Cfg::KS);
+    const uint32_t box_outer = Cfg::A_MN ? uint32_t(Cfg::KS) : uint32_t(Cfg::BM / Cfg::CL);
+    tm_a = tma_map_2d(a.values, a.dtype, uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2, box_inner,
+                      box_outer, tma_swizzle(Cfg::ATile::ROW_BYTES), "A values");
+    if constexpr (Cfg::B_K) {
+      // B column-major: N rows of K, boxes (KS, BN)
+      tm_b = tma_map_2d(g.b.data, a.dtype, uint64_t(g.b.rows), uint64_t(g.b.cols), uint64_t(g.b.ld) * 2, Cfg::KS,
+                        Cfg::BN, tma_swizzle(Cfg::KS * 2), "B");
+    } else {
+      // NOTE: 3-D only when N is whole 64-column chunks: a partial last chunk would make the map
+      // claim memory past column N of B's last row, which the caller need not have allocated.
+      tm_b = tma_map_2d(g.b.data, a.dtype, uint64_t(g.b.cols), uint64_t(g.b.rows), uint64_t(g.b.ld) * 2, 64, Cfg::KS,
+                        CU_TENSOR_MAP_SWIZZLE_128B, "B", b3d ? uint64_t(g.b.cols / 64) : 0, Cfg::BN / 64);
+    }
   }
   Params p{};
   p.b3d = b3d;
   p.items = st.items;
   p.cta_items = st.cta_items;
-  p.col_idx = a.col_idx;
+  p.col_idx = st.trans ? st.col : a.col_idx;
+  p.perm = st.perm;
   p.c = g.c.data;
   const bool c_row = g.c.layout == Layout::row_major;
+  p.c_col = !c_row;
   p.c_rs = c_row ? g.c.ld : 1;
   p.c_cs = c_row ? 1 : g.c.ld;
   p.n = int(g.b.cols);
-  p.bk = a.bk;
-  p.kslices = a.bk / Cfg::KS;
+  p.bk = st.bk;
+  p.kslices = st.bk / Cfg::KS;
   // Direct stores: the pair of a fragment runs along n (along m when swapped); one 2-element
   // access when that direction is contiguous and every pair starts 2-element aligned.
   const bool contiguous = Cfg::SWAP ? !c_row : c_row;
   p.c_pairs = contiguous && (g.c.ld % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0);
-  // NOTE: TMA stores need a 16-byte aligned base and row stride, and a row length that is a whole
-  // number of 16-byte granules: with N * sizeof(T) % 16 != 0 the H100 wrote the rest of the last
-  // granule, i.e. into C's padding past column N (found by `sparsek verify --variants hopper`).
-  p.tma_store = c_row && reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
-                (g.c.cols * int64_t(sizeof(T))) % 16 == 0;
-  if (p.tma_store)
+  // NOTE: TMA stores need a 16-byte aligned base and line stride, and lines that are a whole
+  // number of 16-byte granules: with N * sizeof(T) % 16 != 0 (row-major) the H100 wrote the rest
+  // of the last granule, i.e. into C's padding past column N (found by `sparsek verify --variants
+  // hopper`). Column-major lines are M long (a multiple of the block height).
+  const int64_t line = c_row ? g.c.cols : g.c.rows;
+  p.tma_store = reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
+                (line * int64_t(sizeof(T))) % 16 == 0;
+  if (p.tma_store && c_row)
     tm_c = tma_map_2d(g.c.data, g.c.dtype, uint64_t(g.c.cols), uint64_t(g.c.rows), uint64_t(g.c.ld) * sizeof(T),
                       Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
+  else if (p.tma_store)
+    tm_c = tma_map_2d(g.c.data, g.c.dtype, uint64_t(g.c.rows), uint64_t(g.c.cols), uint64_t(g.c.ld) * sizeof(T),
+                      Cfg::COL_IW, Cfg::COL_OL, tma_swizzle(Cfg::COL_LB), "C");
+  p.out_bf16 = g.c.dtype == DType::bf16;
   p.alpha = g.alpha;
   p.beta = g.beta;
   p.cluster_mode = st.cluster_mode;
@@ -733,34 +808,50 @@ template <class Cfg>
 Kernel kernel_of() {
   return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>, Cfg::CL, &max_clusters<Cfg>};
 }
-template <int BM, int KS, bool BF16, int CL>
+// Runtime -> compile time: output width, input dtype, operand layouts, stage depth, block height
+// (f16 or bf16 C is a run-time parameter of the kernel).
+template <int BM, int KS, int CL, bool BF16, bool AMN, bool BK>
 Kernel pick_out(DType out) {
-  switch (out) {
-    case DType::f16: return kernel_of<Config<BM, KS, BF16, __half, CL>>();
-    case DType::bf16: return kernel_of<Config<BM, KS, BF16, __nv_bfloat16, CL>>();
-    case DType::f32: return kernel_of<Config<BM, KS, BF16, float, CL>>();
-  }
-  return {};
+  return out == DType::f32 ? kernel_of<Config<BM, KS, BF16, float, CL, AMN, BK>>()
+                           : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK>>();
+}
+template <int BM, int KS, int CL, bool AMN, bool BK>
+Kernel pick_in(DType in, DType out) {
+  return in == DType::bf16 ? pick_out<BM, KS, CL, true, AMN, BK>(out) : pick_out<BM, KS, CL, false, AMN, BK>(out);
 }
 template <int BM, int KS, int CL>
-Kernel pick_in(DType in, DType out) {
-  return in == DType::bf16 ? pick_out<BM, KS, true, CL>(out) : pick_out<BM, KS, false, CL>(out);
+Kernel pick_layout(bool trans, bool b_col, DType in, DType out) {
+  if (trans) return b_col ? pick_in<BM, KS, CL, true, true>(in, out) : pick_in<BM, KS, CL, true, false>(in, out);
+  return b_col ? pick_in<BM, KS, CL, false, true>(in, out) : pick_in<BM, KS, CL, false, false>(in, out);
 }
-template <int BM, int CL = 1>
-Kernel pick_ks(int bk, DType in, DType out) {
-  return stage_k(bk) == 32 ? pick_in<BM, 32, CL>(in, out) : pick_in<BM, 64, CL>(in, out);
+template <int BM>
+Kernel pick_ks(const DsdShape& d, DType out) {
+  const DType in = d.g.sparse.dtype;
+  return stage_k(d.bk) == 32 ? pick_layout<BM, 32, 1>(d.trans, d.b_col, in, out)
+                             : pick_layout<BM, 64, 1>(d.trans, d.b_col, in, out);
 }
-// cluster: 2 selects the A-multicast pair for bm = 128 (other shapes ignore it).
-Kernel pick(int bm, int bk, DType in, DType out, int cluster = 1) {
-  switch (bm) {
-    case 32: return pick_ks<32>(bk, in, out);
-    case 64: return pick_ks<64>(bk, in, out);
-    case 128: return cluster == 2 ? pick_ks<128, 2>(bk, in, out) : pick_ks<128>(bk, in, out);
+// CTA pairs (cluster 2: A multicast) exist for bm = 128 with 64-deep stages and K-major A tiles
+// (op none: DSD, and DDS x * W^T): where they measured faster, and where the targets need them.
+// Instantiating them for every layout and stage depth would add a quarter of the kernels.
+bool pairs_built(const DsdShape& d) { return d.bm == 128 && stage_k(d.bk) == 64 && !d.trans; }
+template <bool BK>
+Kernel pick_pair(const DsdShape& d, DType out) {
+  return d.g.sparse.dtype == DType::bf16 ? pick_out<128, 64, 2, true, false, BK>(out)
+                                         : pick_out<128, 64, 2, false, false, BK>(out);
+}
+// cluster: 2 selects the A-multicast pair where pairs_built() (other shapes ignore it).
+Kernel pick(const DsdShape& d, int cluster = 1) {
+  const DType out = d.g.c.dtype;
+  if (cluster == 2 && pairs_built(d)) return d.b_col ? pick_pair<true>(d, out) : pick_pair<false>(d, out);
+  switch (d.bm) {
+    case 32: return pick_ks<32>(d, out);
+    case 64: return pick_ks<64>(d, out);
+    case 128: return pick_ks<128>(d, out);
   }
   return {};
 }
 
-// Whether this build carries sm_90a code for the kernel (a build for 80 alone runs sm_80 code
+// Whether this build carries sm_90a code for the kernels (a build for 80 alone runs sm_80 code
 // on Hopper, which here is an empty kernel).
 bool has_sm90a_code() {
   static const bool yes = [] {
@@ -774,40 +865,44 @@ bool has_sm90a_code() {
   return yes;
 }
 
-std::string why_not(const GemmArgs& g) {
-  if (g.kind != OpKind::dsd) return std::string("runs dsd only, not ") + to_string(g.kind);
-  if (g.op != Op::none) return "op(A) = trans is not supported (A is read as stored)";
+// DSD and DDS (as the DSD on the transposes; the messages name the caller's operands): the
+// problem's own limits (why_not() checks the device after them).
+std::string dsd_why_not(const GemmArgs& args) {
+  const DsdShape d = dsd_shape(args);
+  const GemmArgs& g = d.g;
   const BsrView& a = g.sparse;
-  if (a.dtype != DType::f16 && a.dtype != DType::bf16)
-    return std::string("needs f16 or bf16 inputs, got ") + to_string(a.dtype);
-  if (a.bm != 32 && a.bm != 64 && a.bm != 128) return "bm=" + std::to_string(a.bm) + " not in {32, 64, 128}";
-  if (a.bk != 32 && a.bk != 64 && a.bk != 128) return "bk=" + std::to_string(a.bk) + " not in {32, 64, 128}";
-  if (g.b.layout != Layout::row_major) return "B must be row-major (column-major B is not implemented)";
-  if (a.memory != Memory::device || g.b.memory != Memory::device || g.c.memory != Memory::device)
-    return "operands must be in device memory";
+  const char* dense_in = args.kind == OpKind::dds ? "A" : "B";  // the DSD view's B
   const int64_t N = g.b.cols, K = g.b.rows;
-  if (N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) || a.rows >= (int64_t(1) << 31))
+  if (N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) || g.c.rows >= (int64_t(1) << 31))
     return "M, N and K must be below 2^31 (TMA coordinates are 32-bit)";
   if (a.nnzb * a.bm >= (int64_t(1) << 31))
     return "nnzb*bm = " + std::to_string(a.nnzb * a.bm) + " must be below 2^31 (TMA coordinates are 32-bit)";
   if (a.nnzb > 0) {
-    // NOTE: TMA needs 16-byte aligned base addresses and row strides.
+    // NOTE: TMA needs 16-byte aligned base addresses and line strides.
     if (reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
-      return "A values must be 16-byte aligned for TMA (address % 16 = " +
+      return std::string(args.kind == OpKind::dds ? "B" : "A") + " values must be 16-byte aligned for TMA (address % 16 = " +
              std::to_string(reinterpret_cast<uintptr_t>(a.values) % 16) + ")";
-    if (reinterpret_cast<uintptr_t>(g.b.data) % 16 != 0)
-      return "B must be 16-byte aligned for TMA (address % 16 = " +
-             std::to_string(reinterpret_cast<uintptr_t>(g.b.data) % 16) + ")";
-    if ((g.b.ld * 2) % 16 != 0)
-      return "B's row stride must be a multiple of 16 bytes for TMA (ld=" + std::to_string(g.b.ld) +
-             " -> " + std::to_string(g.b.ld * 2) + " bytes)";
+    return hopper_tma_operand_why_not(g.b, dense_in);
   }
+  return "";
+}
+
+std::string hopper_why_not(const GemmArgs& g) {
+  const BsrView& s = g.sparse;
+  const DType in = g.kind == OpKind::sdd ? g.a.dtype : s.dtype;
+  if (in != DType::f16 && in != DType::bf16) return std::string("needs f16 or bf16 inputs, got ") + to_string(in);
+  if (s.bm != 32 && s.bm != 64 && s.bm != 128) return "bm=" + std::to_string(s.bm) + " not in {32, 64, 128}";
+  if (s.bk != 32 && s.bk != 64 && s.bk != 128) return "bk=" + std::to_string(s.bk) + " not in {32, 64, 128}";
+  if (s.memory != Memory::device) return "operands must be in device memory";
+  const bool sdd = g.kind == OpKind::sdd;
+  const std::string why = sdd ? hopper_sdd_why_not(g) : dsd_why_not(g);
+  if (!why.empty()) return why;
   const DeviceInfo& d = device_info();
   if (!d.available) return "no CUDA device (" + d.why_not + ")";
   if (d.cc_major != 9 || d.cc_minor != 0)
     return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
-  const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
+  const int smem = sdd ? hopper_sdd_smem(g) : pick(dsd_shape(g)).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
            std::to_string(d.smem_per_block_optin);
@@ -822,27 +917,40 @@ std::string env_or(const char* name, const char* fallback) {
 // Copies a host vector into a new device allocation and counts its bytes.
 template <class T>
 void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
-  check_cuda(cudaMalloc(dst, v.size() * sizeof(T)), "cudaMalloc(hopper schedule)");
-  check_cuda(cudaMemcpy(*dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy(hopper schedule)");
+  check_cuda(cudaMalloc(dst, std::max<size_t>(v.size(), 1) * sizeof(T)), "cudaMalloc(hopper schedule)");
+  if (!v.empty())
+    check_cuda(cudaMemcpy(*dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy(hopper schedule)");
   bytes += v.size() * sizeof(T);
 }
 
-std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
-  const BsrView& a = g.sparse;
+std::unique_ptr<VariantState> hopper_prepare(const GemmArgs& args, const Options&) {
+  if (args.kind == OpKind::sdd) return hopper_sdd_prepare(args);
+  const DsdShape d = dsd_shape(args);
+  const BsrView& a = d.g.sparse;
   auto st = std::make_unique<HopperState>();
 #ifdef SPARSEK_HOPPER_PROFILE
   const unsigned long long zero[kProfSlots] = {};
   check_cuda(cudaMemcpyToSymbol(g_prof, zero, sizeof(zero)), "cudaMemcpyToSymbol(g_prof)");
 #endif
-  st->mb = a.mb();
-  st->n = g.b.cols;
+  st->mb = d.mb;
+  st->n = d.g.b.cols;
   st->nnzb = a.nnzb;
-  st->bm = a.bm;
-  st->bk = a.bk;
-  std::vector<int32_t> row_ptr(size_t(st->mb + 1), 0);
-  if (st->mb > 0)
-    check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
-               "cudaMemcpy(row_ptr)");
+  st->bm = d.bm;
+  st->bk = d.bk;
+  st->trans = d.trans;
+  // op(A)'s block rows: A's own, or those of the transposed pattern (built here, once).
+  std::vector<int32_t> row_ptr;
+  if (d.trans) {
+    PatternTranspose t = transposed_pattern(a);
+    row_ptr = std::move(t.row_ptr);
+    upload(t.col_idx, &st->col, st->bytes);
+    upload(t.src, &st->perm, st->bytes);
+  } else {
+    row_ptr.assign(size_t(st->mb + 1), 0);
+    if (st->mb > 0)
+      check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                 "cudaMemcpy(row_ptr)");
+  }
   // Experiment switches (docs/KERNELS.md): SPARSEK_HOPPER_SCHEDULE = deadline (default) | bigtile |
   // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic).
   const Order order = parse_order(env_or("SPARSEK_HOPPER_SCHEDULE", "deadline"));
@@ -852,20 +960,21 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
   // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
   // 3-7% faster on the H100, and 128x64 (+3-5%); 128x32 measured 4-5% slower (docs/KERNELS.md,
-  // third and fourth passes). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on (bm = 128).
+  // third and fourth passes). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on where pairs_built().
   const std::string clu = env_or("SPARSEK_HOPPER_CLUSTER", "");
   const int64_t tiles = (st->n + kTileN - 1) / kTileN;
-  const bool pair_default = a.bk >= 64 && tiles % 2 == 0;
-  st->cluster = a.bm == 128 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
+  const bool pair_default = tiles % 2 == 0;
+  st->cluster = pairs_built(d) && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
+  const Kernel k = pick(d, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk), std::max(1, lists), order,
+  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, d.bk / stage_k(d.bk), std::max(1, lists), order,
                                     split_stages);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
-    std::fprintf(stderr, "hopper: bm=%d bk=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
-                 a.bk, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
+    std::fprintf(stderr, "hopper: bm=%d bk=%d%s cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", d.bm,
+                 d.bk, d.trans ? " (op T)" : "", k.cluster, int(s.cta_items.size()) - 1, s.items.size(),
+                 int(s.groups.size()), s.slots);
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
@@ -879,7 +988,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
     upload(s.groups, &st->groups, st->bytes);
     st->ngroups = int(s.groups.size());
     // One partial tile per piece, per CTA of a cluster and per consumer.
-    const size_t per = size_t(128) * (a.bm == 32 ? 64 : 128) * sizeof(float) * (a.bm == 128 ? 2 : 1);
+    const size_t per = size_t(128) * (d.bm == 32 ? 64 : 128) * sizeof(float) * (d.bm == 128 ? 2 : 1);
     const size_t pbytes = size_t(s.slots) * size_t(k.cluster) * per;
     check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
     st->bytes += pbytes;
@@ -887,19 +996,33 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   return st;
 }
 
-void run(const GemmArgs& g, const Options& o, VariantState* state) {
+void hopper_run(const GemmArgs& args, const Options& o, VariantState* state) {
+  if (args.kind == OpKind::sdd) return hopper_sdd_run(args, o.stream, state);
   auto* st = dynamic_cast<HopperState*>(state);
-  const BsrView& a = g.sparse;
-  if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
+  const DsdShape d = dsd_shape(args);
+  if (!st || st->mb != d.mb || st->n != d.g.b.cols || st->nnzb != d.g.sparse.nnzb || st->bm != d.bm ||
+      st->bk != d.bk || st->trans != d.trans)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
-  const Kernel k = pick(a.bm, a.bk, a.dtype, g.c.dtype, st->cluster);
+  const Kernel k = pick(d, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
-  k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
+  k.launch(d.g, *st, static_cast<cudaStream_t>(o.stream));
 }
 
 }  // namespace
 
-std::vector<Variant> hopper_variants() { return {Variant{"hopper", Backend::cuda, false, &why_not, &prepare, &run}}; }
+std::string hopper_tma_operand_why_not(const DenseView& d, const char* name) {
+  if (reinterpret_cast<uintptr_t>(d.data) % 16 != 0)
+    return std::string(name) + " must be 16-byte aligned for TMA (address % 16 = " +
+           std::to_string(reinterpret_cast<uintptr_t>(d.data) % 16) + ")";
+  if ((d.ld * int64_t(dtype_size(d.dtype))) % 16 != 0)
+    return std::string(name) + "'s leading dimension must be a multiple of 16 bytes for TMA (ld=" +
+           std::to_string(d.ld) + " -> " + std::to_string(d.ld * int64_t(dtype_size(d.dtype))) + " bytes)";
+  return "";
+}
+
+std::vector<Variant> hopper_variants() {
+  return {Variant{"hopper", Backend::cuda, false, &hopper_why_not, &hopper_prepare, &hopper_run}};
+}
 
 }  // namespace sparsek

@@ -1,0 +1,403 @@
+// Hopper (sm_90a) SDD kernel: C = alpha * (A * B) + beta * C on C's stored blocks only (C in BSR,
+// A and B dense, all on the device). fp16 / bf16 inputs, fp32 accumulation, f16 / bf16 / f32 C.
+// The SDD half of the `hopper` variant (hopper_sm90.cu owns the variant and dispatches here).
+//
+// Shape of the computation (docs/KERNELS.md "Hopper sm90: every product" has the numbers):
+//  - A work item is a group of up to BN / bk neighbouring stored blocks of one block row r of C
+//    (pattern positions j0 .. j0 + G): the tile C[r*bm : +bm, the G blocks' columns] is 256 columns
+//    wide however narrow the blocks, so the wgmma N (the swapped M when bm = 32) stays 256. Its K
+//    loop is the dense K of A's rows and the G blocks' columns of B, KS = 64 per stage; the TMA
+//    zero-fills the K tail of the last stage. A group with fewer than BN / bk blocks leaves the
+//    rest of the tile unloaded; those columns are computed on stale data and never stored.
+//  - A's tile is K-major (A row-major) or MN-major (A column-major: boxes of 64 or 32 rows). B's
+//    G blocks sit side by side: MN-major chunks of min(bk, 64) columns (B row-major; 32-wide
+//    chunks use the 64-byte swizzle) or K-major rows (B column-major, one box per block).
+//  - Producer warp, ring of mbarrier stages, cooperative (bm = 128) or ping-pong (bm <= 64)
+//    consumer warpgroups, the swap for bm = 32 and the wgmma issue are the DSD kernel's
+//    (hopper_sm90.cu, src/cuda/common/wgmma_tile.cuh).
+//  - Epilogue straight from the registers into the blocks' values (row-major inside a block; the
+//    pair of adjacent columns as one access): the dense K loop makes it a small share of an item.
+//  - Persistent grid: plan() groups the blocks (build_sdd_schedule) and deals the equal-cost items
+//    round-robin in row order.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.hpp"
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/pipeline.cuh"
+#include "cuda/common/tma.hpp"
+#include "cuda/common/wgmma_tile.cuh"
+#include "cuda/gemm/hopper_sdd.hpp"
+#include "cuda/ptx/async.cuh"
+#include "plan/plan_internal.hpp"
+#include "plan/schedule.hpp"
+
+namespace sparsek {
+namespace sm90_sdd {
+
+constexpr int kThreads = 384;           // 3 warpgroups: producer, consumer 0, consumer 1
+constexpr int kSmemLimit = 227 * 1024;  // per block on sm_90 (opt-in)
+
+// BM: C's block height; BF16: bf16 (else f16) inputs; TOut: float (f32 C) or uint16_t (f16 / bf16
+// C: which one is a run-time parameter, as in the DSD kernel); A_MN: A column-major (MN-major A
+// tile); B_K: B column-major (K-major B tile); BW: width of a B chunk when B is row-major (32 for
+// 32-wide blocks, else 64).
+template <int BM_, bool BF16_, class TOut_, bool A_MN_, bool B_K_, int BW_>
+struct Config {
+  static constexpr int BM = BM_;
+  static constexpr int KS = 64;  // K per stage: one 128-byte swizzle row
+  static constexpr bool BF16 = BF16_;
+  using TOut = TOut_;
+  static constexpr bool A_MN = A_MN_, B_K = B_K_;
+  static constexpr int BW = BW_;
+  static constexpr bool SWAP = BM == 32;  // the tile is computed as C^T: the 256 columns are the wgmma M side
+  static constexpr bool COOP = BM == 128;  // both consumers on every item, 64 rows each
+  static constexpr int BN = 256;           // columns of a tile (G blocks of bk)
+  static constexpr int MI = SWAP ? BN / 64 : 1;
+  static constexpr int WN = SWAP ? BM : BN;
+  static constexpr int ACC = WN / 2;
+  using ATile = dev::TileLayout<BM, KS, !A_MN>;
+  using BTile = dev::TileLayout<BN, KS, B_K, BW>;
+  static constexpr int A_BYTES = ATile::BYTES;
+  static constexpr int B_BYTES = BTile::BYTES;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int STAGES = std::min(12, (kSmemLimit - 2048) / STAGE_BYTES);
+  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
+
+  static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");
+  static_assert(B_K || BW == 32 || BW == 64, "row-major B comes in 32- or 64-wide chunks");
+  static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
+  static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
+};
+
+// Work item: x = block row of C, y = first stored block, z = blocks in the group.
+struct Params {
+  const int4* items;     // [total items], grouped by CTA
+  const int* cta_items;  // [grid + 1]
+  const int* col_idx;    // C's block columns
+  void* c;               // C's values [nnzb][bm][bk]
+  int bk;                // C's block width
+  int kstages;           // ceil(K / KS)
+  int c_pairs;           // 1: two adjacent elements of a block row are one aligned access
+  int out_bf16;           // bf16 (else f16) C when TOut is 16-bit
+  float alpha, beta;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+using dev::kWaitLimit;
+
+// Producer: one warp. Per stage, lane 0 waits for the free slot, announces the bytes and loads A;
+// then lane g loads the B columns of block g of the group (its block column read once per item,
+// one item ahead), so the B loads of a stage issue in parallel.
+template <class Cfg>
+__device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorMap* tm_b, const Params& p,
+                                        int first, int last, uint32_t s_a, uint32_t s_b, uint32_t full,
+                                        uint32_t empty) {
+  const int lane = threadIdx.x % 32;
+  dev::Ring<Cfg::STAGES> ring;
+  auto col_of = [&](const int4& w) { return lane < w.z ? p.col_idx[w.y + lane] : 0; };
+  int4 w = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
+  int col = col_of(w);
+  for (int it = first; it < last; ++it) {
+    const int4 wn = it + 1 < last ? p.items[it + 1] : make_int4(0, 0, 0, 0);
+    const int col_next = col_of(wn);
+    const int row = w.x * Cfg::BM;
+    for (int s = 0; s < p.kstages; ++s) {
+      const uint32_t bar = full + 8 * ring.stage;
+      const int k0 = s * Cfg::KS;
+      if (lane == 0) {
+        ptx::mbar_wait_or_trap(empty + 8 * ring.stage, ring.phase ^ 1, kWaitLimit);
+        ptx::mbar_arrive_expect_tx(bar, Cfg::A_BYTES + w.z * p.bk * Cfg::KS * 2);  // the loaded part of B
+        // A rows r*bm ..: row-major (K contiguous): box (KS, BM) at (k0, row); column-major
+        // (M contiguous): boxes (W, KS) at (row + c*W, k0)
+        const uint32_t a_dst = s_a + ring.stage * Cfg::A_BYTES;
+        if constexpr (Cfg::A_MN) {
+#pragma unroll
+          for (int c = 0; c < Cfg::ATile::CHUNKS; ++c)
+            ptx::tma_load_2d(a_dst + c * Cfg::ATile::CHUNK, tm_a, bar, row + c * Cfg::ATile::W, k0);
+        } else {
+          ptx::tma_load_2d(a_dst, tm_a, bar, k0, row);
+        }
+      }
+      __syncwarp();  // the bytes are announced before any B load lands
+      // B columns col*bk .. of block `lane` of the group, at its place in the tile: column-major
+      // (K contiguous): box (KS, bk) at (k0, col*bk), bk rows of the tile; row-major (N
+      // contiguous): bk / BW boxes (BW, KS) at (col*bk + c*BW, k0), one chunk each.
+      if (lane < w.z) {
+        const uint32_t b_dst = s_b + ring.stage * Cfg::B_BYTES;
+        if constexpr (Cfg::B_K) {
+          ptx::tma_load_2d(b_dst + lane * p.bk * Cfg::KS * 2, tm_b, bar, k0, col * p.bk);
+        } else {
+          for (int c = 0; c < p.bk / Cfg::BW; ++c)
+            ptx::tma_load_2d(b_dst + (lane * p.bk / Cfg::BW + c) * Cfg::BTile::CHUNK, tm_b, bar, col * p.bk + c * Cfg::BW,
+                             k0);
+        }
+      }
+      ring.advance();
+    }
+    w = wn;
+    col = col_next;
+  }
+}
+
+// The consumer's tile into C's values: tile element (r, n) is row r of block j0 + n / bk, column
+// n % bk (columns past the group's blocks are not stored). beta == 0: C is never read.
+template <class Cfg>
+__device__ __forceinline__ void epilogue(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, const int4& w, int row0) {
+  using T = typename Cfg::TOut;
+  T* c = static_cast<T*>(p.c);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const bool read_c = p.beta != 0.f;
+  const int64_t block = int64_t(Cfg::BM) * p.bk;
+  // NOTE: shifts by log2(bk) here let the compiler hoist every element's offset out of the
+  // unrolled loop and spill ~1.3 KB; the divisions are not hoisted.
+  auto offset = [&](int r, int n) { return (w.y + n / p.bk) * block + int64_t(row0 + r) * p.bk + n % p.bk; };
+  auto one = [&](int64_t off, float v) {
+    dev::out_store(c + off, v + (read_c ? p.beta * dev::out_load(c + off, p.out_bf16) : 0.f), p.out_bf16);
+  };
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int r, n, r1, n1;
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
+        if (n / p.bk >= w.z) continue;  // the pair shares its block (n1 = n, or n + 1 of an even n)
+        float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+        const int64_t off0 = offset(r, n);
+        if (!Cfg::SWAP && p.c_pairs) {  // (n, n + 1): adjacent in the block row
+          if (read_c) {
+            const float2 old = dev::out_load2(c + off0, p.out_bf16);
+            v0 += p.beta * old.x;
+            v1 += p.beta * old.y;
+          }
+          dev::out_store2(c + off0, v0, v1, p.out_bf16);
+        } else {
+          one(off0, v0);
+          one(offset(r1, n1), v1);
+        }
+      }
+}
+
+// Consumer: one warpgroup; cooperative (bm = 128: rows 64*which of every item) or ping-pong (the
+// items of its parity). The ring walk, the hand-over between ping-pong consumers and the slot
+// release follow the DSD kernel's consume() (hopper_sm90.cu has the reasoning).
+template <class Cfg>
+__device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
+                                        uint32_t full, uint32_t empty) {
+  dev::Ring<Cfg::STAGES> ring;
+  auto release = [&](uint32_t slot) { ptx::mbar_arrive(empty + 8 * slot); };
+  float acc[Cfg::MI][Cfg::ACC];
+  for (int it = first; it < last; ++it) {
+    if (!Cfg::COOP && ((it - first) & 1) != which) {
+      ring.skip(uint32_t(p.kstages));
+      continue;
+    }
+    const int4 w = p.items[it];
+    if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
+    const bool hand_over = !Cfg::COOP && it + 1 < last;                    // the other consumer runs item it+1
+    dev::mainloop<Cfg>(acc, p.kstages, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release, nullptr);
+    epilogue<Cfg>(acc, p, w, Cfg::COOP ? which * 64 : 0);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_sdd_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                      const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // smem: A stages [STAGES][A_BYTES] | B stages [STAGES][B_BYTES] | full[STAGES] | empty[STAGES]
+  const uint32_t s_a = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t s_b = s_a + Cfg::STAGES * Cfg::A_BYTES;
+  const uint32_t full = s_b + Cfg::STAGES * Cfg::B_BYTES;
+  const uint32_t empty = full + 8 * Cfg::STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      ptx::mbar_init(full + 8 * s, 1);                     // producer's arrive_expect_tx + TMA bytes
+      ptx::mbar_init(empty + 8 * s, Cfg::COOP ? 8 : 4);    // lane 0 of each consuming warp
+    }
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+  const dev::ItemRange range = dev::item_range(p.cta_items, int(blockIdx.x));
+  if (threadIdx.x < 128) {
+    ptx::setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, range.first, range.last, s_a, s_b, full, empty);
+  } else {
+    ptx::setmaxnreg_inc<232>();
+    consume<Cfg>(p, range.first, range.last, threadIdx.x / 128 - 1, s_a, s_b, full, empty);
+  }
+#endif
+}
+
+}  // namespace sm90_sdd
+
+// ---------------------------------------------------------------------------------------------
+// Host side: schedule, tensor maps, launch.
+
+namespace {
+using namespace sm90_sdd;
+
+constexpr int kTileN = 256;  // Config::BN
+
+struct SddState final : VariantState {
+  int64_t mb = 0, nnzb = 0, k = 0;  // what the schedule was built for (run() checks it)
+  int bm = 0, bk = 0;
+  int grid = 0;
+  int4* items = nullptr;
+  int* cta_items = nullptr;
+  size_t bytes = 0;
+  size_t workspace_bytes() const override { return bytes; }
+  ~SddState() override {
+    // NOTE: cudaFree waits for the device, so a launch still reading the schedule is safe.
+    if (items) cudaFree(items);
+    if (cta_items) cudaFree(cta_items);
+  }
+};
+
+template <class Cfg>
+void launch(const GemmArgs& g, const SddState& st, cudaStream_t stream) {
+  const BsrView& c = g.sparse;
+  const DType in = g.a.dtype;
+  const int64_t K = g.k();
+  // A (M x K): row-major -> (K inner, M rows), boxes (KS, BM); column-major -> (M inner, K rows),
+  // boxes (W, KS). B (K x N): row-major -> (N inner, K rows), boxes (BW, KS); column-major ->
+  // (K inner, N rows), boxes (KS, bk).
+  const CUtensorMap tm_a =
+      Cfg::A_MN ? tma_map_2d(g.a.data, in, uint64_t(g.a.rows), uint64_t(K), uint64_t(g.a.ld) * 2, Cfg::ATile::W,
+                             Cfg::KS, tma_swizzle(Cfg::ATile::ROW_BYTES), "A")
+                : tma_map_2d(g.a.data, in, uint64_t(K), uint64_t(g.a.rows), uint64_t(g.a.ld) * 2, Cfg::KS, Cfg::BM,
+                             CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  const CUtensorMap tm_b =
+      Cfg::B_K ? tma_map_2d(g.b.data, in, uint64_t(K), uint64_t(g.b.cols), uint64_t(g.b.ld) * 2, Cfg::KS,
+                            uint32_t(c.bk), CU_TENSOR_MAP_SWIZZLE_128B, "B")
+               : tma_map_2d(g.b.data, in, uint64_t(g.b.cols), uint64_t(K), uint64_t(g.b.ld) * 2, Cfg::BW, Cfg::KS,
+                            tma_swizzle(Cfg::BW * 2), "B");
+  Params p{};
+  p.items = st.items;
+  p.cta_items = st.cta_items;
+  p.col_idx = c.col_idx;
+  p.c = c.values;
+  p.bk = c.bk;
+  p.kstages = int((K + Cfg::KS - 1) / Cfg::KS);
+  p.c_pairs = reinterpret_cast<uintptr_t>(c.values) % (2 * sizeof(typename Cfg::TOut)) == 0;
+  p.out_bf16 = c.dtype == DType::bf16;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
+  hopper_sdd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, p);
+  check_cuda(cudaGetLastError(), "hopper_sdd_kernel launch");
+}
+
+struct Kernel {
+  void (*launch)(const GemmArgs&, const SddState&, cudaStream_t) = nullptr;
+  int smem = 0;
+  void (*setup)() = nullptr;  // raises the kernel's dynamic shared-memory limit (not capturable)
+};
+
+template <class Cfg>
+void setup_kernel() {
+  check_cuda(cudaFuncSetAttribute(&hopper_sdd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM),
+             "cudaFuncSetAttribute(hopper_sdd_kernel, max dynamic shared memory)");
+}
+
+// Runtime -> compile time: output width, input dtype, layouts and B chunk width, block height.
+template <class Cfg>
+Kernel kernel_of() {
+  return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>};
+}
+template <int BM, bool BF16, bool AMN, bool BK, int BW>
+Kernel pick_out(DType out) {
+  return out == DType::f32 ? kernel_of<Config<BM, BF16, float, AMN, BK, BW>>()
+                           : kernel_of<Config<BM, BF16, uint16_t, AMN, BK, BW>>();
+}
+template <int BM, bool AMN, bool BK, int BW>
+Kernel pick_in(DType in, DType out) {
+  return in == DType::bf16 ? pick_out<BM, true, AMN, BK, BW>(out) : pick_out<BM, false, AMN, BK, BW>(out);
+}
+template <int BM>
+Kernel pick_layout(const GemmArgs& g) {
+  const bool a_col = g.a.layout == Layout::col_major, b_col = g.b.layout == Layout::col_major;
+  const DType in = g.a.dtype, out = g.sparse.dtype;
+  if (b_col) return a_col ? pick_in<BM, true, true, 64>(in, out) : pick_in<BM, false, true, 64>(in, out);
+  if (g.sparse.bk == 32) return a_col ? pick_in<BM, true, false, 32>(in, out) : pick_in<BM, false, false, 32>(in, out);
+  return a_col ? pick_in<BM, true, false, 64>(in, out) : pick_in<BM, false, false, 64>(in, out);
+}
+Kernel pick(const GemmArgs& g) {
+  switch (g.sparse.bm) {
+    case 32: return pick_layout<32>(g);
+    case 64: return pick_layout<64>(g);
+    case 128: return pick_layout<128>(g);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string hopper_sdd_why_not(const GemmArgs& g) {
+  const BsrView& c = g.sparse;
+  const int64_t M = g.m(), N = g.n(), K = g.k();
+  if (M >= (int64_t(1) << 31) || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31))
+    return "M, N and K must be below 2^31 (TMA coordinates are 32-bit)";
+  if (K == 0) return "K = 0 (nothing to load; C = beta * C is the portable kernel's)";
+  if (c.nnzb == 0) return "";
+  const std::string why = hopper_tma_operand_why_not(g.a, "A");
+  return why.empty() ? hopper_tma_operand_why_not(g.b, "B") : why;
+}
+
+int hopper_sdd_smem(const GemmArgs& g) { return pick(g).smem; }
+
+std::unique_ptr<VariantState> hopper_sdd_prepare(const GemmArgs& g) {
+  const BsrView& c = g.sparse;
+  auto st = std::make_unique<SddState>();
+  st->mb = c.mb();
+  st->nnzb = c.nnzb;
+  st->k = g.k();
+  st->bm = c.bm;
+  st->bk = c.bk;
+  const Kernel k = pick(g);
+  if (!k.launch) throw Error(Status::internal, "hopper (sdd): no kernel for this configuration");
+  k.setup();
+  const HostPattern hp = host_pattern(c, false);
+  const std::vector<int32_t> row_ptr(hp.row_ptr, hp.row_ptr + st->mb + 1);
+  const Schedule s = build_sdd_schedule(row_ptr, kTileN / c.bk, device_info().sm_count);
+  st->grid = int(s.cta_items.size()) - 1;
+  // Everything run() must not do under stream capture happens here, once.
+  if (st->grid > 0) {
+    tma_encode_tiled();  // resolves the driver entry point
+    check_cuda(cudaMalloc(&st->items, s.items.size() * sizeof(int4)), "cudaMalloc(hopper sdd schedule)");
+    check_cuda(cudaMalloc(&st->cta_items, s.cta_items.size() * sizeof(int)), "cudaMalloc(hopper sdd schedule)");
+    check_cuda(cudaMemcpy(st->items, s.items.data(), s.items.size() * sizeof(int4), cudaMemcpyHostToDevice),
+               "cudaMemcpy(hopper sdd schedule)");
+    check_cuda(cudaMemcpy(st->cta_items, s.cta_items.data(), s.cta_items.size() * sizeof(int), cudaMemcpyHostToDevice),
+               "cudaMemcpy(hopper sdd schedule)");
+    st->bytes = s.items.size() * sizeof(int4) + s.cta_items.size() * sizeof(int);
+  }
+  return st;
+}
+
+void hopper_sdd_run(const GemmArgs& g, void* stream, VariantState* state) {
+  auto* st = dynamic_cast<SddState*>(state);
+  const BsrView& c = g.sparse;
+  if (!st || st->mb != c.mb() || st->nnzb != c.nnzb || st->k != g.k() || st->bm != c.bm || st->bk != c.bk)
+    throw Error(Status::internal, "hopper (sdd): run() got a state prepared for another shape or pattern");
+  if (st->grid == 0) return;  // no stored block: nothing to write
+  const Kernel k = pick(g);
+  if (!k.launch) throw Error(Status::internal, "hopper (sdd): no kernel for this configuration");
+  k.launch(g, *st, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace sparsek
