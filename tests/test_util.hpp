@@ -71,6 +71,7 @@ struct CaseSpec {
   DType in = DType::f32, out = DType::f32;
   Layout la = Layout::row_major, lb = Layout::row_major, lc = Layout::row_major;
   int64_t pad = 0;  // extra leading-dimension elements on every dense operand
+  int64_t pad_a = -1, pad_b = -1, pad_c = -1;  // per operand instead of pad (-1: pad)
   float alpha = 1.f, beta = 0.f;
   bool integers = false;  // integer-valued inputs: the result must match exactly
   uint64_t seed = 1;
@@ -107,17 +108,17 @@ inline std::unique_ptr<GemmCase> make_case(const CaseSpec& s) {
   g.alpha = s.alpha;
   g.beta = s.beta;
   if (s.kind != OpKind::dsd) {
-    gc->a = std::make_unique<HostDense>(M, K, s.in, s.la, s.pad);
+    gc->a = std::make_unique<HostDense>(M, K, s.in, s.la, s.pad_a >= 0 ? s.pad_a : s.pad);
     gc->a->fill_random(s.seed + 11, s.integers);
     g.a = gc->a->view;
   }
   if (s.kind != OpKind::dds) {
-    gc->b = std::make_unique<HostDense>(K, N, s.in, s.lb, s.pad);
+    gc->b = std::make_unique<HostDense>(K, N, s.in, s.lb, s.pad_b >= 0 ? s.pad_b : s.pad);
     gc->b->fill_random(s.seed + 22, s.integers);
     g.b = gc->b->view;
   }
   if (s.kind != OpKind::sdd) {
-    gc->c = std::make_unique<HostDense>(M, N, s.out, s.lc, s.pad);
+    gc->c = std::make_unique<HostDense>(M, N, s.out, s.lc, s.pad_c >= 0 ? s.pad_c : s.pad);
     if (s.beta == 0.f) gc->c->fill(nan_value()); else gc->c->fill_random(s.seed + 33, s.integers);
     g.c = gc->c->view;
   } else if (s.beta == 0.f) {
@@ -150,7 +151,10 @@ inline std::string describe(const CaseSpec& s) {
          std::to_string(s.cols) + " blocks " + std::to_string(s.bm) + "x" + std::to_string(s.bk) +
          " free=" + std::to_string(s.free) + " " + to_string(s.pattern) + " in=" + to_string(s.in) +
          " out=" + to_string(s.out) + " layouts a/b/c=" + to_string(s.la) + "/" + to_string(s.lb) + "/" +
-         to_string(s.lc) + " pad=" + std::to_string(s.pad) + " alpha=" + std::to_string(s.alpha) +
+         to_string(s.lc) + " pad=" + std::to_string(s.pad) +
+         (s.pad_a >= 0 || s.pad_b >= 0 || s.pad_c >= 0
+              ? " pads a/b/c=" + std::to_string(s.pad_a) + "/" + std::to_string(s.pad_b) + "/" + std::to_string(s.pad_c)
+              : std::string()) + " alpha=" + std::to_string(s.alpha) +
          " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals");
 }
 
@@ -267,4 +271,13 @@ class SavedEnv {
   do {                                                                              \
     const auto& info_ = ::sparsek::device_info();                                   \
     if (!info_.available) GTEST_SKIP() << "no GPU: " << info_.why_not;              \
+  } while (0)
+
+// Skips the current test with the reason unless the device is an sm_90 GPU (Hopper kernels).
+#define SPARSEK_REQUIRE_SM90()                                                                      \
+  do {                                                                                              \
+    SPARSEK_REQUIRE_GPU();                                                                          \
+    const auto& d_ = ::sparsek::device_info();                                                      \
+    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
+      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
   } while (0)
