@@ -1,9 +1,10 @@
-// The peer variants (cuSPARSE BSR / Blocked-ELL SpMM, cuBLAS on the densified A) against the fp64
-// oracle, their why_not() reasons, and the library-status -> sparsek::Error mapping.
+// The peer variants (cuSPARSE BSR / Blocked-ELL SpMM and BSR SDDMM, cuBLAS on the densified sparse
+// operand) against the fp64 oracle, their why_not() reasons, and the library-status -> Error mapping.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
 
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "cpu/oracle.hpp"
 #include "cuda/peers/peers.hpp"
+#include "gpu/device_case.hpp"
 #include "plan/variant.hpp"
 #include "test_util.hpp"
 
@@ -278,6 +280,68 @@ TEST(Peers, SplitConvertThenCoreMatchesOracle) {
   }
 }
 
+// DDS (both ops, both layouts of A) and SDD (both layouts of A and B) against the oracle, through
+// cuBLAS and cuSPARSE (SpMM where it reads the sparse operand untransposed, SDDMM on a BSR C).
+// cuSPARSE may decline SDDMM on BSR (Status::unsupported, the library's own answer): reported,
+// not failed; any other error fails.
+TEST(Peers, DdsAndSdd) {
+  SPARSEK_REQUIRE_GPU();
+  int n = 0;
+  auto check = [&](const char* name, CaseSpec s) {
+    s.seed = uint64_t(3000 + n++);
+    SCOPED_TRACE(std::string(name) + ": " + describe(s));
+    auto gc = make_case(s);
+    const std::vector<double> ref = oracle(gc->args);
+    const std::vector<uint8_t> before = gc->c ? gc->c->bytes : std::vector<uint8_t>();
+    DeviceCase dc(*gc);
+    ASSERT_EQ(find_variant(name)->why_not(dc.args), "");
+    Options o;
+    o.variant = name;
+    try {
+      gemm(dc.args, o);
+    } catch (const Error& e) {
+      if (e.status() == Status::unsupported && s.kind == OpKind::sdd) {
+        std::printf("[ note ] %s declined: %s\n", name, e.what());
+        return;
+      }
+      throw;
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download(*gc);
+    expect_output_matches(*gc, ref, before);
+  };
+  for (Op op : {Op::none, Op::trans})
+    for (Layout la : {Layout::row_major, Layout::col_major}) {
+      CaseSpec s;
+      s.kind = OpKind::dds;
+      s.op = op;
+      s.rows = s.cols = 128;
+      s.bm = s.bk = 32;
+      s.free = 48;
+      s.in = DType::f16;
+      s.out = DType::f32;
+      s.la = la;
+      s.beta = 0.5f;
+      check("cublas_dense", s);
+      if (op == Op::trans) check("cusparse_bsr", s);
+    }
+  for (Layout la : {Layout::row_major, Layout::col_major})
+    for (Layout lb : {Layout::row_major, Layout::col_major}) {
+      CaseSpec s;
+      s.kind = OpKind::sdd;
+      s.rows = 128;
+      s.cols = 96;
+      s.bm = s.bk = 32;
+      s.free = 40;
+      s.in = DType::f16;
+      s.out = DType::f16;
+      s.la = la;
+      s.lb = lb;
+      check("cublas_dense", s);
+      check("cusparse_bsr", s);
+    }
+}
+
 // ---- why_not reasons (pure checks on the arguments: no GPU needed) ----
 
 GemmArgs device_dsd(int bm, int bk, DType in, DType out) {
@@ -306,17 +370,38 @@ GemmArgs device_dsd(int bm, int bk, DType in, DType out) {
 
 std::string why(const char* name, const GemmArgs& g) { return find_variant(name)->why_not(g); }
 
-TEST(PeersWhyNot, OnlyDsd) {
+// DDS runs as the DSD on the transposes: the SpMM peers take it when that DSD reads the sparse
+// operand untransposed (dds op trans); SDD: cuSPARSE SDDMM (BSR) and cuBLAS, not Blocked-ELL.
+TEST(PeersWhyNot, Kinds) {
   for (const char* name : kPeers) {
     ASSERT_NE(find_variant(name), nullptr) << name;
     EXPECT_TRUE(find_variant(name)->peer) << name;
     EXPECT_EQ(find_variant(name)->backend, Backend::cuda) << name;
-    GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
-    g.kind = OpKind::dds;
-    EXPECT_EQ(why(name, g), "peer variants cover dsd only") << name;
-    g.kind = OpKind::sdd;
-    EXPECT_EQ(why(name, g), "peer variants cover dsd only") << name;
   }
+  GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);  // sparse 64 x 64, nnzb = 0
+  g.kind = OpKind::dds;
+  g.a = g.b;
+  g.a.rows = 8;
+  g.a.cols = 64;
+  g.a.ld = 64;
+  g.c.rows = 8;
+  g.c.cols = 64;
+  g.c.ld = 64;
+  g.op = Op::trans;
+  EXPECT_EQ(why("cusparse_bsr", g), "");
+  EXPECT_EQ(why("cublas_dense", g), "");
+  EXPECT_EQ(why("cusparse_ell", g), "nnzb = 0 (no Blocked-ELL columns)");
+  g.op = Op::none;
+  EXPECT_NE(why("cusparse_bsr", g).find("op(A) = none only (dsd op none, dds op trans)"), std::string::npos);
+  EXPECT_NE(why("cusparse_ell", g).find("op(A) = none only"), std::string::npos);
+  EXPECT_EQ(why("cublas_dense", g), "");
+  GemmArgs s = g;  // SDD: C (the sparse operand) 64 x 64 = A (64 x 8) * B (8 x 64)
+  s.kind = OpKind::sdd;
+  s.a = DenseView{nullptr, 64, 8, 8, Layout::row_major, DType::f16, Memory::device};
+  s.b = DenseView{nullptr, 8, 64, 64, Layout::row_major, DType::f16, Memory::device};
+  EXPECT_EQ(why("cusparse_bsr", s), "");
+  EXPECT_EQ(why("cublas_dense", s), "");
+  EXPECT_EQ(why("cusparse_ell", s), "cuSPARSE has no Blocked-ELL sampled product (sdd)");
 }
 
 TEST(PeersWhyNot, HostMemoryAndTypeCombinations) {

@@ -1,6 +1,9 @@
-// Peers as DSD variants: cuSPARSE SpMM on BSR (BSR_ALG1), cuSPARSE SpMM on Blocked-ELL
-// (BLOCKED_ELL_ALG1, uniform rows and square blocks only) and cuBLAS GEMM on the densified A.
-// They are benchmarked beside sparsek's kernels and are tuner candidates, never the default.
+// Peers as variants: cuSPARSE SpMM on BSR (BSR_ALG1), cuSPARSE SpMM on Blocked-ELL
+// (BLOCKED_ELL_ALG1, uniform rows and square blocks only), cuSPARSE SDDMM on a BSR C, and cuBLAS
+// GEMM on the densified sparse operand (SDD: the whole dense product, then C's blocks gathered).
+// DDS runs as the DSD on the transposes (as_dsd: C^T = op(B)^T * A^T, only the views change), so
+// the SpMM peers take it where that DSD is untransposed. They are benchmarked beside sparsek's
+// kernels and are tuner candidates, never the default.
 //
 // Pattern work (copies of the indices, descriptors, buffers, library handles) happens in
 // prepare(); run() only touches values: it converts them (gather / scatter kernels below) and
@@ -99,6 +102,22 @@ __global__ void scale_matrix(T* c, int64_t major, int64_t minor, int64_t ld, flo
   }
 }
 
+// SDD through a dense product: block j of C (bm x bk, row-major in `vals`) = alpha * D[its rows,
+// its columns] + beta * block (beta = 0 never reads it); D is row-major with ldd columns.
+template <typename T>
+__global__ void gather_blocks(const float* __restrict__ d, int64_t ldd, T* vals, int64_t nnzb,
+                              const int32_t* __restrict__ block_row, const int32_t* __restrict__ col_idx, int bm,
+                              int bk, float alpha, float beta) {
+  for (int64_t j = blockIdx.x; j < nnzb; j += gridDim.x) {
+    const float* src = d + int64_t(block_row[j]) * bm * ldd + int64_t(col_idx[j]) * bk;
+    T* dst = vals + j * bm * bk;
+    for (int t = threadIdx.x; t < bm * bk; t += blockDim.x) {
+      const float v = alpha * src[int64_t(t / bk) * ldd + t % bk];
+      dst[t] = beta == 0.f ? from_f<T>(v) : from_f<T>(v + beta * to_f<T>(dst[t]));
+    }
+  }
+}
+
 int grid_for(int64_t work, int per) {
   int64_t g = (work + per - 1) / per;
   return int(g < 1 ? 1 : (g > 65535 * 8 ? 65535 * 8 : g));
@@ -142,17 +161,18 @@ cudaDataType cuda_type(DType d) {
 // ---------------------------------------------------------------------------------------------
 // Support checks shared by the three peers
 
-const char* kOnlyDsd = "peer variants cover dsd only";
-
-std::string common_why_not(const GemmArgs& g) {
-  if (g.kind != OpKind::dsd) return kOnlyDsd;
+// Device memory, a type combination the libraries take, int32 extents. DSD and DDS are checked
+// as the DSD the peers run (as_dsd).
+std::string common_why_not(const GemmArgs& args) {
+  const GemmArgs g = as_dsd(args);
   if (g.sparse.memory != Memory::device) return "needs device memory (operands are in host memory)";
-  DType in = g.sparse.dtype, out = g.c.dtype;
+  const bool sdd = g.kind == OpKind::sdd;
+  const DType in = sdd ? g.a.dtype : g.sparse.dtype, out = sdd ? g.sparse.dtype : g.c.dtype;
   if (in != DType::f32 && out != DType::f32 && out != in)
     return std::string("output ") + to_string(out) + " with " + to_string(in) +
            " inputs is not a cuSPARSE/cuBLAS type combination (use " + to_string(in) + " or f32)";
   const int64_t lim = INT_MAX;
-  if (g.m() > lim || g.n() > lim || g.k() > lim || g.b.ld > lim || g.c.ld > lim)
+  if (g.m() > lim || g.n() > lim || g.k() > lim || g.a.ld > lim || g.b.ld > lim || g.c.ld > lim)
     return "a dimension or leading dimension exceeds int32 (library limit)";
   return "";
 }
@@ -221,14 +241,16 @@ struct CusparseState : peers::PeerState {
     if (handle) cusparseDestroy(handle);
   }
 
-  void convert(const GemmArgs& g, void* stream) override {
+  void convert(const GemmArgs& args, void* stream) override {
+    const GemmArgs g = as_dsd(args);
     auto s = static_cast<cudaStream_t>(stream);
     if (empty) return;
     if (g.beta == 0.f) zero_c(g.c, s);
     if (ell) launch_place(g, ell_values.p, nullptr, nullptr, slots, int64_t(slots) * g.sparse.bk, s);
   }
 
-  void core(const GemmArgs& g, void* stream) override {
+  void core(const GemmArgs& args, void* stream) override {
+    const GemmArgs g = as_dsd(args);
     auto s = static_cast<cudaStream_t>(stream);
     if (empty) {
       scale_c(g.c, g.beta, s);
@@ -246,7 +268,11 @@ struct CusparseState : peers::PeerState {
   }
 };
 
-std::unique_ptr<VariantState> cusparse_prepare(const GemmArgs& g, bool ell) {
+std::unique_ptr<VariantState> sddmm_prepare(const GemmArgs& g);
+
+std::unique_ptr<VariantState> cusparse_prepare(const GemmArgs& args, bool ell) {
+  if (args.kind == OpKind::sdd) return sddmm_prepare(args);
+  const GemmArgs g = as_dsd(args);
   auto st = std::make_unique<CusparseState>();
   st->ell = ell;
   const BsrView& a = g.sparse;
@@ -292,10 +318,88 @@ std::unique_ptr<VariantState> cusparse_prepare(const GemmArgs& g, bool ell) {
   return st;
 }
 
-std::string bsr_why_not(const GemmArgs& g) {
-  std::string why = common_why_not(g);
+// cuSPARSE SDDMM with C in BSR: C = alpha * (A * B) on C's pattern + beta * C.
+struct SddmmState : peers::PeerState {
+  cusparseHandle_t handle = nullptr;
+  cusparseSpMatDescr_t mat_c = nullptr;
+  cusparseDnMatDescr_t mat_a = nullptr, mat_b = nullptr;
+  DevBuf row_ptr, col_idx, buffer;
+  bool empty = false;  // nnzb = 0 or K = 0: no library call
+
+  ~SddmmState() override {
+    if (mat_c) cusparseDestroySpMat(mat_c);
+    if (mat_a) cusparseDestroyDnMat(mat_a);
+    if (mat_b) cusparseDestroyDnMat(mat_b);
+    if (handle) cusparseDestroy(handle);
+  }
+  // NOTE: as for SpMM, cuSPARSE does not promise to leave C unread when beta = 0: zero it first.
+  void convert(const GemmArgs& g, void* stream) override {
+    const BsrView& c = g.sparse;
+    if (g.beta == 0.f && c.nnzb > 0)
+      check_cuda(cudaMemsetAsync(c.values, 0, size_t(c.nnzb) * c.bm * c.bk * dtype_size(c.dtype),
+                                 static_cast<cudaStream_t>(stream)),
+                 "cudaMemsetAsync(C values)");
+  }
+  void core(const GemmArgs& g, void* stream) override {
+    const BsrView& c = g.sparse;
+    if (empty) {
+      if (c.nnzb > 0) {
+        DenseView v{c.values, c.nnzb, int64_t(c.bm) * c.bk, int64_t(c.bm) * c.bk, Layout::row_major, c.dtype,
+                    Memory::device};
+        scale_c(v, g.beta, static_cast<cudaStream_t>(stream));
+      }
+      return;
+    }
+    check_cusparse(cusparseSetStream(handle, static_cast<cudaStream_t>(stream)), "cusparseSetStream");
+    check_cusparse(cusparseSpMatSetValues(mat_c, c.values), "cusparseSpMatSetValues(C)");
+    check_cusparse(cusparseDnMatSetValues(mat_a, g.a.data), "cusparseDnMatSetValues(A)");
+    check_cusparse(cusparseDnMatSetValues(mat_b, g.b.data), "cusparseDnMatSetValues(B)");
+    float alpha = g.alpha, beta = g.beta;
+    check_cusparse(cusparseSDDMM(handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &alpha,
+                                 mat_a, mat_b, &beta, mat_c, CUDA_R_32F, CUSPARSE_SDDMM_ALG_DEFAULT, buffer.p),
+                   "cusparseSDDMM");
+  }
+};
+
+auto dn_order(Layout l) { return l == Layout::row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL; }
+
+std::unique_ptr<VariantState> sddmm_prepare(const GemmArgs& g) {
+  auto st = std::make_unique<SddmmState>();
+  const BsrView& c = g.sparse;
+  if (c.nnzb == 0 || g.k() == 0) {
+    st->empty = true;
+    return st;
+  }
+  check_cusparse(cusparseCreate(&st->handle), "cusparseCreate");
+  int32_t* d_rp = upload(st->row_ptr, copy_to_host(c.row_ptr, c.mb() + 1, c.memory), "cudaMalloc(BSR row_ptr)");
+  int32_t* d_ci = upload(st->col_idx, copy_to_host(c.col_idx, c.nnzb, c.memory), "cudaMalloc(BSR col_idx)");
+  check_cusparse(cusparseCreateBsr(&st->mat_c, c.mb(), c.kb(), c.nnzb, c.bm, c.bk, d_rp, d_ci, c.values,
+                                   CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, cuda_type(c.dtype),
+                                   CUSPARSE_ORDER_ROW),
+                 "cusparseCreateBsr(C)");
+  const cudaDataType in = cuda_type(g.a.dtype);
+  check_cusparse(cusparseCreateDnMat(&st->mat_a, g.a.rows, g.a.cols, g.a.ld, g.a.data, in, dn_order(g.a.layout)),
+                 "cusparseCreateDnMat(A)");
+  check_cusparse(cusparseCreateDnMat(&st->mat_b, g.b.rows, g.b.cols, g.b.ld, g.b.data, in, dn_order(g.b.layout)),
+                 "cusparseCreateDnMat(B)");
+  float alpha = g.alpha, beta = g.beta;
+  size_t bytes = 0;
+  check_cusparse(cusparseSDDMM_bufferSize(st->handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                          &alpha, st->mat_a, st->mat_b, &beta, st->mat_c, CUDA_R_32F,
+                                          CUSPARSE_SDDMM_ALG_DEFAULT, &bytes),
+                 "cusparseSDDMM_bufferSize");
+  st->buffer.alloc(bytes, "cudaMalloc(cuSPARSE SDDMM buffer)");
+  return st;
+}
+
+// What the SpMM peers run a DSD or DDS as: they read the sparse operand untransposed only.
+const char* kSpmmOp = "supports op(A) = none only (dsd op none, dds op trans)";
+
+std::string bsr_why_not(const GemmArgs& args) {
+  std::string why = common_why_not(args);
   if (!why.empty()) return why;
-  if (g.op != Op::none) return "cuSPARSE BSR SpMM supports op(A) = none only";
+  const GemmArgs g = as_dsd(args);
+  if (g.kind == OpKind::dsd && g.op != Op::none) return std::string("cuSPARSE BSR SpMM ") + kSpmmOp;
   // NOTE: cuSPARSE 12.6 (CUDA 13.0) rejects these in cusparseCreateBsr ("non-square block isn't
   // supported"), although the descriptor takes separate row and column block sizes.
   if (g.sparse.bm != g.sparse.bk)
@@ -304,11 +408,13 @@ std::string bsr_why_not(const GemmArgs& g) {
   return "";
 }
 
-std::string ell_why_not(const GemmArgs& g) {
-  std::string why = common_why_not(g);
+std::string ell_why_not(const GemmArgs& args) {
+  std::string why = common_why_not(args);
   if (!why.empty()) return why;
+  if (args.kind == OpKind::sdd) return "cuSPARSE has no Blocked-ELL sampled product (sdd)";
+  const GemmArgs g = as_dsd(args);
   const BsrView& a = g.sparse;
-  if (g.op != Op::none) return "cuSPARSE Blocked-ELL SpMM supports op(A) = none only";
+  if (g.op != Op::none) return std::string("cuSPARSE Blocked-ELL SpMM ") + kSpmmOp;
   if (a.bm != a.bk)
     return "Blocked-ELL needs square blocks (bm=" + std::to_string(a.bm) + ", bk=" + std::to_string(a.bk) + ")";
   // NOTE: measured on H100 (cuSPARSE 12.6): Blocked-ELL SpMM on f32 inputs gave a max relative
@@ -344,12 +450,16 @@ struct CublasState : peers::PeerState {
     if (handle) cublasDestroy(handle);
   }
 
-  void convert(const GemmArgs& g, void* stream) override {
-    launch_place(g, dense.p, block_row.as<int32_t>(), col_idx.as<int32_t>(), 0, g.sparse.cols,
+  // DSD / DDS: scatter the sparse operand's values into its densified copy. SDD: nothing.
+  void convert(const GemmArgs& args, void* stream) override {
+    if (args.kind == OpKind::sdd) return;
+    launch_place(args, dense.p, block_row.as<int32_t>(), col_idx.as<int32_t>(), 0, args.sparse.cols,
                  static_cast<cudaStream_t>(stream));
   }
 
-  void core(const GemmArgs& g, void* stream) override {
+  void core(const GemmArgs& args, void* stream) override {
+    if (args.kind == OpKind::sdd) return core_sdd(args, static_cast<cudaStream_t>(stream));
+    const GemmArgs g = as_dsd(args);
     const int64_t M = g.m(), N = g.n(), K = g.k();
     if (M == 0 || N == 0) return;
     if (K == 0) {  // nothing densified to multiply: C = beta * C
@@ -378,6 +488,46 @@ struct CublasState : peers::PeerState {
     }
     check_cublas(st, "cublasGemmEx");
   }
+
+  // SDD: the whole product D = A * B (row-major f32, M x N), then C's blocks gathered from it.
+  void core_sdd(const GemmArgs& g, cudaStream_t stream) {
+    const BsrView& c = g.sparse;
+    const int64_t M = g.m(), N = g.n(), K = g.k();
+    if (c.nnzb == 0) return;
+    if (K == 0) {
+      DenseView v{c.values, c.nnzb, int64_t(c.bm) * c.bk, int64_t(c.bm) * c.bk, Layout::row_major, c.dtype,
+                  Memory::device};
+      scale_c(v, g.beta, stream);
+      return;
+    }
+    check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+    // Row-major D is column-major D^T (N x M) = B^T * A^T.
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType in = cuda_type(g.a.dtype);
+    check_cublas(cublasGemmEx(handle, g.b.layout == Layout::row_major ? CUBLAS_OP_N : CUBLAS_OP_T,
+                              g.a.layout == Layout::row_major ? CUBLAS_OP_N : CUBLAS_OP_T, int(N), int(M), int(K), &one,
+                              g.b.data, in, int(g.b.ld), g.a.data, in, int(g.a.ld), &zero, dense.p, CUDA_R_32F, int(N),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+    const int grid = int(c.nnzb < 65535 * 4 ? c.nnzb : 65535 * 4);
+    const float* d = dense.as<float>();
+    switch (c.dtype) {
+      case DType::f32:
+        gather_blocks<<<grid, 256, 0, stream>>>(d, N, static_cast<float*>(c.values), c.nnzb, block_row.as<int32_t>(),
+                                                col_idx.as<int32_t>(), c.bm, c.bk, g.alpha, g.beta);
+        break;
+      case DType::f16:
+        gather_blocks<<<grid, 256, 0, stream>>>(d, N, static_cast<__half*>(c.values), c.nnzb, block_row.as<int32_t>(),
+                                                col_idx.as<int32_t>(), c.bm, c.bk, g.alpha, g.beta);
+        break;
+      case DType::bf16:
+        gather_blocks<<<grid, 256, 0, stream>>>(d, N, static_cast<__nv_bfloat16*>(c.values), c.nnzb,
+                                                block_row.as<int32_t>(), col_idx.as<int32_t>(), c.bm, c.bk, g.alpha,
+                                                g.beta);
+        break;
+    }
+    check_cuda(cudaGetLastError(), "gather_blocks launch");
+  }
 };
 
 std::unique_ptr<VariantState> cublas_prepare(const GemmArgs& g, const Options&) {
@@ -387,10 +537,11 @@ std::unique_ptr<VariantState> cublas_prepare(const GemmArgs& g, const Options&) 
   // 32 MiB is what cuBLAS recommends for Hopper; owning it keeps run() allocation-free.
   st->workspace.alloc(size_t(32) << 20, "cudaMalloc(cuBLAS workspace)");
   check_cublas(cublasSetWorkspace(st->handle, st->workspace.p, st->workspace.bytes), "cublasSetWorkspace");
-  size_t bytes = size_t(a.rows) * size_t(a.cols) * dtype_size(a.dtype);
-  st->dense.alloc(bytes, "cudaMalloc(densified A)");
-  // Zeros outside the stored blocks depend on the pattern only: written once here.
-  if (bytes) check_cuda(cudaMemset(st->dense.p, 0, bytes), "cudaMemset(densified A)");
+  // DSD / DDS: the densified sparse operand (zeros outside the stored blocks depend on the
+  // pattern only: written once here). SDD: the whole dense product in f32.
+  const size_t bytes = size_t(a.rows) * size_t(a.cols) * (g.kind == OpKind::sdd ? 4 : dtype_size(a.dtype));
+  st->dense.alloc(bytes, "cudaMalloc(densified operand)");
+  if (bytes && g.kind != OpKind::sdd) check_cuda(cudaMemset(st->dense.p, 0, bytes), "cudaMemset(densified operand)");
   std::vector<int32_t> rp = copy_to_host(a.row_ptr, a.mb() + 1, a.memory);
   std::vector<int32_t> br(static_cast<size_t>(a.nnzb));
   for (int64_t r = 0; r < a.mb(); ++r)
