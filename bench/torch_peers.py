@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""sparsek against torch on the same tensors, on one GPU: DSD  C = A_bsr @ B.
+"""sparsek against torch on the same tensors, on one GPU: the three products of a block-sparse layer.
+
+  dsd  C = A_bsr @ B            (A: M x K block-sparse)
+  dds  y = x @ W_bsr^T          (the layer forward; W: N x K block-sparse, x: M x K)
+  sdd  dW = (dy^T @ x) on W's blocks   (the weight gradient; W: M x N, dy: K x M, x: K x N)
 
 Contenders, each timed on identical inputs in this one process:
-  sparsek      sparsek.bsr_mm(BSRMatrix.from_dense(A, block), B)     (torch.ops.sparsek.bsr_mm)
-  torch dense  A_dense @ B                                           (cuBLAS on the densified A)
-  torch BSR    A.to_sparse_bsr(block) @ B                            (torch's Triton bsr_dense_mm)
+  sparsek      dsd: sparsek.bsr_mm(BSRMatrix.from_dense(A, block), B)
+               dds: sparsek.dense_bsr_mm(x, BSRMatrix.from_dense(W, block).T)
+               sdd: sparsek.sampled_mm(dy.T, x, pattern)   (dy.T: a column-major view, no copy)
+  torch dense  the dense product (cuBLAS): A @ B, x @ W.T, dy.T @ x (sdd: the whole M x N product)
+  torch BSR    torch's Triton bsr_dense_mm: A_bsr @ B, (W_bsr @ x.T).T; sdd: torch has no CUDA BSR
+               sampled_addmm, so the row is torch.sparse.sampled_addmm on W's pattern as CSR (cuSPARSE)
 
-A is M x K with exactly k = round(density * K/bk) random block columns in every block row (the
-SPEC §6 workload), values uniform in [-1, 1); B is K x N. Timing: warm-up, then the median of
---reps CUDA-event timings of single calls; inputs are rotated through enough copies that the
-working set exceeds L2 (so nothing is timed from a warm cache). Effective TFLOPS count the stored
-blocks only: 2 * nnzb * bm * bk * N / time (for torch dense too, so the columns compare); the dense
-column also shows its own full-matrix rate. Every contender's result is checked against torch dense
-(max |diff| / max |ref|) before its time is reported.
+The sparse operand holds exactly k = round(density * cols/bk) random block columns in every block
+row (the SPEC §6 workload), values uniform in [-1, 1). Timing: warm-up, then the median of --reps
+CUDA-event timings of single calls; inputs are rotated through enough copies that the working set
+exceeds L2 (so nothing is timed from a warm cache). Effective TFLOPS count the stored blocks only:
+2 * nnzb * bm * bk * (the dense extent) / time, for torch dense too, so the columns compare; the
+dense column also shows its own full-matrix rate. Every contender's result is checked against
+torch dense (max |diff| / max |ref|; sdd: on the pattern's blocks) before its time is reported.
 
-    python3 bench/torch_peers.py                       # the SPEC §6 table, fp16
-    python3 bench/torch_peers.py --case 4096,4096,4096,64,0.125 --dtype bf16 --json out.json
+    python3 bench/torch_peers.py                       # the SPEC §6 dsd table and the layer's dds, sdd
+    python3 bench/torch_peers.py --op dds --case 4096,14336,4096,64,0.25 --dtype bf16 --json out.json
 """
 import argparse
 import json
@@ -34,19 +41,38 @@ SPEC_CASES = [  # M, N, K, block, density (SPEC §6)
     (4096, 4096, 4096, 64, 0.125),
     (8192, 8192, 8192, 128, 0.25),
 ]
+# A block-sparse layer W (14336 x 4096, 64x64 blocks, 25%) with 4096 tokens, and 8192^3 128x128
+LAYER_CASES = {  # M, N, K, block, density
+    "dds": [(4096, 14336, 4096, 64, 0.25), (8192, 8192, 8192, 128, 0.125)],
+    "sdd": [(14336, 4096, 4096, 64, 0.25), (8192, 8192, 8192, 128, 0.125)],
+}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def fixed_k_dense(M, K, b, density, dtype, gen):
-    """Dense A (M x K) whose every block row holds exactly k random (b x b) blocks."""
+def fixed_k_mask(M, K, b, density, gen):
+    """(M/b x K/b) block mask whose every block row holds exactly k random blocks."""
     mb, kb = M // b, K // b
     k = max(1, round(density * kb))
     cols = torch.rand(mb, kb, generator=gen, device="cuda").argsort(dim=1)[:, :k]
     mask = torch.zeros(mb, kb, dtype=torch.bool, device="cuda")
     mask.scatter_(1, cols, True)
+    return mask
+
+
+def expand(mask, b):
+    return mask.repeat_interleave(b, 0).repeat_interleave(b, 1)
+
+
+def fixed_k_dense(M, K, b, density, dtype, gen):
+    """Dense A (M x K) whose every block row holds exactly k random (b x b) blocks."""
+    mask = fixed_k_mask(M, K, b, density, gen)
     vals = torch.rand(M, K, generator=gen, device="cuda") * 2 - 1
-    A = vals * mask.repeat_interleave(b, 0).repeat_interleave(b, 1)
+    A = vals * expand(mask, b)
     return A.to(dtype), int(mask.sum())
+
+
+def uniform(shape, gen, dtype):
+    return (torch.rand(*shape, generator=gen, device="cuda") * 2 - 1).to(dtype)
 
 
 def time_ms(fn, n_inputs, warmup, reps):
@@ -69,43 +95,87 @@ def rel_err(x, ref):
     return float((x.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
 
 
-def run_case(M, N, K, b, density, dtype, args, l2_bytes):
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    A, nnzb = fixed_k_dense(M, K, b, density, dtype, gen)
-    eff_flops = 2.0 * nnzb * b * b * N
-    esize = torch.finfo(dtype).bits // 8
-    # Bytes one call touches (largest contender: the dense one reads all of A).
-    per_set = (M * K + K * N + M * N) * esize
-    n_sets = max(1, min(args.max_sets, math.ceil(2 * l2_bytes / per_set)))
-    As = [A] + [A.clone() for _ in range(n_sets - 1)]
-    Bs = [(torch.rand(K, N, generator=gen, device="cuda") * 2 - 1).to(dtype) for _ in range(n_sets)]
-    ref = (A @ Bs[0]).float()
+def n_sets_for(per_set, args, l2_bytes):
+    return max(1, min(args.max_sets, math.ceil(2 * l2_bytes / per_set)))
 
-    rec = {"M": M, "N": N, "K": K, "block": [b, b], "density": density, "nnzb": nnzb,
+
+def run_case(op, M, N, K, b, density, dtype, args, l2_bytes):
+    """One workload: builds the inputs, the reference and the contenders of `op`, times them."""
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    esize = torch.finfo(dtype).bits // 8
+    # Bytes one call touches (largest contender: the dense one reads all of the sparse operand).
+    n_sets = n_sets_for((M * K + K * N + M * N) * esize, args, l2_bytes)
+    if op == "dsd":  # C = A @ B, A: M x K sparse
+        A, nnzb = fixed_k_dense(M, K, b, density, dtype, gen)
+        sparse = [A] + [A.clone() for _ in range(n_sets - 1)]
+        dense = [uniform((K, N), gen, dtype) for _ in range(n_sets)]
+        ref = (A @ dense[0]).float()
+        eff_flops = 2.0 * nnzb * b * b * N
+        contenders = [
+            ("sparsek", lambda a: sparsek.BSRMatrix.from_dense(a, block=(b, b)), lambda a, x: sparsek.bsr_mm(a, x)),
+            ("torch_dense", lambda a: a, lambda a, x: a @ x),
+            ("torch_bsr", lambda a: a.to_sparse_bsr((b, b)), lambda a, x: a @ x),
+        ]
+    elif op == "dds":  # y = x @ W^T, W: N x K sparse, x: M x K
+        W, nnzb = fixed_k_dense(N, K, b, density, dtype, gen)
+        sparse = [W] + [W.clone() for _ in range(n_sets - 1)]
+        dense = [uniform((M, K), gen, dtype) for _ in range(n_sets)]
+        ref = (dense[0] @ W.t()).float()
+        eff_flops = 2.0 * nnzb * b * b * M
+        contenders = [
+            ("sparsek", lambda w: sparsek.BSRMatrix.from_dense(w, block=(b, b)).T,
+             lambda wt, x: sparsek.dense_bsr_mm(x, wt)),
+            ("torch_dense", lambda w: w, lambda w, x: x @ w.t()),
+            ("torch_bsr", lambda w: w.to_sparse_bsr((b, b)), lambda wb, x: (wb @ x.t()).t()),
+        ]
+    else:  # sdd: dW = (dy^T @ x) on W's blocks, W: M x N, dy: K x M, x: K x N
+        mask = fixed_k_mask(M, N, b, density, gen)
+        nnzb = int(mask.sum())
+        pattern = sparsek.BSRMatrix.from_dense(torch.zeros(M, N, dtype=dtype, device="cuda"), block=(b, b),
+                                               mask=mask)
+        dense_mask = expand(mask, b)
+        sparse = [None] * n_sets  # the sparse operand is the output: nothing to rotate
+        dense = [(uniform((K, M), gen, dtype), uniform((K, N), gen, dtype)) for _ in range(n_sets)]
+        dy0, x0 = dense[0]
+        ref = (dy0.t() @ x0).float() * dense_mask
+        eff_flops = 2.0 * nnzb * b * b * K
+        csr = dense_mask.to(dtype).to_sparse_csr()
+        contenders = [
+            ("sparsek", lambda _: pattern, lambda p, dx: sparsek.sampled_mm(dx[0].t(), dx[1], p)),
+            ("torch_dense", lambda _: None, lambda _, dx: dx[0].t() @ dx[1]),
+            ("torch_bsr", lambda _: csr, lambda c, dx: torch.sparse.sampled_addmm(c, dx[0].t(), dx[1], beta=0.0)),
+        ]
+
+    rec = {"op": op, "M": M, "N": N, "K": K, "block": [b, b], "density": density, "nnzb": nnzb,
            "dtype": str(dtype).replace("torch.", ""), "input_sets": n_sets,
            "effective_flops": eff_flops, "results": {}}
 
+    def as_dense(out):
+        if isinstance(out, sparsek.BSRMatrix):
+            return out.to_dense()
+        if out.layout != torch.strided:
+            return out.to_dense()
+        return out * dense_mask if op == "sdd" else out  # the dense peer computes every block
+
     def measure(name, prepare, call):
         try:
-            ops = [prepare(a) for a in As]
-            out = call(ops[0], Bs[0])
-            err = rel_err(out.to_dense() if out.layout != torch.strided else out, ref)
+            ops = [prepare(a) for a in sparse]
+            out = call(ops[0], dense[0])
+            err = rel_err(as_dense(out), ref)
             if not err < args.tol:
                 rec["results"][name] = {"error": f"wrong result: max rel diff {err:.3g} > {args.tol}"}
                 return
-            ms = time_ms(lambda i: call(ops[i], Bs[i]), n_sets, args.warmup, args.reps)
+            ms = time_ms(lambda i: call(ops[i], dense[i]), n_sets, args.warmup, args.reps)
             rec["results"][name] = {"ms": ms, "eff_tflops": eff_flops / ms / 1e9, "max_rel_diff": err}
         except Exception as e:  # a contender that cannot run this case is reported, not fatal
             rec["results"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
         finally:
             torch.cuda.empty_cache()
 
-    measure("sparsek", lambda a: sparsek.BSRMatrix.from_dense(a, block=(b, b)),
-            lambda a, x: sparsek.bsr_mm(a, x))
-    measure("torch_dense", lambda a: a, lambda a, x: a @ x)
-    if "torch_dense" in rec["results"] and "ms" in rec["results"]["torch_dense"]:
+    for name, prepare, call in contenders:
+        measure(name, prepare, call)
+    if "ms" in rec["results"].get("torch_dense", {}):
         rec["results"]["torch_dense"]["dense_tflops"] = 2.0 * M * N * K / rec["results"]["torch_dense"]["ms"] / 1e9
-    measure("torch_bsr", lambda a: a.to_sparse_bsr((b, b)), lambda a, x: a @ x)
     return rec
 
 
@@ -117,8 +187,10 @@ def fmt(r, key="eff_tflops"):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", choices=["all", "dsd", "dds", "sdd"], default="all",
+                   help="which product (default: all; dsd runs the SPEC §6 cases, dds/sdd the layer's)")
     p.add_argument("--case", action="append", default=[],
-                   help="M,N,K,block,density (repeatable; default: the SPEC §6 cases)")
+                   help="M,N,K,block,density (repeatable; needs one --op; default: the op's table)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
@@ -129,8 +201,11 @@ def main():
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_peers.py needs a CUDA GPU (torch.cuda.is_available() is False)")
-    cases = [tuple(float(v) if i == 4 else int(v) for i, v in enumerate(c.split(","))) for c in args.case] \
-        or SPEC_CASES
+    ops = ["dsd", "dds", "sdd"] if args.op == "all" else [args.op]
+    if args.case and len(ops) != 1:
+        sys.exit("--case needs one --op (dsd, dds or sdd)")
+    given = [tuple(float(v) if i == 4 else int(v) for i, v in enumerate(c.split(","))) for c in args.case]
+    cases = [(op, *c) for op in ops for c in (given or (SPEC_CASES if op == "dsd" else LAYER_CASES[op]))]
     dtype = DTYPES[args.dtype]
     prop = torch.cuda.get_device_properties(0)
     l2 = getattr(prop, "L2_cache_size", 50 << 20)
@@ -141,19 +216,20 @@ def main():
           f"sparsek {sparsek.__version__}, {args.dtype}, median of {args.reps}")
     print("# effective TFLOPS = 2*nnzb*bm*bk*N / time (stored blocks only); dense: (its own full-matrix TFLOPS)")
     print("# vs X = X's time / sparsek's time (> 1: sparsek is faster)")
-    cols = f"{'M x N x K':>17} {'block':>7} {'dens':>5} | {'sparsek':>19} | {'torch dense':>19} {'(dense)':>8} | " \
-           f"{'torch BSR':>19} | {'vs dense':>8} {'vs BSR':>7}"
+    print("# sdd: 'torch BSR' is torch.sparse.sampled_addmm on the pattern as CSR (torch has no CUDA BSR one)")
+    cols = f"{'op':>3} {'M x N x K':>17} {'block':>7} {'dens':>5} | {'sparsek':>19} | {'torch dense':>19} " \
+           f"{'(dense)':>8} | {'torch BSR':>19} | {'vs dense':>8} {'vs BSR':>7}"
     print(cols)
     print("-" * len(cols))
     records = []
-    for M, N, K, b, density in cases:
-        rec = run_case(M, N, K, b, density, dtype, args, l2)
+    for op, M, N, K, b, density in cases:
+        rec = run_case(op, M, N, K, b, density, dtype, args, l2)
         records.append(rec)
         r = rec["results"]
         s, d, t = r["sparsek"], r["torch_dense"], r["torch_bsr"]
         vs = lambda o: f"{o['ms'] / s['ms']:.2f}x" if "ms" in s and "ms" in o else "n/a"  # noqa: E731
         dense_own = f"({d['dense_tflops']:6.1f})" if "dense_tflops" in d else ""
-        print(f"{f'{M}x{N}x{K}':>17} {f'{b}x{b}':>7} {density:5.3f} | {fmt(s):>19} | {fmt(d):>19} {dense_own:>8} | "
+        print(f"{op:>3} {f'{M}x{N}x{K}':>17} {f'{b}x{b}':>7} {density:5.3f} | {fmt(s):>19} | {fmt(d):>19} {dense_own:>8} | "
               f"{fmt(t):>19} | {vs(d):>8} {vs(t):>7}")
         for name, res in r.items():
             if "error" in res:

@@ -2,7 +2,8 @@
 # The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python (default: all)
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench products tune python
+#                                         (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -13,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench products tune python)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -61,6 +62,20 @@ fi
 if want bench; then
   $B/sparsek bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
   note bench "rc=$? (bench.txt, bench.json)"
+fi
+
+if want products; then
+  # The other products' tables: the layer forward (dds x*W^T), its weight gradient (sdd dy^T*x),
+  # and the DSD table with op(A) = A^T and with column-major B. One text file, the JSON packed.
+  : > "$OUT/products.txt"
+  rc_all=0
+  for flags in "--op dds --trans" "--op sdd --a-layout col" "--trans" "--b-layout col"; do
+    name=$(echo "$flags" | tr -d '-' | tr ' ' '_')
+    echo "### sparsek bench $flags" >> "$OUT/products.txt"
+    $B/sparsek bench $flags --json "$OUT/bench_$name.json" >> "$OUT/products.txt" 2>&1 || rc_all=$?
+  done
+  (cd "$OUT" && tar czf products-json.tgz bench_*.json && rm -f bench_*.json)
+  note products "rc=$rc_all (products.txt, products-json.tgz)"
 fi
 
 if want tune; then

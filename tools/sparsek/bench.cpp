@@ -1,5 +1,6 @@
-// `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL) and cuBLAS on the
-// densified matrix, on the same inputs, in one process (SPEC §6, DESIGN "Measuring").
+// `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL, SDDMM) and cuBLAS on the
+// densified matrix, on the same inputs, in one process (SPEC §6, DESIGN "Measuring"), for any of
+// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout).
 //
 // GPU: per workload, every cuda variant that supports it (+ the peers' core calls timed alone:
 // "cublas_dense_gemm" = GEMM on an A densified beforehand, "cusparse_ell_spmm" = SpMM on values
@@ -38,10 +39,14 @@ const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
+    {"--op", "OP", "dsd (A sparse) | dds (B sparse) | sdd (C sparse: only its blocks are computed); default dsd"},
+    {"--trans", nullptr, "op = transpose on the sparse operand (dsd: C = A^T B; dds: C = A B^T)"},
+    {"--a-layout", "L", "row | col: layout of the dense A (dds, sdd; default row)"},
+    {"--b-layout", "L", "row | col: layout of the dense B (dsd, sdd; default row)"},
     {"--m", "M", "rows of C (default: the workload table on a GPU, 1024 on the CPU)"},
-    {"--n", "N", "columns of B and C"},
-    {"--k", "K", "columns of A = rows of B"},
-    {"--block", "BMxBK", "block shape, each of 16, 32, 64, 128 (e.g. 64x64)"},
+    {"--n", "N", "columns of C"},
+    {"--k", "K", "the reduction: columns of op(A) = rows of op(B)"},
+    {"--block", "BMxBK", "block shape of the sparse operand as stored, each of 16, 32, 64, 128 (e.g. 64x64)"},
     {"--density", "D", "fraction of stored blocks, in (0, 1] (default 0.125)"},
     {"--pattern", "NAME", "fixed_k | bernoulli | power_law | banded | block_diagonal | causal (default fixed_k)"},
     {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
@@ -59,14 +64,61 @@ struct Workload {
   double density = 0.125;
   PatternKind pattern = PatternKind::fixed_k;
   DType dtype = DType::f32;
+  OpKind kind = OpKind::dsd;
+  Op op = Op::none;
+  Layout la = Layout::row_major, lb = Layout::row_major;  // the dense inputs (C is row-major)
 };
+
+// The sparse operand as stored: dsd A (M x K, or K x M for op T), dds B (K x N, or N x K), sdd C.
+std::pair<int64_t, int64_t> sparse_dims(const Workload& w) {
+  const bool t = w.op == Op::trans;
+  switch (w.kind) {
+    case OpKind::dsd: return t ? std::pair{w.k, w.m} : std::pair{w.m, w.k};
+    case OpKind::dds: return t ? std::pair{w.n, w.k} : std::pair{w.k, w.n};
+    case OpKind::sdd: break;
+  }
+  return {w.m, w.n};
+}
 
 std::string size_str(const Workload& w) {
   if (w.m == w.n && w.n == w.k) return std::to_string(w.m) + "^3";
   return std::to_string(w.m) + "x" + std::to_string(w.n) + "x" + std::to_string(w.k);
 }
+// "8192^3 128x128 12.50%" for DSD with row-major operands (the labels baselines are keyed by);
+// other products and layouts lead with them: "dds^T 4096x14336x4096 ...", "sdd A:col ...".
 std::string label(const Workload& w) {
-  return size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
+  std::string op;
+  if (w.kind != OpKind::dsd || w.op == Op::trans)
+    op = std::string(to_string(w.kind)) + (w.op == Op::trans ? "^T" : "") + " ";
+  if (w.kind != OpKind::dsd && w.la == Layout::col_major) op += "A:col ";
+  if (w.kind != OpKind::dds && w.lb == Layout::col_major) op += "B:col ";
+  return op + size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
+}
+
+// The workload's host operands: the sparse one (random values; for sdd it is C, whose values the
+// product overwrites), the dense inputs the kind uses, and args over them (C left unset).
+struct HostProblem {
+  BsrMatrix s;
+  HostMatrix a, b;
+  GemmArgs g;
+};
+void make_host(const Workload& w, uint64_t seed, HostProblem& p) {
+  const auto [rows, cols] = sparse_dims(w);
+  p.s = random_bsr(w.pattern, rows, cols, w.bm, w.bk, w.density, w.dtype, seed);
+  GemmArgs& g = p.g;
+  g.kind = w.kind;
+  g.op = w.op;
+  if (w.kind != OpKind::dsd) {
+    p.a = HostMatrix(w.m, w.k, w.dtype, w.la, 0);
+    p.a.fill_random(mix_seed(seed, 1), false);
+    g.a = p.a.view;
+  }
+  if (w.kind != OpKind::dds) {
+    p.b = HostMatrix(w.k, w.n, w.dtype, w.lb, 0);
+    p.b.fill_random(mix_seed(seed, 2), false);
+    g.b = p.b.view;
+  }
+  g.sparse = p.s.view();
 }
 
 struct Row {
@@ -172,11 +224,12 @@ void fill_ratios(Result& r) {
 
 void print_result(const Result& r, bool gpu) {
   const Workload& w = r.w;
-  std::printf("\n== %s: M=%lld N=%lld K=%lld, %s blocks, %s %.2f%% (nnzb %lld, actual %.2f%%), %s\n", label(w).c_str(),
-              (long long)w.m, (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern),
-              100 * w.density, (long long)r.nnzb,
-              100.0 * double(r.nnzb) / double((w.m / w.bm) * (w.k / w.bk) > 0 ? (w.m / w.bm) * (w.k / w.bk) : 1),
-              to_string(w.dtype));
+  const auto [srows, scols] = sparse_dims(w);
+  const int64_t blocks = (srows / w.bm) * (scols / w.bk);
+  std::printf("\n== %s: %s%s M=%lld N=%lld K=%lld, %s blocks, %s %.2f%% (nnzb %lld, actual %.2f%%), %s\n",
+              label(w).c_str(), to_string(w.kind), w.op == Op::trans ? " op=trans" : "", (long long)w.m,
+              (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern), 100 * w.density,
+              (long long)r.nnzb, 100.0 * double(r.nnzb) / double(blocks > 0 ? blocks : 1), to_string(w.dtype));
   std::printf("   effective GFLOP %.2f; %s\n", r.eff_flops / 1e9,
               gpu ? (std::to_string(r.sets) + " input set(s) rotated; reference: " + r.reference).c_str()
                   : ("reference: " + r.reference).c_str());
@@ -224,6 +277,8 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
     const Workload& w = r.w;
     j.begin_object();
     j.kv("label", label(w)).kv("m", w.m).kv("n", w.n).kv("k", w.k).kv("bm", w.bm).kv("bk", w.bk);
+    j.kv("op", to_string(w.kind)).kv("trans", w.op == Op::trans);
+    j.kv("a_layout", to_string(w.la)).kv("b_layout", to_string(w.lb));
     j.kv("density", w.density).kv("pattern", to_string(w.pattern)).kv("dtype", to_string(w.dtype));
     j.kv("nnzb", r.nnzb).kv("effective_flops", r.eff_flops).kv("dense_flops", r.dense_flops);
     j.kv("rotation_sets", r.sets).kv("reference", r.reference);
@@ -258,16 +313,18 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
                Progress& progress) {
   Result r;
   r.w = w;
-  BsrMatrix a = random_bsr(w.pattern, w.m, w.k, w.bm, w.bk, w.density, w.dtype, seed);
-  HostMatrix b(w.k, w.n, w.dtype, Layout::row_major, 0), c(w.m, w.n, w.dtype, Layout::row_major, 0);
-  b.fill_random(mix_seed(seed, 2), false);
-  GemmArgs g;
-  g.kind = OpKind::dsd;
-  g.sparse = a.view();
-  g.b = b.view;
-  g.c = c.view;
+  HostProblem hp;
+  make_host(w, seed, hp);
+  GemmArgs& g = hp.g;
+  HostMatrix c;  // dsd / dds: C (sdd writes the sparse operand's values)
+  std::vector<uint8_t>* out = &hp.s.value_bytes();
+  if (w.kind != OpKind::sdd) {
+    c = HostMatrix(w.m, w.n, w.dtype, Layout::row_major, 0);
+    g.c = c.view;
+    out = &c.bytes;
+  }
   validate(g, true);
-  r.nnzb = a.nnzb();
+  r.nnzb = hp.s.nnzb();
   r.eff_flops = g.effective_flops();
   r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   std::vector<double> ref;
@@ -299,10 +356,10 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
         row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
       row.median_ms = median(row.times_ms);
-      c.fill_bytes(0xFF);  // NaN in every dtype: beta = 0 must not read it, every element must be written
-      v.run(g, o, st.get());
+      std::fill(out->begin(), out->end(), uint8_t(0xFF));  // NaN in every dtype: beta = 0 must not read it,
+      v.run(g, o, st.get());                                // and every element must be written
       if (!ref.empty()) {
-        compare(c.bytes, w.dtype, ref.data(), int64_t(ref.size()), &row.rel_err, &row.max_err);
+        compare(*out, w.dtype, ref.data(), int64_t(ref.size()), &row.rel_err, &row.max_err);
         row.wrong = !(row.rel_err <= sanity_tolerance(w.dtype));
       }
     } catch (const Error& e) {
@@ -356,49 +413,59 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   r.w = w;
   const DeviceInfo& info = device_info();
   progress.update(prefix + "generating inputs ...");
-  BsrMatrix a = random_bsr(w.pattern, w.m, w.k, w.bm, w.bk, w.density, w.dtype, seed);
-  HostMatrix b(w.k, w.n, w.dtype, Layout::row_major, 0);
-  b.fill_random(mix_seed(seed, 2), false);
-  r.nnzb = a.nnzb();
+  HostProblem hp;
+  make_host(w, seed, hp);
+  const BsrMatrix& sp = hp.s;
+  r.nnzb = sp.nnzb();
+  const bool sdd = w.kind == OpKind::sdd;
   const size_t es = dtype_size(w.dtype);
-  const size_t a_bytes = a.value_bytes().size(), b_bytes = b.bytes.size(), c_bytes = size_t(w.m * w.n) * es;
+  // The output: C (dsd, dds) or the sparse operand's values (sdd).
+  const size_t s_bytes = sp.value_bytes().size(), a_bytes = hp.a.bytes.size(), b_bytes = hp.b.bytes.size();
+  const size_t c_bytes = sdd ? s_bytes : size_t(w.m * w.n) * es;
   // Rotate enough input sets that consecutive runs cannot find their operands in L2.
-  const size_t set_bytes = a_bytes + b_bytes + c_bytes;
+  const size_t set_bytes = s_bytes + a_bytes + b_bytes + (sdd ? 0 : c_bytes);
   r.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * info.l2_bytes + set_bytes - 1) / set_bytes)));
 
-  DeviceBuffer d_rp(a.row_ptr().size() * 4), d_ci(a.col_idx().size() * 4);
-  d_rp.upload(a.row_ptr().data(), d_rp.bytes);
-  d_ci.upload(a.col_idx().data(), d_ci.bytes);
-  std::vector<DeviceBuffer> d_a, d_b, d_c;
+  DeviceBuffer d_rp(sp.row_ptr().size() * 4), d_ci(sp.col_idx().size() * 4);
+  d_rp.upload(sp.row_ptr().data(), d_rp.bytes);
+  d_ci.upload(sp.col_idx().data(), d_ci.bytes);
+  std::vector<DeviceBuffer> d_s, d_a, d_b, d_c;
   std::vector<GemmArgs> args;
+  // A copy of set 0's buffer (same values: rotation is about the cache, not the data).
+  auto copy0 = [](std::vector<DeviceBuffer>& v, const std::vector<uint8_t>& host, size_t bytes) {
+    v.emplace_back(bytes);
+    if (v.size() == 1)
+      v[0].upload(host.data(), bytes);
+    else if (bytes)
+      check_cuda(cudaMemcpy(v.back().p, v[0].p, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy(input copy)");
+  };
   for (int s = 0; s < r.sets; ++s) {
-    d_a.emplace_back(a_bytes);
-    d_b.emplace_back(b_bytes);
-    d_c.emplace_back(c_bytes);
-    if (s == 0) {
-      d_a[0].upload(a.value_bytes().data(), a_bytes);
-      d_b[0].upload(b.bytes.data(), b_bytes);
-    } else {  // same values: rotation is about the cache, not the data
-      check_cuda(cudaMemcpy(d_a[s].p, d_a[0].p, a_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy(A copy)");
-      check_cuda(cudaMemcpy(d_b[s].p, d_b[0].p, b_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy(B copy)");
-    }
-    check_cuda(cudaMemset(d_c[s].p, 0xFF, c_bytes), "cudaMemset(C)");
-    GemmArgs g;
-    g.kind = OpKind::dsd;
-    g.sparse = a.view();
+    GemmArgs g = hp.g;
+    copy0(d_s, sp.value_bytes(), s_bytes);
     g.sparse.row_ptr = static_cast<const int32_t*>(d_rp.p);
     g.sparse.col_idx = static_cast<const int32_t*>(d_ci.p);
-    g.sparse.values = d_a[s].p;
+    g.sparse.values = d_s[size_t(s)].p;
     g.sparse.memory = Memory::device;
-    g.b = b.view;
-    g.b.data = d_b[s].p;
-    g.b.memory = Memory::device;
-    g.c.data = d_c[s].p;
-    g.c.rows = w.m;
-    g.c.cols = w.n;
-    g.c.ld = w.n;
-    g.c.dtype = w.dtype;
-    g.c.memory = Memory::device;
+    if (!sdd) {
+      d_c.emplace_back(c_bytes);
+      check_cuda(cudaMemset(d_c.back().p, 0xFF, c_bytes), "cudaMemset(C)");
+      g.c.data = d_c.back().p;
+      g.c.rows = w.m;
+      g.c.cols = w.n;
+      g.c.ld = w.n;
+      g.c.dtype = w.dtype;
+      g.c.memory = Memory::device;
+    }
+    if (w.kind != OpKind::dsd) {
+      copy0(d_a, hp.a.bytes, a_bytes);
+      g.a.data = d_a.back().p;
+      g.a.memory = Memory::device;
+    }
+    if (w.kind != OpKind::dds) {
+      copy0(d_b, hp.b.bytes, b_bytes);
+      g.b.data = d_b.back().p;
+      g.b.memory = Memory::device;
+    }
     args.push_back(g);
   }
   validate(args[0], true);
@@ -406,32 +473,38 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   Options o;
   o.backend = Backend::cuda;
+  DeviceBuffer& out0 = sdd ? d_s[0] : d_c[0];
 
-  // Reference: fp64 oracle when it is quick, else cuBLAS on the densified A with fp32 output.
+  // Reference: fp64 oracle when it is quick, else cuBLAS on the densified sparse operand (sdd: the
+  // whole dense product) with fp32 output.
   std::vector<float> ref;
+  const size_t outputs = c_bytes / es;
   if (r.eff_flops <= 2e9) {
     progress.update(prefix + "computing the fp64 oracle ...");
-    GemmArgs h = args[0];
-    h.sparse = a.view();
-    h.b = b.view;
+    GemmArgs h = hp.g;
     HostMatrix hc(w.m, w.n, w.dtype, Layout::row_major, 0);
-    h.c = hc.view;
+    if (!sdd) h.c = hc.view;
     std::vector<double> d = oracle(h);
     ref.assign(d.begin(), d.end());
     r.reference = "fp64 oracle";
   } else if (const Variant* v = find_variant("cublas_dense")) {
     progress.update(prefix + "computing the cuBLAS fp32 reference ...");
     try {
-      DeviceBuffer d_ref(size_t(w.m * w.n) * 4);
+      DeviceBuffer d_ref(outputs * 4);
       GemmArgs g = args[0];
-      g.c.data = d_ref.p;
-      g.c.dtype = DType::f32;
+      if (sdd) {
+        g.sparse.values = d_ref.p;
+        g.sparse.dtype = DType::f32;
+      } else {
+        g.c.data = d_ref.p;
+        g.c.dtype = DType::f32;
+      }
       std::string why = v->why_not(g);
       if (!why.empty()) throw Error(Status::unsupported, why);
       auto st = v->prepare(g, o);
       v->run(g, o, st.get());
       check_cuda(cudaDeviceSynchronize(), "cuBLAS reference");
-      ref.resize(size_t(w.m * w.n));
+      ref.resize(outputs);
       d_ref.download(ref.data(), d_ref.bytes);
       r.reference = "cuBLAS dense, fp32 output";
     } catch (const Error& e) {
@@ -441,12 +514,12 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   }
 
   std::vector<uint8_t> got(c_bytes);
-  // Poison C of set 0, run once, compare with the reference.
+  // Poison the output of set 0, run once, compare with the reference.
   auto check = [&](Row& row, auto&& run_once) {
-    check_cuda(cudaMemset(d_c[0].p, 0xFF, c_bytes), "cudaMemset(poison C)");
+    check_cuda(cudaMemset(out0.p, 0xFF, c_bytes), "cudaMemset(poison the output)");
     run_once();
     check_cuda(cudaDeviceSynchronize(), "checked run");
-    d_c[0].download(got.data(), c_bytes);
+    out0.download(got.data(), c_bytes);
     if (!ref.empty()) {
       compare(got, w.dtype, ref.data(), int64_t(ref.size()), &row.rel_err, &row.max_err);
       row.wrong = !(row.rel_err <= sanity_tolerance(w.dtype));
@@ -520,12 +593,16 @@ int bench_main(const std::vector<std::string>& argv) {
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
-               "Times DSD (C = A*B, A block-sparse) for every variant that supports the problem, beside\n"
-               "cuSPARSE (BSR, Blocked-ELL) and cuBLAS on the densified A, on the same inputs. With a GPU\n"
-               "and no shape flags it runs the workload table (8192^3 at 128x128, 64x64, 32x32 and 12.5%;\n"
-               "4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%; fixed_k, f16). Without a\n"
-               "GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. Exit code 1 when a\n"
-               "variant failed or produced a wrong result.",
+               "Times a block-sparse product for every variant that supports it, beside cuSPARSE (BSR and\n"
+               "Blocked-ELL SpMM, BSR SDDMM) and cuBLAS on the densified sparse operand, on the same inputs.\n"
+               "--op dsd (default): C = op(A)*B, A block-sparse; --op dds: C = A*op(B), B block-sparse (the\n"
+               "layer forward y = x*W^T is --op dds --trans); --op sdd: C = A*B on C's blocks only (the weight\n"
+               "gradient dW = dy^T*x is --op sdd --a-layout col). With a GPU and no shape flags it runs the\n"
+               "op's workload table: dsd 8192^3 at 128x128, 64x64, 32x32 and 12.5%; 4096^3 64x64 12.5%;\n"
+               "8192^3 128x128 25%; 8192^3 128x32 6.25%. dds: M=4096 N=14336 K=4096 64x64 25%, 8192^3\n"
+               "128x128 12.5%. sdd: M=14336 N=4096 K=4096 64x64 25%, 8192^3 128x128 12.5% (fixed_k, f16).\n"
+               "Without a GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. Exit code 1 when\n"
+               "a variant failed or produced a wrong result.",
                kSpecs);
     return 0;
   }
@@ -541,6 +618,26 @@ int bench_main(const std::vector<std::string>& argv) {
   args.block("--block", &custom.bm, &custom.bk);
   custom.density = args.real("--density", 0.125, 0.0, 1.0);
   custom.pattern = args.pattern("--pattern", PatternKind::fixed_k);
+  const std::string op_name = args.str("--op", "dsd");
+  if (op_name == "dsd") custom.kind = OpKind::dsd;
+  else if (op_name == "dds") custom.kind = OpKind::dds;
+  else if (op_name == "sdd") custom.kind = OpKind::sdd;
+  else args.bad("--op", "must be one of dsd, dds, sdd");
+  if (args.has("--trans")) {
+    if (custom.kind == OpKind::sdd) args.bad("--trans", "sdd has no op (its sparse operand is the output)");
+    custom.op = Op::trans;
+  }
+  // A dense operand's layout; the flag of the sparse operand (A in dsd, B in dds) is a mistake.
+  auto layout = [&](const char* flag, OpKind sparse_in) {
+    if (args.has(flag) && custom.kind == sparse_in)
+      args.bad(flag, std::string("that operand is the sparse one in ") + to_string(sparse_in));
+    const std::string v = args.str(flag, "row");
+    if (v == "row") return Layout::row_major;
+    if (v != "col") args.bad(flag, "must be row or col");
+    return Layout::col_major;
+  };
+  custom.la = layout("--a-layout", OpKind::dsd);
+  custom.lb = layout("--b-layout", OpKind::dds);
   const bool dtype_given = args.has("--dtype");
   DType dtype = args.dtype("--dtype", DType::f16);
   const uint64_t seed = args.seed("--seed", 1);
@@ -568,8 +665,10 @@ int bench_main(const std::vector<std::string>& argv) {
     if (w.m < 0) w.m = dflt;
     if (w.n < 0) w.n = dflt;
     if (w.k < 0) w.k = dflt;
-    if (w.m % w.bm) args.bad("--m", "M=" + std::to_string(w.m) + " must be a multiple of bm=" + std::to_string(w.bm));
-    if (w.k % w.bk) args.bad("--k", "K=" + std::to_string(w.k) + " must be a multiple of bk=" + std::to_string(w.bk));
+    const auto [rows, cols] = sparse_dims(w);
+    if (rows % w.bm || cols % w.bk)
+      args.bad("--block", "the sparse operand of this " + op_name + " is " + std::to_string(rows) + "x" +
+                              std::to_string(cols) + ", not whole " + block_str(w.bm, w.bk) + " blocks");
     return w;
   };
   std::vector<Workload> table;
@@ -581,12 +680,33 @@ int bench_main(const std::vector<std::string>& argv) {
     Workload w = fill_dims(custom, 8192);
     w.dtype = dtype;
     table.push_back(w);
-  } else {
+  } else if (custom.kind == OpKind::dsd) {
     for (const SpecWorkload& d : spec_workloads()) {
-      Workload w;
+      Workload w = custom;
       w.m = w.n = w.k = d.size;
       w.bm = d.bm;
       w.bk = d.bk;
+      w.density = d.density;
+      w.pattern = PatternKind::fixed_k;
+      w.dtype = dtype;
+      table.push_back(w);
+    }
+  } else {
+    // A block-sparse layer W (14336 x 4096, 64x64 blocks, 25%) with 4096 tokens: the forward
+    // y = x*W^T (dds) and the weight gradient dW = dy^T*x on W's blocks (sdd); and 8192^3 128x128.
+    const bool dds = custom.kind == OpKind::dds;
+    struct Shape {
+      int64_t m, n, k;
+      int b;
+      double density;
+    };
+    for (const Shape& d : {dds ? Shape{4096, 14336, 4096, 64, 0.25} : Shape{14336, 4096, 4096, 64, 0.25},
+                           Shape{8192, 8192, 8192, 128, 0.125}}) {
+      Workload w = custom;
+      w.m = d.m;
+      w.n = d.n;
+      w.k = d.k;
+      w.bm = w.bk = d.b;
       w.density = d.density;
       w.pattern = PatternKind::fixed_k;
       w.dtype = dtype;

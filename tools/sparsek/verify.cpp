@@ -137,10 +137,9 @@ Case redraw_case(uint64_t seed, int index, int t) {
   Rng slot(mix_seed(s, 96));
   return draw_case(s, int(slot.below(96)));
 }
-// Draws per case before giving up (the case then counts as having no supporting variant). The
-// narrowest domain (hopper: dsd, op none, f16/bf16, bm and bk in {32,64,128}, row-major B with
-// 16-byte aligned rows) holds roughly 1 in 250 draws by the draw probabilities, so 2000 draws
-// miss it with probability ~e^-8. A rejected draw only builds the operands' shapes (and uploads
+// Draws per case before giving up (the case then counts as having no supporting variant). A
+// narrow domain such as hopper's (f16/bf16, bm and bk in {32,64,128}, dense operands with 16-byte
+// aligned lines) holds a few percent of the draws, so 2000 draws practically never miss it. A rejected draw only builds the operands' shapes (and uploads
 // them on a GPU): no values, no oracle.
 constexpr int kMaxDraws = 2000;
 
