@@ -12,4 +12,7 @@ std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
 std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
 std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)
 
+std::vector<AttentionVariant> cpu_attention_variants();     // src/cpu/attention_cpu.cpp
+std::vector<AttentionVariant> hopper_attention_variants();  // src/cuda/attention/attention_fwd_sm90.cu
+
 }  // namespace sparsek
