@@ -774,7 +774,7 @@ bool has_sm90a_code() {
   return yes;
 }
 
-std::string why_not(const GemmArgs& g) {
+std::string why_not_hopper(const GemmArgs& g) {
   if (g.kind != OpKind::dsd) return std::string("runs dsd only, not ") + to_string(g.kind);
   if (g.op != Op::none) return "op(A) = trans is not supported (A is read as stored)";
   const BsrView& a = g.sparse;
@@ -827,7 +827,7 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   bytes += v.size() * sizeof(T);
 }
 
-std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
+std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& g, const Options&) {
   const BsrView& a = g.sparse;
   auto st = std::make_unique<HopperState>();
 #ifdef SPARSEK_HOPPER_PROFILE
@@ -887,7 +887,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   return st;
 }
 
-void run(const GemmArgs& g, const Options& o, VariantState* state) {
+void run_hopper(const GemmArgs& g, const Options& o, VariantState* state) {
   auto* st = dynamic_cast<HopperState*>(state);
   const BsrView& a = g.sparse;
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
@@ -900,6 +900,8 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
 
 }  // namespace
 
-std::vector<Variant> hopper_variants() { return {Variant{"hopper", Backend::cuda, false, &why_not, &prepare, &run}}; }
+std::vector<Variant> hopper_variants() {
+  return {Variant{"hopper", Backend::cuda, false, &why_not_hopper, &prepare_hopper, &run_hopper}};
+}
 
 }  // namespace sparsek
