@@ -138,6 +138,41 @@ def _rmatmul(self, other):
     return dense_bsr_mm(other, self)
 
 
+def _is_sparse(x):
+    return isinstance(x, (BSRMatrix, BSRTranspose))
+
+
+@classmethod
+def _torch_function(cls, func, types, args=(), kwargs=None):
+    """torch's matmul entry points with a sparse operand: `t @ A`, torch.matmul, torch.mm, and
+    `A @ t` under torch.compile. Eager Python calls `A @ t` through __matmul__ directly."""
+    torch = A.torch
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    x, y = args
+    if func is torch.Tensor.__rmatmul__:  # x.__rmatmul__(y) is y @ x
+        x, y = y, x
+    elif func not in (torch.matmul, torch.mm, torch.Tensor.__matmul__, torch.Tensor.matmul,
+                      torch.Tensor.mm, torch._C.TensorBase.matmul):
+        return NotImplemented
+    if _is_sparse(x):
+        return bsr_mm(x, y)
+    if (func is torch._C.TensorBase.matmul and torch.compiler.is_compiling() and _is_sparse(y)
+            and A.is_torch(x) and x.dim() == 2):
+        # NOTE: dynamo traces `A @ t` as TensorBase.matmul(t, A), the same call as `t @ A`; the
+        # shapes tell them apart unless both products are defined, which is refused, not guessed.
+        left = x.shape[1] == y.shape[0]   # t @ A
+        right = y.shape[1] == x.shape[0]  # A @ t
+        if left and right:
+            raise ValueError(f"under torch.compile, `A @ t` and `t @ A` with a sparse A of shape "
+                             f"{y.shape} and t of shape {tuple(x.shape)} reach sparsek as the same "
+                             "call; use sparsek.bsr_mm(A, t) or sparsek.dense_bsr_mm(t, A)")
+        if right:
+            return bsr_mm(y, x)
+    return dense_bsr_mm(x, y)
+
+
 for _cls in (BSRMatrix, BSRTranspose):
     _cls.__matmul__ = _matmul
     _cls.__rmatmul__ = _rmatmul
+    _cls.__torch_function__ = _torch_function
