@@ -180,3 +180,27 @@ def test_cuda_layer_and_auto_method(dtype):
     l32 = BlockSparseLinear(512, 768, (64, 64), density=0.25, device="cuda")
     with torch.autocast("cuda", dtype=dtype):
         assert l32(torch.randn(8, 512, device="cuda")).dtype == dtype
+
+
+# ---------------------------------------------------------------- the examples
+
+def _example(name, *args):
+    import os
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python")
+    return subprocess.run([sys.executable, os.path.join(root, name), *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_example_train_mlp_on_cpu():
+    r = _example("train_mlp.py", "--steps", "8", "--cpu", "--hidden", "256")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step   7" in r.stdout and "loss" in r.stdout.splitlines()[-1]
+
+
+@cuda_only
+def test_example_serve_cuda_graph():
+    r = _example("serve_cuda_graph.py", "--requests", "5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "served from one CUDA graph" in r.stdout
