@@ -13,11 +13,12 @@ role. `trans` applies op = transpose to the sparse operand.
 Plans: the first product on a pattern plans it (validation, schedule, upload: the library's plan())
 and keeps the plan in a small cache attached to the pattern's row_ptr tensor, keyed by everything the
 plan was made for: kind, op, the shapes, strides, dtypes and devices of every operand, and (for plans
-that hold workspace) the stream. A cached plan is used only while row_ptr and col_idx are the same
-tensors at the same version counters: an in-place edit of the pattern through torch makes the next
-call plan again (and validate the edited pattern) instead of running a stale schedule. Later calls
-pass only data pointers: no allocation besides the output, no synchronization, so they can be
-captured in CUDA graphs. Planning during a capture raises, saying to run once before capturing.
+that hold workspace, outside CUDA graph capture) the stream. A cached plan is used only while row_ptr
+and col_idx are the same tensors at the same version counters: an in-place edit of the pattern
+through torch makes the next call plan again (and validate the edited pattern) instead of running a
+stale schedule. Later calls pass only data pointers: no allocation besides the output, no
+synchronization, so they can be captured in CUDA graphs. Planning during a capture raises, saying
+to run once before capturing.
 
 Imported on the first use of a torch tensor with sparsek (sparsek itself never imports torch).
 """
@@ -62,8 +63,8 @@ def _capture_error(what):
     return RuntimeError(
         f"sparsek: {what} has no plan yet, and planning cannot run while a CUDA graph is being "
         "captured (it validates the pattern on the host and uploads the schedule). Run the same call "
-        "once before capturing (same shapes, dtypes and device, on the capture stream when the plan "
-        "holds workspace), then capture: later calls only launch.")
+        "once before capturing (same shapes, dtypes and device), then capture: later calls only "
+        "launch.")
 
 
 def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
@@ -74,9 +75,14 @@ def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
     if plans is None:
         plans = row_ptr.__dict__["_sparsek_plans"] = {}
     e = plans.get(key)
-    if e is not None and e[4] and e[5] != stream:  # workspace is used in one stream's order
-        key = key + (stream,)
-        e = plans.get(key)
+    if e is not None and e[4] and e[5] != stream:
+        # A plan's workspace is used in one stream's order: another stream gets its own plan.
+        # NOTE: except inside a capture, where no plan can be made: the graph then shares the
+        # plan of the stream that ran the call before (the warm-up stream). Replaying it while
+        # the same product runs on that stream would share the workspace; don't.
+        own = plans.get(key + (stream,))
+        if own is not None or not (values.is_cuda and torch.cuda.is_current_stream_capturing()):
+            key, e = key + (stream,), own
     if (e is not None and e[1] is col_idx and e[2] == row_ptr._version
             and e[3] == col_idx._version):
         return e[0], stream
