@@ -6,6 +6,8 @@
 // values [nnzb][bm][bk]); dense operands as 2-D arrays that are row- or column-major with a unit
 // inner stride. sparsek::Error becomes ValueError (invalid_argument), NotImplementedError
 // (unsupported) or RuntimeError (everything else), carrying the library's message.
+// Plans (plan_dsd/dds/sdd -> Plan.run) are the same calls split in two: arrays once, then only the
+// data pointers of arrays that the Python caller has matched to the planned ones.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
