@@ -83,6 +83,9 @@ if want python; then
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
   fi
+  # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1
+  note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
 fi
 
 if want attention; then
