@@ -35,6 +35,24 @@ if want build; then
 fi
 B=./$BUILD
 
+if want attention; then
+  # The attention kernel on its own (bench/attention_timer.cu): every output row of the edge cases
+  # against fp64, once under compute-sanitizer memcheck (small cases), then the target workloads.
+  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
+    -L"$BUILD" -lsparsek -Xlinker -rpath="$PWD/$BUILD" -o "$BUILD/attention_timer" > "$OUT/attention-build.log" 2>&1
+  timeout 120 "$B/attention_timer" check > "$OUT/attention-check.txt" 2>&1
+  note attn-check "rc=$? $(tail -1 "$OUT/attention-check.txt")"
+  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-check.txt" | head -12
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_SAN_FILTER:-tails}" \
+    > "$OUT/attention-memcheck.log" 2>&1
+  note attn-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-memcheck.log" | tail -1)"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_RACE_FILTER:-d64 b64}" \
+    > "$OUT/attention-racecheck.log" 2>&1
+  note attn-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-racecheck.log" | tail -1)"
+  timeout 120 "$B/attention_timer" time ${ATTN_FILTER:-} > "$OUT/attention-time.txt" 2>&1
+  note attn-time "rc=$? (attention-time.txt)"
+fi
+
 if want test; then
   $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
   rc=$?
@@ -86,24 +104,6 @@ if want python; then
   # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1
   note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
-fi
-
-if want attention; then
-  # The attention kernel on its own (bench/attention_timer.cu): every output row of the edge cases
-  # against fp64, once under compute-sanitizer memcheck (small cases), then the target workloads.
-  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
-    -L"$BUILD" -lsparsek -Xlinker -rpath="$PWD/$BUILD" -o "$BUILD/attention_timer" > "$OUT/attention-build.log" 2>&1
-  timeout 300 "$B/attention_timer" check > "$OUT/attention-check.txt" 2>&1
-  note attn-check "rc=$? $(tail -1 "$OUT/attention-check.txt")"
-  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-check.txt" | head -12
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_SAN_FILTER:-tails}" \
-    > "$OUT/attention-memcheck.log" 2>&1
-  note attn-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-memcheck.log" | tail -1)"
-  timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_RACE_FILTER:-d64 b64}" \
-    > "$OUT/attention-racecheck.log" 2>&1
-  note attn-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-racecheck.log" | tail -1)"
-  timeout 300 "$B/attention_timer" time ${ATTN_FILTER:-} > "$OUT/attention-time.txt" 2>&1
-  note attn-time "rc=$? (attention-time.txt)"
 fi
 
 # The device tool brings back at most 8 files: keep the JSON and the bench table loose, pack the logs.
