@@ -54,7 +54,7 @@ if want attention; then
 fi
 
 if want test; then
-  $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
+  timeout 300 $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
   rc=$?
   note gpu-tests "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/gpu-tests.log") skipped"
   [ $rc -ne 0 ] && grep -E '^\[  FAILED|Failure|error' "$OUT/gpu-tests.log" | head -20
