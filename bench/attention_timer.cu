@@ -233,7 +233,7 @@ int check(const Case& c, uint32_t seed) {
   CK(cudaMemcpy(P.v.data(), P.dv, size_t(nk) * 2, cudaMemcpyDeviceToHost));
   Options o;
   auto state = hopper().prepare(P.args, o);
-  std::vector<uint16_t> out(size_t(nq)), first;
+  std::vector<uint16_t> out(static_cast<size_t>(nq)), first;
   std::vector<float> lse(size_t(c.b) * c.hq * c.sq), first_lse;
   int fails = 0;
   double max_err = 0, max_lse_err = 0;
