@@ -185,7 +185,8 @@ void validate(const GemmArgs& g, bool check_indices) {
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> table = [] {
     std::vector<Variant> t;
-    for (auto* f : {&cpu_variants, &hopper_variants, &portable_variants, &peer_variants})
+    // smalln first: where it applies (N <= 128) it is the one built for the problem.
+    for (auto* f : {&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants})
       for (const Variant& v : f()) t.push_back(v);
     return t;
   }();

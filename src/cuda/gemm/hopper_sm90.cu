@@ -861,8 +861,14 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& g, const Options&) 
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
+  // Skewed rows at bm = 128: one N tile's slice of B is 4-8 MB there, so the few tiles L2 holds
+  // must not be outrun by long rows started tiles ahead; their items are cut to at most 3 tiles'
+  // worth of a CTA's time (docs/KERNELS.md, "Skewed rows at 128-row blocks").
+  // SPARSEK_HOPPER_WINDOW = <tiles> | off overrides (any block height).
+  const std::string win = env_or("SPARSEK_HOPPER_WINDOW", "");
+  const double window = win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : a.bm == 128 ? 3.0 : 0.0;
   const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk), std::max(1, lists), order,
-                                    split_stages);
+                                    split_stages, window);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
     std::fprintf(stderr, "hopper: bm=%d bk=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
                  a.bk, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
