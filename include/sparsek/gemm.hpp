@@ -1,4 +1,4 @@
-// sparsek — block-sparse products (SPEC §1).
+// sparsek — block-sparse products.
 //
 //   DSD: C = alpha * op(A) * B + beta * C     A sparse (BSR), B and C dense
 //   DDS: C = alpha * A * op(B) + beta * C     B sparse (BSR), A and C dense

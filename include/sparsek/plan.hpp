@@ -1,4 +1,4 @@
-// sparsek — plan once, run many times (SPEC §4).
+// sparsek — plan once, run many times.
 //
 //   Plan p = plan(problem, options);   // O(nnzb) checks, pattern analysis, variant choice, set-up
 //   run(p, args, stream);              // cheap checks + launch; allocation-free, graph-capturable

@@ -61,7 +61,7 @@ sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_de
 /* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
 
-/* ---- Plans (SPEC §4): check and prepare once per pattern, run many times ---- */
+/* ---- Plans: check and prepare once per pattern, run many times ---- */
 typedef enum { SPARSEK_DSD = 0, SPARSEK_DDS = 1, SPARSEK_SDD = 2 } sparsek_kind;
 
 /* One product. Slots by kind (unused ones are ignored):

@@ -1,4 +1,4 @@
-// sparsek — the autotuner and its persistent cache (SPEC §4).
+// sparsek — the autotuner and its persistent cache.
 //
 // Tuning times every variant of the backend that supports a problem (peers included) on its own
 // random operands of the problem's shapes and pattern (never the caller's buffers): warm-up, then
