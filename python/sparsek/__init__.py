@@ -10,6 +10,7 @@ Arrays stay in their framework and on their device (NumPy → the CPU backend; t
 tensors → the GPU on the framework's current stream). Bad input raises ValueError with the library's
 message. With torch installed the products are also ``torch.ops.sparsek.*`` custom ops.
 """
+from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
 from . import _sparsek
 from ._bsr import BSRMatrix
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm  # also registers torch.ops.sparsek.* with torch
