@@ -51,3 +51,10 @@ def test_sparsek_command_runs_the_cli():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"sparsek {sparsek.__version__} doctor" in out.stdout
+
+
+def test_python_example_runs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "dsd.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "max |C - A @ B| = 0.0" in out.stdout and "error, as expected:" in out.stdout
