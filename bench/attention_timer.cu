@@ -1,7 +1,7 @@
 // Checks and times the "hopper" attention variant directly (not part of CMake; built on the GPU
 // machine against a build of the library, like hopper_timer.cu):
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
-//        -Lbuild -lsparsek -Xlinker -rpath=$PWD/build -o attention_timer
+//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o attention_timer
 //   ./attention_timer check            # edge cases, every output row against an fp64 host reference
 //   ./attention_timer time [filter]    # the target workloads: median of CUDA-event timings
 // Inputs are uniform [-1, 1) from a hash (never zero); outputs are poisoned (NaN) before each run.

@@ -31,6 +31,9 @@
 #include "sparsek/gemm.hpp"  // Options
 #include "sparsek/types.hpp"
 
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
 namespace sparsek {
 
 // Non-owning view of a [B, H, S, D] tensor; strides in elements, D contiguous.
@@ -166,3 +169,4 @@ size_t gate_workspace_bytes(const GateArgs& args);
 void gate(const GateArgs& args, const Options& options = {});
 
 }  // namespace sparsek
+#pragma GCC visibility pop

@@ -10,6 +10,9 @@
 
 #include "sparsek/types.hpp"
 
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
 namespace sparsek {
 
 // Non-owning view of a BSR matrix (host or device pointers). values may be written through when
@@ -141,3 +144,4 @@ BsrMatrix random_bsr(PatternKind kind, int64_t rows, int64_t cols, int bm, int b
                      DType dtype, uint64_t seed, bool integers = false);
 
 }  // namespace sparsek
+#pragma GCC visibility pop

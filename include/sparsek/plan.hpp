@@ -19,6 +19,9 @@
 
 #include "sparsek/gemm.hpp"
 
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
 namespace sparsek {
 
 // Stored blocks per block row of the sparse operand.
@@ -89,3 +92,4 @@ PlanCacheStats one_shot_plan_cache_stats();
 void clear_one_shot_plan_cache();
 
 }  // namespace sparsek
+#pragma GCC visibility pop

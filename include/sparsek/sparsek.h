@@ -4,6 +4,11 @@
 #define SPARSEK_H
 #include <stdint.h>
 
+#include "sparsek/version.h"
+
+/* Exported from libsparsek (the build hides every other symbol). */
+#pragma GCC visibility push(default)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -96,4 +101,5 @@ sparsek_status sparsek_plan_workspace_bytes(sparsek_plan plan, uint64_t* bytes);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif /* SPARSEK_H */

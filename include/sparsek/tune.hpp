@@ -25,6 +25,9 @@
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
 
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
 namespace sparsek {
 
 enum class TuneMode { off, cached, on };
@@ -139,3 +142,4 @@ struct TuneOptions {
 TuneReport tune(const GemmArgs& problem, const Options& options = {}, const TuneOptions& tune_options = {});
 
 }  // namespace sparsek
+#pragma GCC visibility pop

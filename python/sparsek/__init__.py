@@ -12,6 +12,7 @@ message. With torch the products are also ``torch.ops.sparsek.*`` custom ops wit
 ``sparsek.nn.BlockSparseLinear`` is a layer. torch is not imported by ``import sparsek``: the torch
 integration loads when torch is in use (imported before sparsek, or on the first torch tensor).
 """
+from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
 from . import _arrays, _sparsek
 from ._bsr import BSRMatrix, BSRTranspose
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm

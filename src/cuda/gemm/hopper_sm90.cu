@@ -805,7 +805,9 @@ std::string why_not_hopper(const GemmArgs& g) {
   const DeviceInfo& d = device_info();
   if (!d.available) return "no CUDA device (" + d.why_not + ")";
   if (d.cc_major != 9 || d.cc_minor != 0)
-    return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+    return "needs an sm_90 GPU (sm_90a code only), found sm_" + std::to_string(d.cc_major) +
+           std::to_string(d.cc_minor) + ": the portable variant runs there" +
+           (d.cc_major > 9 ? " (JIT-compiled from PTX)" : "");
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
   const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
