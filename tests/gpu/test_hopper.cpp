@@ -13,6 +13,7 @@
 
 #include "cpu/oracle.hpp"
 #include "plan/variant.hpp"
+#include "sparsek/plan.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
