@@ -390,7 +390,7 @@ KernelFn kernel_for(DType in, int nt, int mode) {
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 bool block_dim(int d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
-std::string why_not(const GemmArgs& g) {
+std::string why_not_smalln(const GemmArgs& g) {
   if (g.kind != OpKind::dsd) return std::string("runs dsd only, not ") + to_string(g.kind);
   if (g.op != Op::none) return "op(A) = trans is not supported (A is streamed as stored)";
   const BsrView& a = g.sparse;
@@ -421,7 +421,7 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   bytes += v.size() * sizeof(T);
 }
 
-std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
+std::unique_ptr<VariantState> prepare_smalln(const GemmArgs& g, const Options&) {
   const BsrView& a = g.sparse;
   auto st = std::make_unique<SmallNState>();
   st->mb = a.mb();
@@ -452,7 +452,7 @@ std::unique_ptr<VariantState> prepare(const GemmArgs& g, const Options&) {
   return st;
 }
 
-void run(const GemmArgs& g, const Options& o, VariantState* state) {
+void run_smalln(const GemmArgs& g, const Options& o, VariantState* state) {
   auto* st = dynamic_cast<SmallNState*>(state);
   const BsrView& a = g.sparse;
   if (!st || st->mb != a.mb() || st->n != g.b.cols || st->nnzb != a.nnzb || st->bm != a.bm || st->bk != a.bk)
@@ -500,6 +500,8 @@ void run(const GemmArgs& g, const Options& o, VariantState* state) {
 
 }  // namespace
 
-std::vector<Variant> smalln_variants() { return {Variant{"smalln", Backend::cuda, false, &why_not, &prepare, &run}}; }
+std::vector<Variant> smalln_variants() {
+  return {Variant{"smalln", Backend::cuda, false, &why_not_smalln, &prepare_smalln, &run_smalln}};
+}
 
 }  // namespace sparsek
