@@ -140,11 +140,11 @@ std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 // nothing gets dQ = 0; a key that no query attends gets dK = dV = 0 (written, like every element
 // of dq, dk and dv).
 //
-// Same inputs, same GPU -> bit-identical dq, dk, dv by default: dQ is summed exactly (every
-// contribution is rounded to a grid of 2^-34 * ||dO row|| and added in fp64, where the sum of such
-// values does not depend on the order; exact while |dQ row| < 2^19 * ||dO row||, which needs
-// scale * max|K| * max||V|| above ~2.6e5 to be violated). deterministic = false adds plain fp32
-// partial sums in whatever order they arrive (faster, last bits vary between runs).
+// Same inputs, same GPU -> bit-identical dq, dk, dv by default: the partial sums of dQ are rounded
+// to a grid of 2^-34 * ||dO row|| and added in fp64, where sums of such values are exact and so do
+// not depend on the order they arrive in (guaranteed while max|K| * max||V|| < 2.6e5; beyond that
+// dQ is still summed in fp64). deterministic = false adds fp32 partial sums in arrival order
+// (faster; the last bits of dq vary between runs).
 struct AttentionBackwardArgs {
   AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
   Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype

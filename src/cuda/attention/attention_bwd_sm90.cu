@@ -29,7 +29,8 @@
 // Determinism: with deterministic (the default) each dQ contribution is rounded to an integer
 // multiple of the row's grid unit u = 2^(e - 34), 2^(e-1) <= ||dO row|| < 2^e, and the multiples
 // are added as fp64 values: sums of integers below 2^53 are exact, so the result does not depend
-// on the order the contributions arrive in (bit-identical runs) while |dQ row| < 2^19 ||dO row||.
+// on the order the contributions arrive in (bit-identical runs) while |dS K row| < 2^19 ||dO row||
+// (guaranteed by max|K| * max||V|| < 2^18: sum |dS| <= 2 ||dO row|| max||V||).
 // Otherwise the fp32 contributions are added as they come (FlashAttention's atomic dQ).
 // Malformed layouts cannot crash or hang a run: out-of-range indices are dropped, counts clamped.
 #include <cuda_bf16.h>
