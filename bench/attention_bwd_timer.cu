@@ -1,7 +1,7 @@
 // Checks and times the "hopper" attention backward variant directly (not part of CMake; built on
 // the GPU machine against a build of the library, like attention_timer.cu):
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
-//        -Lbuild -lsparsek -Xlinker -rpath=$PWD/build -o attention_bwd_timer
+//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o attention_bwd_timer
 //   ./attention_bwd_timer check [filter]   # edge cases: every element of dq, dk, dv against an fp64
 //                                          # host reference; deterministic runs repeated bit-identical
 //   ./attention_bwd_timer time [filter]    # the target workloads: median of CUDA-event timings
