@@ -12,4 +12,8 @@ std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
 std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
 std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)
 
+// The CPU backend's thread count for Options::threads = requested: itself when > 0, else
+// OpenMP's default (OMP_NUM_THREADS, else the hardware threads).
+int cpu_threads(int requested);
+
 }  // namespace sparsek
