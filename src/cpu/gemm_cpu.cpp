@@ -197,6 +197,8 @@ std::unique_ptr<CpuState> build_state(const GemmArgs& g) {
   auto st = std::make_unique<CpuState>();
   const BsrView& a = g.sparse;
   const int64_t mb = a.mb(), kb = a.kb();
+  // Nothing to write (run() returns at once): no set-up, whose cost can grow with kb, not C.
+  if (g.kind != OpKind::sdd && (g.m() == 0 || g.n() == 0)) return st;
   st->row_ptr.assign(a.row_ptr, a.row_ptr + mb + 1);
   if (a.nnzb > 0) st->col_idx.assign(a.col_idx, a.col_idx + a.nnzb);
   if (g.kind == OpKind::sdd) {
@@ -358,12 +360,13 @@ void run_sdd(const GemmArgs& g, const Options& o, const CpuState& st) {
     parallel_for(c.nnzb, workers, [&](int64_t j, int w) {
       std::vector<float>& acc = accs[size_t(w)];
       acc.assign(size_t(bsz), 0.f);
-      const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
-      const float* bp = b.data + int64_t(st.col_idx[size_t(j)]) * bk;           // (K, bk), stride b.ld
-      if (K > 0)
+      if (K > 0) {  // (with K = 0, A and B may have no storage at all: no pointer into them)
+        const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
+        const float* bp = b.data + int64_t(st.col_idx[size_t(j)]) * bk;           // (K, bk), stride b.ld
         for (int r0 = 0; r0 < bm; r0 += 4)
           for (int c0 = 0; c0 < bk; c0 += 16)
             kernel_4x16(ap + int64_t(r0) * a.ld, a.ld, bp + c0, b.ld, K, acc.data() + r0 * bk + c0, bk);
+      }
       write_tile(vals + j * bsz, bk, 1, bm, bk, acc.data(), bk, g.alpha, g.beta, K > 0);
     });
   });

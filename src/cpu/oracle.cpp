@@ -56,6 +56,7 @@ std::vector<double> oracle(const GemmArgs& g) {
     return out;
   }
 
+  if (M == 0 || N == 0) return {};  // an empty C (its other extent may be huge: no work on it)
   // dsd / dds: accumulate the product into sum (M x N, row-major), one stored element at a time.
   // reached: the rows (dsd) or columns (dds) of C that some stored block contributes to; the
   // others get no product term at all (beta*C, or 0), whatever alpha is.
@@ -98,8 +99,8 @@ double max_rel_error(const GemmArgs& g, const std::vector<double>& ref) {
     for (size_t e = 0; e < got.size(); ++e) got[e] = double(load_as_float(s.values, s.dtype, int64_t(e)));
   } else {
     const int64_t M = g.c.rows, N = g.c.cols;
-    got.resize(size_t(M * N));
-    for (int64_t m = 0; m < M; ++m)
+    got.resize(M > 0 && N > 0 ? size_t(M * N) : 0);
+    for (int64_t m = 0; m < M && N > 0; ++m)
       for (int64_t n = 0; n < N; ++n) got[size_t(m * N + n)] = dense_at(g.c, m, n);
   }
   if (got.size() != ref.size())
