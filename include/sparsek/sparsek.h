@@ -53,8 +53,9 @@ int sparsek_has_cuda(void);
  * overlap any input's (values, row_ptr, col_idx, dense operands): an overlap is refused with
  * SPARSEK_INVALID_ARGUMENT naming both operands (products are not computed in place). Enum fields
  * outside their values, and sizes whose byte extent overflows 64 bits, are refused with the value.
- * An output element that no stored block reaches (an empty block row) is beta*C (0 when beta = 0)
- * whatever alpha is, even alpha = +-Inf; alpha and beta must not be NaN. */
+ * An output element that no stored block reaches (an empty block row) is beta*C (0 when beta = 0);
+ * on the CPU backend also for alpha = +-Inf (the GPU kernels still give Inf*0 = NaN there). alpha
+ * and beta must not be NaN. */
 /* C = alpha*op(A)*B + beta*C, A sparse. stream: a cudaStream_t or NULL (device work only). */
 sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, const sparsek_dense* b,
                            float beta, sparsek_dense* c, void* stream);
