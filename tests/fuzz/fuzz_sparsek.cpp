@@ -144,8 +144,10 @@ Dense make_dense(Reader& r, int64_t rows, int64_t cols, int dtype, int memory) {
   x.invalid = rows < 0 || cols < 0 || layout < 0 || layout > 1 || dtype < 0 || dtype > 2 || memory < 0 ||
               memory > 1 || ld < std::max<int64_t>(minor, 1);
   __int128 bytes = 0;
-  if (!x.invalid && rows > 0 && cols > 0)
-    bytes = (__int128(major) - 1) * ld * elem_size(dtype) + __int128(minor) * elem_size(dtype);
+  if (!x.invalid && rows > 0 && cols > 0) {
+    const __int128 elems = (__int128(major) - 1) * ld + minor;  // < 2^127: no overflow here
+    bytes = elems > INT64_MAX ? __int128(INT64_MAX) + 1 : elems * __int128(elem_size(dtype));
+  }
   if (bytes > INT64_MAX) x.overflow = true;
   if (!x.invalid && !x.overflow && bytes > kMaxBytes) x.too_big = true;
   x.store.assign(size_t(!x.invalid && !x.overflow && !x.too_big ? int64_t(bytes) : 16), 0);
