@@ -285,6 +285,12 @@ int child(const Args& args) {
   const uint64_t seed = args.seed("--seed", 1);
   const int warmup = int(args.integer("--warmup", 3, 0, 1000));
   if (m % bm || k % bk) args.bad("--m", "M and K must be multiples of the block shape");
+  const double es = double(dtype_size(dtype)),
+               bytes = (std::min(1.0, density * 1.01) * double(m) * double(k) + double(k) * double(n)) * es;
+  const std::string what = "the workload --m " + std::to_string(m) + " --n " + std::to_string(n) + " --k " +
+                           std::to_string(k);
+  check_host_bytes(what, bytes);
+  check_device_bytes(what, bytes + double(m) * double(n) * es);
   BsrMatrix a = random_bsr(kind, m, k, bm, bk, density, dtype, seed);
   HostMatrix b(k, n, dtype, Layout::row_major, 0);
   b.fill_random(mix_seed(seed, 2), false);
