@@ -134,7 +134,7 @@ Dense make_dense(Reader& r, int64_t rows, int64_t cols, int dtype, int memory) {
   const bool row = layout == 0;
   const int64_t minor = row ? cols : rows, major = row ? rows : cols;
   const uint8_t ldb = r.u8();
-  const int64_t ld = ldb < 240 ? std::max<int64_t>(minor, 1) + ldb % 4 : r.i64();
+  const int64_t ld = ldb >= 240 ? r.i64() : minor > INT64_MAX - 4 ? minor : std::max<int64_t>(minor, 1) + ldb % 4;
   x.d.rows = rows;
   x.d.cols = cols;
   x.d.ld = ld;
