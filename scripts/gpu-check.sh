@@ -2,8 +2,8 @@
 # The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python attention
-#                                        attention-bwd (default: all)
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune gate profile python
+#                                        attention attention-bwd (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python attention attention-bwd)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune gate profile python attention attention-bwd)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -112,6 +112,28 @@ if want tune; then
   unset SPARSEK_CACHE
 fi
 
+if want gate; then
+  # The performance gate: the workload table against this GPU's recorded baseline (bench/baselines/).
+  $B/sparsek bench --compare bench/baselines --json "$OUT/gate.json" > "$OUT/gate.txt" 2>&1
+  note gate "rc=$? (expect 0) $(grep -E '^gate: (PASSED|FAILED)' "$OUT/gate.txt")"
+  # ... and it must fail a slowed run: the same, while a second process keeps the GPU busy.
+  ( while :; do $B/sparsek bench --variants cublas_dense_gemm --m 8192 --n 8192 --k 8192 --reps 500 --warmup 0 \
+      > /dev/null 2>&1; done ) &
+  load=$!
+  sleep 10
+  $B/sparsek bench --compare bench/baselines > "$OUT/gate-slowed.txt" 2>&1
+  rc=$?
+  pkill -P $load; kill $load; wait $load 2>/dev/null
+  note gate-slow "rc=$rc (expect 1) $(grep -E '^gate: (PASSED|FAILED)' "$OUT/gate-slowed.txt")"
+fi
+
+if want profile; then
+  # Nsight Compute's key metrics of one launch, normalized (diffable against an earlier profile.txt).
+  $B/sparsek profile --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125 --out "$OUT/profile.txt" \
+    --raw "$OUT/profile-ncu.csv" > "$OUT/profile.log" 2>&1
+  note profile "rc=$? $(grep -E '^(duration_us|tensor_pipe_wgmma_active_pct|l2_throughput_pct) ' "$OUT/profile.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+
 if want python; then
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1
   note pytest "rc=$? $(tail -1 "$OUT/pytest.log")"
@@ -125,12 +147,15 @@ if want python; then
   note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
 fi
 
-# The device tool brings back at most 8 files: keep the JSON and the bench table loose, pack the logs.
-(cd "$OUT" && ls *.log *.txt >/dev/null 2>&1 && tar czf logs.tgz *.log gpu.txt && rm -f *.log)
-
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
+# (the attention results are printed here, before they are packed into logs.tgz)
 [ -f "$OUT/attention-time.txt" ] && want attention && cat "$OUT/attention-check.txt" "$OUT/attention-time.txt"
 [ -f "$OUT/attention-bwd-time.txt" ] && want attention-bwd && cat "$OUT/attention-bwd-check.txt" "$OUT/attention-bwd-time.txt"
+
+# The device tool brings back at most 8 files: keep the results loose, pack everything else.
+(cd "$OUT" && pack=$(ls | grep -v -x -F -e bench.json -e bench.txt -e gate.txt -e gate.json -e profile.txt \
+   -e torch_peers.json -e logs.tgz) && [ -n "$pack" ] && tar czf logs.tgz $pack && rm -f $pack)
+
 echo "== gpu-check on: $gpu"
 printf '%s\n' "${summary[@]}"

@@ -82,7 +82,8 @@ size_t workspace_bytes(const Plan& plan);
 
 // The one-shot gemm() keeps the last 16 plans it made (keyed by the problem, the pattern and the
 // options; see gemm.hpp). Host patterns are hashed on every call, so editing one in place is
-// safe. A device pattern is keyed by its pointers unless Options::check_indices (the default)
+// safe (a CPU plan computes from its own copy of the pattern, so even an edit made to keep the
+// 64-bit hash can only give the planned pattern's result, never a read out of bounds). A device pattern is keyed by its pointers unless Options::check_indices (the default)
 // copies it anyway: mutating a device pattern in place between one-shot calls needs
 // check_indices or an explicit plan. Changes to the tuning cache file reach plans made later.
 struct PlanCacheStats {

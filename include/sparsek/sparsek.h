@@ -54,6 +54,13 @@ const char* sparsek_version(void);
 /* 1 when a CUDA device answers, else 0. */
 int sparsek_has_cuda(void);
 
+/* Products. C's memory (first to last element, padding included; for sdd C's values) must not
+ * overlap any input's (values, row_ptr, col_idx, dense operands): an overlap is refused with
+ * SPARSEK_INVALID_ARGUMENT naming both operands (products are not computed in place). Enum fields
+ * outside their values, and sizes whose byte extent overflows 64 bits, are refused with the value.
+ * An output element that no stored block reaches (an empty block row) is beta*C (0 when beta = 0);
+ * on the CPU backend also for alpha = +-Inf (the GPU kernels still give Inf*0 = NaN there). alpha
+ * and beta must not be NaN. */
 /* C = alpha*op(A)*B + beta*C, A sparse. stream: a cudaStream_t or NULL (device work only). */
 sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, const sparsek_dense* b,
                            float beta, sparsek_dense* c, void* stream);
@@ -91,7 +98,9 @@ sparsek_status sparsek_plan_create(sparsek_plan* plan, const sparsek_gemm_args* 
  * as the problem (values, dense pointers, alpha and beta may differ). Allocates nothing; device work
  * goes on `stream` (a cudaStream_t or NULL), unsynchronized, and may be captured in a CUDA graph. */
 sparsek_status sparsek_plan_run(sparsek_plan plan, const sparsek_gemm_args* args, void* stream);
-/* Frees the plan (NULL is accepted). */
+/* Frees the plan (NULL is accepted). Every plan function checks its handle against the live ones:
+ * a plan already destroyed, or a pointer sparsek_plan_create did not return, gives
+ * SPARSEK_INVALID_ARGUMENT (sparsek_plan_variant: ""), never a crash. */
 sparsek_status sparsek_plan_destroy(sparsek_plan plan);
 /* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
 const char* sparsek_plan_variant(sparsek_plan plan);

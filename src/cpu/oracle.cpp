@@ -49,15 +49,19 @@ std::vector<double> oracle(const GemmArgs& g) {
             const int64_t row = i * s.bm + r, col = int64_t(s.col_idx[j]) * s.bk + cc;
             double sum = 0.0;
             for (int64_t k = 0; k < K; ++k) sum += dense_at(g.a, row, k) * dense_at(g.b, k, col);
-            double v = double(g.alpha) * sum;
+            double v = K > 0 ? double(g.alpha) * sum : 0.0;  // no product term at all when K = 0
             if (g.beta != 0.f) v += double(g.beta) * bsr_at(s, j, r, cc);
             out[size_t((j * s.bm + r) * s.bk + cc)] = v;
           }
     return out;
   }
 
+  if (M == 0 || N == 0) return {};  // an empty C (its other extent may be huge: no work on it)
   // dsd / dds: accumulate the product into sum (M x N, row-major), one stored element at a time.
+  // reached: the rows (dsd) or columns (dds) of C that some stored block contributes to; the
+  // others get no product term at all (beta*C, or 0), whatever alpha is.
   std::vector<double> sum(size_t(M * N), 0.0);
+  std::vector<char> reached(size_t(g.kind == OpKind::dsd ? M : N), 0);
   for (int64_t i = 0; i < s.mb(); ++i)
     for (int64_t j = s.row_ptr[i]; j < s.row_ptr[i + 1]; ++j)
       for (int r = 0; r < s.bm; ++r)
@@ -66,6 +70,7 @@ std::vector<double> oracle(const GemmArgs& g) {
           // Position of this element in the stored matrix and in op(stored).
           const int64_t sr = i * s.bm + r, sc = int64_t(s.col_idx[j]) * s.bk + cc;
           const int64_t opr = g.op == Op::none ? sr : sc, opc = g.op == Op::none ? sc : sr;
+          reached[size_t(g.kind == OpKind::dsd ? opr : opc)] = 1;
           if (g.kind == OpKind::dsd) {
             // C(opr, n) += op(A)(opr, opc) * B(opc, n)
             for (int64_t n = 0; n < N; ++n) sum[size_t(opr * N + n)] += v * dense_at(g.b, opc, n);
@@ -77,7 +82,8 @@ std::vector<double> oracle(const GemmArgs& g) {
   std::vector<double> out(sum.size());
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
-      double v = double(g.alpha) * sum[size_t(m * N + n)];
+      const bool r = reached[size_t(g.kind == OpKind::dsd ? m : n)];
+      double v = r ? double(g.alpha) * sum[size_t(m * N + n)] : 0.0;
       if (g.beta != 0.f) v += double(g.beta) * dense_at(g.c, m, n);
       out[size_t(m * N + n)] = v;
     }
@@ -93,8 +99,8 @@ double max_rel_error(const GemmArgs& g, const std::vector<double>& ref) {
     for (size_t e = 0; e < got.size(); ++e) got[e] = double(load_as_float(s.values, s.dtype, int64_t(e)));
   } else {
     const int64_t M = g.c.rows, N = g.c.cols;
-    got.resize(size_t(M * N));
-    for (int64_t m = 0; m < M; ++m)
+    got.resize(M > 0 && N > 0 ? size_t(M * N) : 0);
+    for (int64_t m = 0; m < M && N > 0; ++m)
       for (int64_t n = 0; n < N; ++n) got[size_t(m * N + n)] = dense_at(g.c, m, n);
   }
   if (got.size() != ref.size())

@@ -17,4 +17,8 @@ std::vector<AttentionVariant> cpu_attention_variants();     // src/cpu/attention
 std::vector<AttentionVariant> hopper_attention_variants();  // src/cuda/attention/attention_fwd_sm90.cu
 std::vector<AttentionBackwardVariant> hopper_attention_backward_variants();  // src/cuda/attention/attention_bwd_sm90.cu
 
+// The CPU backend's thread count for Options::threads = requested: itself when > 0, else
+// OpenMP's default (OMP_NUM_THREADS, else the hardware threads).
+int cpu_threads(int requested);
+
 }  // namespace sparsek

@@ -2,12 +2,14 @@
 // in-process plan cache (plan.cpp holds plan()/run()).
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <iterator>
 #include <list>
 #include <mutex>
 #include <sstream>
 
 #include "core/device.hpp"
+#include "format/format_internal.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 #include "plan/variant.hpp"
@@ -121,17 +123,77 @@ void validate_pattern(const GemmArgs& g, const HostPattern& hp) {
   }
 }
 
+namespace {
+
+// C must not share a byte with any input: every backend reads inputs while it writes C, so an
+// overlap gives a wrong answer (or a race on the GPU). Ranges span first to last element.
+void check_no_aliasing(const GemmArgs& g) {
+  const BsrView& s = g.sparse;
+  const int64_t value_bytes = s.nnzb * s.bm * s.bk * int64_t(dtype_size(s.dtype));
+  struct Named {
+    const char* name;
+    ByteRange range;
+  };
+  std::vector<Named> inputs;
+  inputs.push_back({"the sparse operand's row_ptr", byte_range(s.row_ptr, (s.mb() + 1) * 4)});
+  inputs.push_back({"the sparse operand's col_idx", byte_range(s.col_idx, s.nnzb * 4)});
+  if (g.kind != OpKind::sdd) inputs.push_back({"A (sparse) values", byte_range(s.values, value_bytes)});
+  if (g.kind == OpKind::dds) inputs.back().name = "B (sparse) values";
+  if (g.kind != OpKind::dsd) inputs.push_back({"A", byte_range(g.a)});
+  if (g.kind != OpKind::dds) inputs.push_back({"B", byte_range(g.b)});
+  const bool sdd = g.kind == OpKind::sdd;
+  const ByteRange out = sdd ? byte_range(s.values, value_bytes) : byte_range(g.c);
+  for (const Named& in : inputs)
+    if (out.overlaps(in.range)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": C occupies [%#zx, %#zx) and %s [%#zx, %#zx)", size_t(out.begin),
+                    size_t(out.end), in.name, size_t(in.range.begin), size_t(in.range.end));
+      bad(std::string(sdd ? "C (sparse) values overlap " : "C overlaps ") + in.name + buf +
+          "; products are not computed in place: give C memory of its own");
+    }
+}
+
+}  // namespace
+
+void check_enums(const GemmArgs& g) {
+  auto range = [](int v, int hi, const std::string& what, const char* names) {
+    if (v < 0 || v > hi) bad(what + " " + std::to_string(v) + " is not " + names);
+  };
+  range(int(g.kind), 2, "kind", "dsd (0), dds (1) or sdd (2)");
+  range(int(g.op), 1, "op", "none (0) or trans (1)");
+  const std::string sp = sparse_name(g);
+  range(int(g.sparse.dtype), 2, sp + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+  range(int(g.sparse.memory), 1, sp + " memory", "host (0) or device (1)");
+  auto dense = [&](const DenseView& d, const std::string& n) {
+    range(int(d.dtype), 2, n + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+    range(int(d.layout), 1, n + " layout", "row-major (0) or col-major (1)");
+    range(int(d.memory), 1, n + " memory", "host (0) or device (1)");
+  };
+  if (g.kind != OpKind::dsd) dense(g.a, "A");
+  if (g.kind != OpKind::dds) dense(g.b, "B");
+  if (g.kind != OpKind::sdd) dense(g.c, "C");
+}
+
 void validate(const GemmArgs& g, bool check_indices) {
-  const char* sname = sparse_name(g);
-  if (int(g.op) != 0 && int(g.op) != 1) bad("op must be none or trans, got " + std::to_string(int(g.op)));
+  validate_description(g, check_indices);
+  check_no_aliasing(g);
+}
+
+void validate_description(const GemmArgs& g, bool check_indices) {
+  // Enumerations first: nothing below may print an out-of-range value as a valid name.
+  check_enums(g);
   if (g.kind == OpKind::sdd && g.op != Op::none) bad("op must be none for sdd (got trans)");
-  if (int(g.kind) < 0 || int(g.kind) > 2) bad("kind must be dsd, dds or sdd, got " + std::to_string(int(g.kind)));
+  const char* sname = sparse_name(g);
   // BSR invariants: the cheap ones here, the O(nnzb) index checks on a host view of the pattern.
   try {
     validate(g.sparse, false);
   } catch (const Error& e) {
     bad(std::string(sname) + ": " + e.what());
   }
+  // The dense operands' own checks (enums, dims, ld, extent) before anything compares them.
+  if (g.kind != OpKind::dsd) validate(g.a, "A");
+  if (g.kind != OpKind::dds) validate(g.b, "B");
+  if (g.kind != OpKind::sdd) validate(g.c, "C");
   // All operands in one memory space.
   Memory mem = g.sparse.memory;
   auto same_mem = [&](const DenseView& d, const char* name) {
@@ -150,24 +212,18 @@ void validate(const GemmArgs& g, bool check_indices) {
   DType in = g.sparse.dtype;
   switch (g.kind) {
     case OpKind::dsd:
-      validate(g.b, "B");
-      validate(g.c, "C");
       check_dense_shape(g.b, "B", K, g.b.cols);
       check_dense_shape(g.c, "C", M, N);
       if (g.b.dtype != in)
         bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in));
       break;
     case OpKind::dds:
-      validate(g.a, "A");
-      validate(g.c, "C");
       check_dense_shape(g.a, "A", g.a.rows, K);
       check_dense_shape(g.c, "C", M, N);
       if (g.a.dtype != in)
         bad(std::string("A dtype ") + to_string(g.a.dtype) + " differs from B's " + to_string(in));
       break;
     case OpKind::sdd:
-      validate(g.a, "A");
-      validate(g.b, "B");
       in = g.a.dtype;
       check_dense_shape(g.a, "A", M, g.a.cols);
       check_dense_shape(g.b, "B", K, N);

@@ -247,8 +247,9 @@ void launch(const Plan::Impl& im, const GemmArgs& args, void* stream) {
 
 void run(const Plan& p, const GemmArgs& args, void* stream) {
   if (!p.impl_) empty_plan();
+  check_enums(args);  // the mismatch messages below print enum values by name
   match(args, p.impl_->problem);
-  validate(args, false);  // the cheap checks: null pointers, alignment, NaN alpha/beta
+  validate(args, false);  // the cheap checks: null pointers, extents, aliasing, NaN alpha/beta
   launch(*p.impl_, args, stream);
 }
 

@@ -22,6 +22,14 @@ struct HostPattern {
 // itself after non-blocking streams.
 HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
+// The enum fields of g's kind, op and used operands are in range (else Error naming the field
+// and the number): what must hold before any message prints one by name.
+void check_enums(const GemmArgs& g);
+
+// validate(g) but for the aliasing check: for a problem described with placeholder pointers
+// (the tuner's, which runs on operands of its own).
+void validate_description(const GemmArgs& g, bool check_indices);
+
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
 

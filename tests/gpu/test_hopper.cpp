@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -388,6 +389,22 @@ TEST(Hopper, EmptyRowsGiveBetaC) {
       cs.seed = uint64_t(bm + 100 * int(beta * 4));
       check_case(cs);
     }
+}
+
+// alpha = +-Inf: block rows without a stored block must stay beta*C (the oracle's and the CPU
+// backend's semantics), not Inf * 0 = NaN.
+TEST(Hopper, InfiniteAlphaLeavesEmptyRowsBetaC) {
+  SPARSEK_REQUIRE_SM90();
+  for (float beta : {0.f, 0.75f}) {
+    Case cs;
+    cs.bm = 64;
+    cs.mb = 6;
+    cs.empty_rows = {0, 2, -1};
+    cs.alpha = std::numeric_limits<float>::infinity();
+    cs.beta = beta;
+    cs.seed = 4242 + uint64_t(beta * 4);
+    check_case(cs);
+  }
 }
 
 TEST(Hopper, NoStoredBlocks) {

@@ -26,7 +26,9 @@
 #include "core/device.hpp"
 #include "cpu/oracle.hpp"
 #include "cuda/peers/peers.hpp"
+#include "plan/backends.hpp"
 #include "plan/variant.hpp"
+#include "sparsek/tune.hpp"
 
 namespace sparsek::cli {
 
@@ -49,9 +51,14 @@ const std::vector<FlagSpec> kSpecs = {
     {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
     {"--variants", "a,b", "only these rows (variant names, cublas_dense_gemm, cusparse_ell_spmm)"},
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
-    {"--json", "FILE", "also write every number as JSON"},
+    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    {"--json", "FILE", "also write every number as JSON (- for stdout; the table then goes to stderr)"},
     {"--seed", "S", "random seed of patterns and values (default 1)"},
     {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
+    {"--compare", "BASELINE", "the performance gate: exit 1 when a sparsek row is more than 5% slower than in "
+                              "BASELINE (a bench --json file of the same GPU, or a directory of them)"},
+    {"--threshold", "PCT", "--compare: how much slower a row may be, in percent (default 5)"},
+    {"--from", "RESULTS", "--compare: take the results from RESULTS (a bench --json file) instead of running"},
 };
 
 struct Workload {
@@ -212,66 +219,117 @@ void print_result(const Result& r, bool gpu) {
   }
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results, bool gpu, const std::string& cmdline,
-                int reps, int warmup, uint64_t seed) {
-  Json j;
-  j.begin_object();
-  j.kv("tool", "sparsek bench").kv("sparsek_version", version()).kv("date", now_utc_iso8601()).kv("command", cmdline);
-  j.kv("mode", gpu ? "gpu" : "cpu");
+// The machine the numbers are from: the GPU's name, or the CPU model and thread count.
+Json device_json(bool gpu, int threads) {
   const DeviceInfo& d = device_info();
-  j.begin_object("device");
-  j.kv("available", d.available);
+  Json j;
+  j["available"] = d.available;
   if (d.available) {
-    j.kv("name", d.name).kv("compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
-    j.kv("sm_count", d.sm_count).kv("l2_bytes", int64_t(d.l2_bytes));
-    j.kv("driver_version", d.driver_version).kv("runtime_version", d.runtime_version);
-    j.kv("cublas", peers::cublas_version()).kv("cusparse", peers::cusparse_version());
+    j["name"] = d.name;
+    j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    j["sm_count"] = d.sm_count;
+    j["l2_bytes"] = int64_t(d.l2_bytes);
+    j["driver_version"] = d.driver_version;
+    j["runtime_version"] = d.runtime_version;
+    j["cublas"] = peers::cublas_version();
+    j["cusparse"] = peers::cusparse_version();
   } else {
-    j.kv("why_not", d.why_not);
+    j["why_not"] = d.why_not;
   }
-  j.end_object();
-  j.begin_object("settings").kv("reps", reps).kv("warmup", warmup).kv("seed", int64_t(seed)).end_object();
-  j.begin_array("workloads");
+  if (!gpu) {
+    j["cpu"] = tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, threads).device;
+    j["threads"] = threads;
+  }
+  return j;
+}
+
+Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
+             int warmup, uint64_t seed, int threads) {
+  Json j = json_header("bench", argv);
+  j["mode"] = gpu ? "gpu" : "cpu";
+  j["device"] = device_json(gpu, threads);
+  j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
+  j["units"] = gpu ? "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks"
+                   : "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks (the table shows GFLOPS)";
+  Json ws = Json::array();
   for (const Result& r : results) {
     const Workload& w = r.w;
-    j.begin_object();
-    j.kv("label", label(w)).kv("m", w.m).kv("n", w.n).kv("k", w.k).kv("bm", w.bm).kv("bk", w.bk);
-    j.kv("density", w.density).kv("pattern", to_string(w.pattern)).kv("dtype", to_string(w.dtype));
-    j.kv("nnzb", r.nnzb).kv("effective_flops", r.eff_flops).kv("dense_flops", r.dense_flops);
-    if (!w.name.empty()) j.kv("name", w.name);
-    j.kv("a_value_bytes", r.a_bytes);
-    j.kv("rotation_sets", r.sets).kv("reference", r.reference);
-    j.kv("dense_tflops", r.dense_tflops).kv("ideal_ms", r.ideal_ms).kv("ideal_effective_tflops", r.dense_tflops);
-    j.begin_array("variants");
-    for (const Row& x : r.rows) {
-      j.begin_object();
-      j.kv("name", x.name).kv("peer", x.peer).kv("status", x.status).kv("reason", x.reason);
-      j.kv("median_ms", x.median_ms).kv("effective_tflops", x.eff_tflops);
-      j.kv("ratio_vs_cublas_dense", x.vs_dense).kv("ratio_vs_best_peer", x.vs_best_peer);
-      j.kv("fraction_of_ideal", x.frac_ideal).kv("rel_error", x.rel_err).kv("max_rel_error", x.max_err);
-      j.kv("wrong", x.wrong);
-      j.begin_array("times_ms");
-      for (double t : x.times_ms) j.value(t);
-      j.end_array();
-      j.end_object();
+    Json x;
+    x["label"] = label(w);
+    x["m"] = w.m;
+    x["n"] = w.n;
+    x["k"] = w.k;
+    x["bm"] = w.bm;
+    x["bk"] = w.bk;
+    x["density"] = w.density;
+    x["pattern"] = to_string(w.pattern);
+    x["dtype"] = to_string(w.dtype);
+    x["nnzb"] = r.nnzb;
+    x["effective_flops"] = r.eff_flops;
+    x["dense_flops"] = r.dense_flops;
+    if (!w.name.empty()) x["name"] = w.name;
+    x["a_value_bytes"] = r.a_bytes;
+    x["rotation_sets"] = r.sets;
+    x["reference"] = r.reference;
+    x["dense_tflops"] = num(r.dense_tflops);
+    x["ideal_ms"] = num(r.ideal_ms);
+    x["ideal_effective_tflops"] = num(r.dense_tflops);
+    Json vs = Json::array();
+    for (const Row& v : r.rows) {
+      Json y;
+      y["name"] = v.name;
+      y["peer"] = v.peer;
+      y["status"] = v.status;
+      y["reason"] = v.reason;
+      y["median_ms"] = num(v.median_ms);
+      y["effective_tflops"] = num(v.eff_tflops);
+      y["ratio_vs_cublas_dense"] = num(v.vs_dense);
+      y["ratio_vs_best_peer"] = num(v.vs_best_peer);
+      y["fraction_of_ideal"] = num(v.frac_ideal);
+      y["rel_error"] = num(v.rel_err);
+      y["max_rel_error"] = num(v.max_err);
+      y["wrong"] = v.wrong;
+      Json t = Json::array();
+      for (double ms : v.times_ms) t.push_back(num(ms));
+      y["times_ms"] = t;
+      vs.push_back(y);
     }
-    j.end_array();
-    j.end_object();
+    x["variants"] = vs;
+    ws.push_back(x);
   }
-  j.end_array();
-  j.end_object();
-  std::ofstream f(path);
-  f << j.str() << "\n";
-  if (!f) throw Error(Status::io_error, "could not write --json " + path);
+  j["workloads"] = ws;
+  return j;
+}
+
+// The progress line over all rows of the run: "[####....]  40%  4/10  ETA 0:12  what".
+struct Steps {
+  Progress& progress;
+  size_t done = 0, total = 1;
+  void at(const std::string& what) { progress.step(done, total, what); }
+};
+
+// Bytes of one workload's operands: A's values (at most the stored density), B and C.
+double operand_bytes(const Workload& w) {
+  const double es = double(dtype_size(w.dtype));
+  return (std::min(1.0, w.density * 1.01) * double(w.m) * double(w.k) + double(w.k) * double(w.n) +
+          double(w.m) * double(w.n)) * es;
+}
+std::string dims_text(const Workload& w) {
+  return "--m " + std::to_string(w.m) + " --n " + std::to_string(w.n) + " --k " + std::to_string(w.k);
 }
 
 // ---------------------------------------------------------------------------------------------
 // CPU
 
 Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress) {
+               int threads, Steps& steps) {
   Result r;
   r.w = w;
+  const bool with_oracle = 2.0 * w.density * double(w.m) * double(w.k) * double(w.n) <= 4e9;
+  // The operands, the CPU backend's float panels of them, and the oracle's doubles.
+  check_host_bytes("the workload " + dims_text(w),
+                   operand_bytes(w) * (1.0 + 4.0 / double(dtype_size(w.dtype))) +
+                       (with_oracle ? 8.0 * double(w.m) * double(w.n) : 0.0));
   BsrMatrix a = random_bsr(w.pattern, w.m, w.k, w.bm, w.bk, w.density, w.dtype, seed);
   HostMatrix b(w.k, w.n, w.dtype, Layout::row_major, 0), c(w.m, w.n, w.dtype, Layout::row_major, 0);
   b.fill_random(mix_seed(seed, 2), false);
@@ -286,8 +344,8 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   std::vector<double> ref;
   // The fp64 oracle is naive (~1 GFLOP/s): skip it where it would take longer than the bench.
-  if (r.eff_flops <= 4e9) {
-    progress.update("computing the fp64 oracle ...");
+  if (with_oracle) {
+    steps.at("computing the fp64 oracle");
     ref = oracle(g);
     r.reference = "fp64 oracle";
   } else {
@@ -295,15 +353,17 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   }
   Options o;
   o.backend = Backend::cpu;
+  o.threads = threads;
   for (const Variant& v : variants()) {
     if (v.backend != Backend::cpu || !wanted(only, v.name)) continue;
     Row row = make_row(v.name, v.peer, v.why_not(g));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(std::string("timing ") + v.name + " ...");
+      steps.at(std::string("timing ") + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(g, o) : nullptr;
       for (int i = 0; i < warmup; ++i) v.run(g, o, st.get());
       for (int i = 0; i < reps; ++i) {
@@ -323,8 +383,9 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       mark_failed(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
-  progress.clear();
+  steps.progress.clear();
   fill_ratios(r);
   return r;
 }
@@ -365,11 +426,14 @@ std::vector<double> time_gpu(F&& run, int warmup, int reps, int sets) {
 }
 
 Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress, const std::string& prefix) {
+               Steps& steps, const std::string& prefix) {
   Result r;
   r.w = w;
   const DeviceInfo& info = device_info();
-  progress.update(prefix + "generating inputs ...");
+  // Host: the operands and a float reference; device: one input set and an f32 reference.
+  check_host_bytes("the workload " + dims_text(w), operand_bytes(w) + 8.0 * double(w.m) * double(w.n));
+  check_device_bytes("the workload " + dims_text(w), operand_bytes(w) + 4.0 * double(w.m) * double(w.n));
+  steps.at(prefix + "generating inputs");
   BsrMatrix a = random_bsr(w.pattern, w.m, w.k, w.bm, w.bk, w.density, w.dtype, seed);
   HostMatrix b(w.k, w.n, w.dtype, Layout::row_major, 0);
   b.fill_random(mix_seed(seed, 2), false);
@@ -425,7 +489,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   // Reference: fp64 oracle when it is quick, else cuBLAS on the densified A with fp32 output.
   std::vector<float> ref;
   if (r.eff_flops <= 2e9) {
-    progress.update(prefix + "computing the fp64 oracle ...");
+    steps.at(prefix + "computing the fp64 oracle");
     GemmArgs h = args[0];
     h.sparse = a.view();
     h.b = b.view;
@@ -435,7 +499,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     ref.assign(d.begin(), d.end());
     r.reference = "fp64 oracle";
   } else if (const Variant* v = find_variant("cublas_dense")) {
-    progress.update(prefix + "computing the cuBLAS fp32 reference ...");
+    steps.at(prefix + "computing the cuBLAS fp32 reference");
     try {
       DeviceBuffer d_ref(size_t(w.m * w.n) * 4);
       GemmArgs g = args[0];
@@ -478,10 +542,11 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     Row row = make_row(v.name, v.peer, v.why_not(args[0]));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(prefix + "timing " + v.name + " ...");
+      steps.at(prefix + "timing " + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
       row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
       row.median_ms = median(row.times_ms);
@@ -490,6 +555,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       fail(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
 
   // The peers' core calls alone, on data converted beforehand.
@@ -499,10 +565,11 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     Row row = make_row(name, true, v->why_not(args[0]));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(prefix + "timing " + name + " ...");
+      steps.at(prefix + "timing " + name);
       std::unique_ptr<VariantState> st = v->prepare(args[0], o);
       auto* ps = static_cast<peers::PeerState*>(st.get());
       ps->convert(args[0], o.stream);
@@ -516,8 +583,9 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       fail(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
-  progress.clear();
+  steps.progress.clear();
   fill_ratios(r);
   return r;
 }
@@ -566,13 +634,15 @@ int bench_main(const std::vector<std::string>& argv) {
                "Times DSD (C = A*B, A block-sparse) for every variant that supports the problem, beside\n"
                "cuSPARSE (BSR, Blocked-ELL) and cuBLAS on the densified A, on the same inputs. With a GPU\n"
                "and no shape flags it runs the workload table (8192^3 at 128x128, 64x64, 32x32 and 12.5%;\n"
-               "4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%; fixed_k, f16). Without a\n"
-               "GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. --suite serving runs\n"
-               "what serving and training users run instead (GPU only): decode with W 14336x4096 at\n"
-               "64x64, 25% and N = 1, 16, 128 (with the rate at which A's values are read); M 8256,\n"
-               "K 8192 at N = 999 and 1000; 8 experts of 1024x1024 (block-diagonal, 128x128); banded\n"
-               "and lower-triangular 64x64; power-law and uniform rows at 128x128, 12.5%. Exit code 1\n"
-               "when a variant failed or produced a wrong result.",
+               "4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%; fixed_k, f16) and reports\n"
+               "effective TFLOPS. Without a GPU it runs the CPU backend on 1024^3, 64x64, 12.5%, says so,\n"
+               "and reports effective GFLOPS. --suite serving runs what serving and training users run\n"
+               "instead (GPU only): decode with W 14336x4096 at 64x64, 25% and N = 1, 16, 128 (with the\n"
+               "rate at which A's values are read); M 8256, K 8192 at N = 999 and 1000; 8 experts of\n"
+               "1024x1024 (block-diagonal, 128x128); banded and lower-triangular 64x64; power-law and\n"
+               "uniform rows at 128x128, 12.5%. Exit code 1 when a variant failed or produced a wrong\n"
+               "result, or when --compare finds a row more than --threshold percent slower than its\n"
+               "baseline (matched by workload and variant; sparsek's own variants, not the peers).",
                kSpecs);
     return 0;
   }
@@ -591,6 +661,7 @@ int bench_main(const std::vector<std::string>& argv) {
   const bool dtype_given = args.has("--dtype");
   DType dtype = args.dtype("--dtype", DType::f16);
   const uint64_t seed = args.seed("--seed", 1);
+  const int threads = int(args.integer("--threads", 0, 1, 4096));
   std::vector<std::string> only = args.list("--variants");
   for (const std::string& name : only)
     if (!find_variant(name) && name != kDenseGemm && name != kEllSpmm) {
@@ -602,19 +673,41 @@ int bench_main(const std::vector<std::string>& argv) {
   if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec or serving");
   if (suite == "serving" && shaped)
     args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
-  const std::string json = args.str("--json", "");
-  if (args.has("--json") && json.empty()) args.bad("--json", "needs a file name");
+  const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
+  if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
+  if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
+  const double threshold = args.real("--threshold", 5.0, 0.0, 1000.0);
+  JsonOutput json(args);
+
+  if (!from.empty()) {  // the gate on recorded results: nothing runs
+    Json results = read_json_file(from, "--from");
+    Json gate;
+    const int rc = bench_gate(results, baseline, threshold, &gate);
+    results["gate"] = gate;
+    json.write(results);
+    json.say_written();
+    return rc;
+  }
 
   const bool gpu = use_gpu(backend);
   const DeviceInfo& info = device_info();
   if (suite == "serving" && !gpu)
     args.bad("--suite", "these workloads are sized for a GPU and none is in use (" +
                             (backend == Backend::cpu ? std::string("--backend cpu") : info.why_not) + ")");
+  // --variants names rows of one backend: the GPU's (and the peers' core rows) or the CPU's.
+  for (const std::string& name : only) {
+    const Variant* v = find_variant(name);
+    const bool gpu_row = !v || v->backend == Backend::cuda;
+    if (gpu_row && !gpu) {
+      if (backend == Backend::cpu) args.bad("--variants", "'" + name + "' is a GPU row, but --backend cpu");
+      throw Error(Status::no_device, "--variants " + name + ": a GPU row, but no GPU found: " + info.why_not);
+    }
+    if (!gpu_row && gpu)
+      args.bad("--variants", "'" + name + "' runs on the CPU backend; with a GPU add --backend cpu");
+  }
   const int reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
-  std::string cmdline = "sparsek bench";
-  for (const std::string& a : argv) cmdline += " " + a;
   Progress progress(stdout_is_tty());
   std::vector<Result> results;
 
@@ -649,13 +742,20 @@ int bench_main(const std::vector<std::string>& argv) {
       table.push_back(w);
     }
   }
+  // Rows to time: the listed ones, else every variant of the backend (+ the two peer core rows).
+  size_t rows_each = 0;
+  for (const Variant& v : variants())
+    rows_each += v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name);
+  if (gpu) rows_each += size_t(wanted(only, kDenseGemm)) + size_t(wanted(only, kEllSpmm));
+  Steps steps{progress, 0, std::max<size_t>(1, rows_each * table.size())};
 
   if (!gpu) {
+    const int t = cpu_threads(threads);
     if (backend == Backend::cpu)
-      std::printf("running the CPU backend (--backend cpu)\n");
+      std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", t);
     else
-      std::printf("no GPU found: %s; running the CPU backend\n", info.why_not.c_str());
-    results.push_back(run_cpu(table[0], reps, warmup, seed, only, progress));
+      std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), t);
+    results.push_back(run_cpu(table[0], reps, warmup, seed, only, threads, steps));
     print_result(results.back(), false);
   } else {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
@@ -664,20 +764,29 @@ int bench_main(const std::vector<std::string>& argv) {
     std::printf("median of %d runs after %d warm-up runs, CUDA events; alpha = 1, beta = 0\n", reps, warmup);
     for (size_t i = 0; i < table.size(); ++i) {
       std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
-      results.push_back(run_gpu(table[i], reps, warmup, seed, only, progress, prefix));
+      results.push_back(run_gpu(table[i], reps, warmup, seed, only, steps, prefix));
       print_result(results.back(), true);
       std::fflush(stdout);
     }
   }
-  if (!json.empty()) {
-    write_json(json, results, gpu, cmdline, reps, warmup, seed);
-    std::printf("\nwrote %s\n", json.c_str());
-  }
   int bad = 0;
   for (const Result& r : results)
     for (const Row& x : r.rows) bad += x.status == "failed" || x.wrong;
+  Json doc = to_json(results, gpu, argv, reps, warmup, seed, cpu_threads(threads));
+  int gate_rc = 0;
+  if (!baseline.empty()) {
+    std::printf("\n");
+    Json gate;
+    gate_rc = bench_gate(doc, baseline, threshold, &gate);
+    doc["gate"] = gate;
+  }
+  if (json.enabled()) {
+    json.write(doc);
+    std::printf("\n");
+    json.say_written();
+  }
   if (bad) std::printf("%d row(s) failed or gave a wrong result\n", bad);
-  return bad ? 1 : 0;
+  return bad || gate_rc ? 1 : 0;
 }
 
 }  // namespace sparsek::cli

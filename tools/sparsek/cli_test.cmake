@@ -1,10 +1,12 @@
 # CTest driver for the `sparsek` CLI (cmake -P, so the tests need nothing but CMake).
 #
 #   -DCLI=<sparsek binary> -DARGS=<args separated by |> [-DEXPECT_RC=<code>] [-DREGEX=<regex>]
+#   [-DNOT_REGEX=<regex>] [-DABSENT=<path>]
 #   [-DJSON=<file written by `bench --json`>: parsed and checked]
 #
 # Fails unless the exit code equals EXPECT_RC (default 0), the combined stdout+stderr matches
-# REGEX (when given), and, with JSON, the file parses and holds a measured, correct CPU or GPU row.
+# REGEX and does not match NOT_REGEX (when given), ABSENT does not exist after the run, and, with
+# JSON, the file parses and holds a measured, correct CPU or GPU row.
 string(REPLACE "|" ";" args "${ARGS}")
 if(NOT DEFINED EXPECT_RC)
   set(EXPECT_RC 0)
@@ -20,6 +22,13 @@ if(NOT "${rc}" STREQUAL "${EXPECT_RC}")
 endif()
 if(DEFINED REGEX AND NOT all MATCHES "${REGEX}")
   message(FATAL_ERROR "output does not match '${REGEX}'")
+endif()
+if(DEFINED NOT_REGEX AND all MATCHES "${NOT_REGEX}")
+  message(FATAL_ERROR "output matches '${NOT_REGEX}', which it must not")
+endif()
+if(DEFINED ABSENT AND EXISTS "${ABSENT}")
+  file(REMOVE "${ABSENT}")
+  message(FATAL_ERROR "${ABSENT} exists after the run")
 endif()
 
 if(JSON)
