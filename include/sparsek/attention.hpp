@@ -89,7 +89,8 @@ struct AttentionArgs {
 void validate(const AttentionArgs& args, bool check_indices = true);
 
 // Effective FLOPs: 4 * D * (number of unmasked score elements), summed over batch and heads
-// (reads the layout; a device layout is copied to the host).
+// (validates args, layout contents included, then reads the layout; a device layout is copied to
+// the host).
 double effective_flops(const AttentionArgs& args);
 
 // Plan once for a problem's shapes, strides, dtypes, layout extents, causal and scale; run with

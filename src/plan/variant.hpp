@@ -46,5 +46,6 @@ using AttentionVariant = VariantOf<AttentionArgs>;
 const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
 const std::vector<AttentionVariant>& attention_variants();
+const AttentionVariant* find_attention_variant(const std::string& name);
 
 }  // namespace sparsek
