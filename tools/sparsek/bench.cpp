@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -38,6 +37,7 @@ const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
+    {"--op", "OP", "dsd (default) | attention (`sparsek bench --op attention --help` lists its flags)"},
     {"--m", "M", "rows of C (default: the workload table on a GPU, 1024 on the CPU)"},
     {"--n", "N", "columns of B and C"},
     {"--k", "K", "columns of A = rows of B"},
@@ -89,13 +89,6 @@ struct Result {
   double dense_tflops = kNaN, ideal_ms = kNaN;
   std::vector<Row> rows;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ‖got − ref‖₂ / ‖ref‖₂ and max|got − ref| / max|ref|; NaN/Inf in got gives inf.
 template <typename R>
@@ -206,18 +199,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
   j.begin_object();
   j.kv("tool", "sparsek bench").kv("sparsek_version", version()).kv("date", now_utc_iso8601()).kv("command", cmdline);
   j.kv("mode", gpu ? "gpu" : "cpu");
-  const DeviceInfo& d = device_info();
-  j.begin_object("device");
-  j.kv("available", d.available);
-  if (d.available) {
-    j.kv("name", d.name).kv("compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
-    j.kv("sm_count", d.sm_count).kv("l2_bytes", int64_t(d.l2_bytes));
-    j.kv("driver_version", d.driver_version).kv("runtime_version", d.runtime_version);
-    j.kv("cublas", peers::cublas_version()).kv("cusparse", peers::cusparse_version());
-  } else {
-    j.kv("why_not", d.why_not);
-  }
-  j.end_object();
+  json_device(j);
   j.begin_object("settings").kv("reps", reps).kv("warmup", warmup).kv("seed", int64_t(seed)).end_object();
   j.begin_array("workloads");
   for (const Result& r : results) {
@@ -236,9 +218,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
       j.kv("ratio_vs_cublas_dense", x.vs_dense).kv("ratio_vs_best_peer", x.vs_best_peer);
       j.kv("fraction_of_ideal", x.frac_ideal).kv("rel_error", x.rel_err).kv("max_rel_error", x.max_err);
       j.kv("wrong", x.wrong);
-      j.begin_array("times_ms");
-      for (double t : x.times_ms) j.value(t);
-      j.end_array();
+      j.kv("times_ms", x.times_ms);
       j.end_object();
     }
     j.end_array();
@@ -246,9 +226,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
   }
   j.end_array();
   j.end_object();
-  std::ofstream f(path);
-  f << j.str() << "\n";
-  if (!f) throw Error(Status::io_error, "could not write --json " + path);
+  write_json_file(path, j);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,38 +295,6 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
 
 // ---------------------------------------------------------------------------------------------
 // GPU
-
-struct GpuTimer {
-  std::vector<cudaEvent_t> ev;
-  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
-    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~GpuTimer() {
-    for (auto& e : ev) cudaEventDestroy(e);
-  }
-};
-
-// Warm-up, then `reps` runs each bracketed by events; run(set) enqueues one product on input set
-// `set` (rotated). Returns the per-run times in ms.
-template <typename F>
-std::vector<double> time_gpu(F&& run, int warmup, int reps, int sets) {
-  for (int i = 0; i < warmup; ++i) run(i % sets);
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  GpuTimer t(reps);
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-    run((warmup + i) % sets);
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
-  }
-  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float x = 0;
-    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms[size_t(i)] = x;
-  }
-  return ms;
-}
 
 Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
                Progress& progress, const std::string& prefix) {
@@ -516,7 +462,18 @@ const std::vector<SpecWorkload>& spec_workloads() {
   return table;
 }
 
+// `--op attention` or `--suite ...` selects the attention bench, which has flags of its own.
+bool attention_requested(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--op=attention" || a.rfind("--suite", 0) == 0) return true;
+    if (a == "--op" && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
+  }
+  return false;
+}
+
 int bench_main(const std::vector<std::string>& argv) {
+  if (attention_requested(argv)) return bench_attention_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -529,6 +486,7 @@ int bench_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
+  if (args.has("--op") && args.str("--op", "") != "dsd") args.bad("--op", "must be dsd or attention");
   const Backend backend = args.backend("--backend");
   // Parse everything before any work, so a bad flag fails fast (exit 2).
   Workload custom;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -67,6 +68,7 @@ const std::vector<SpecWorkload>& spec_workloads();
 
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);
+int bench_attention_main(const std::vector<std::string>& argv);  // bench --op attention (bench_attention.cpp)
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
 int tune_main(const std::vector<std::string>& argv);   // tune.cpp
@@ -156,6 +158,7 @@ class Json {
   Json& kv(const char* key, int64_t v);
   Json& kv(const char* key, int v) { return kv(key, int64_t(v)); }
   Json& kv(const char* key, bool v);
+  Json& kv(const char* key, const std::vector<double>& v);  // an array of numbers
   Json& value(double v);
   const std::string& str() const { return s_; }
 
@@ -165,6 +168,17 @@ class Json {
   std::vector<bool> first_{true};
 };
 std::string json_escape(const std::string& s);
+
+// The "device" object of a bench's JSON (what answered, or why none did).
+void json_device(Json& j);
+// Writes the document and a newline to path (Error(io_error) naming the file when that fails).
+void write_json_file(const std::string& path, const Json& j);
+
+// ---- timing ----
+double median(std::vector<double> v);  // NaN when empty
+// Warm-up, then `reps` runs each bracketed by CUDA events on the legacy default stream; run(set)
+// enqueues one run on input set `set` (rotated over `sets`). Returns the per-run times in ms.
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

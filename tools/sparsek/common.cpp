@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <limits>
 
 #include "cli.hpp"
 #include "core/device.hpp"
+#include "cuda/peers/peers.hpp"
 
 namespace sparsek::cli {
 
@@ -362,6 +364,17 @@ Json& Json::kv(const char* key, bool v) {
   return *this;
 }
 Json& Json::value(double v) { return kv(nullptr, v); }
+Json& Json::kv(const char* key, const std::vector<double>& v) {
+  begin_array(key);
+  for (double x : v) value(x);
+  return end_array();
+}
+
+void write_json_file(const std::string& path, const Json& j) {
+  std::ofstream f(path);
+  f << j.str() << "\n";
+  if (!f) throw Error(Status::io_error, "could not write --json " + path);
+}
 
 std::string now_utc_iso8601() {
   std::time_t t = std::time(nullptr);
@@ -373,5 +386,61 @@ std::string now_utc_iso8601() {
 }
 
 std::string block_str(int bm, int bk) { return std::to_string(bm) + "x" + std::to_string(bk); }
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+struct GpuTimer {
+  std::vector<cudaEvent_t> ev;
+  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
+    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  ~GpuTimer() {
+    for (auto& e : ev) cudaEventDestroy(e);
+  }
+};
+}  // namespace
+
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets) {
+  for (int i = 0; i < warmup; ++i) run(i % sets);
+  check_cuda(cudaDeviceSynchronize(), "warm-up");
+  GpuTimer t(reps);
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
+    run((warmup + i) % sets);
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
+  }
+  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
+  std::vector<double> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float x = 0;
+    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
+    ms[size_t(i)] = x;
+  }
+  return ms;
+}
+
+void json_device(Json& j) {
+  const DeviceInfo& d = device_info();
+  j.begin_object("device");
+  j.kv("available", d.available);
+  if (d.available) {
+    j.kv("name", d.name).kv("compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
+    j.kv("sm_count", d.sm_count).kv("l2_bytes", int64_t(d.l2_bytes));
+    j.kv("driver_version", d.driver_version).kv("runtime_version", d.runtime_version);
+    j.kv("cublas", peers::cublas_version()).kv("cusparse", peers::cusparse_version());
+  } else {
+    j.kv("why_not", d.why_not);
+  }
+  j.end_object();
+}
 
 }  // namespace sparsek::cli
