@@ -3,6 +3,7 @@
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python (default: all)
+#                                        and attention (the attention bench suite; only when named)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -63,6 +64,11 @@ if want bench; then
   note bench "rc=$? (bench.txt, bench.json)"
 fi
 
+if want attention; then
+  $B/sparsek bench --suite attention --json "$OUT/bench-attention.json" > "$OUT/bench-attention.txt" 2>&1
+  note attention "rc=$? (bench-attention.txt, bench-attention.json)"
+fi
+
 if want tune; then
   # issue 5's figures: run() overhead over the bare launch, and the tuner's pick against the best
   # candidate on the SPEC §6 workloads (a second timing pass; nothing stored).
@@ -89,5 +95,6 @@ fi
 
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
+[ -f "$OUT/bench-attention.txt" ] && want attention && tail -60 "$OUT/bench-attention.txt"
 echo "== gpu-check on: $gpu"
 printf '%s\n' "${summary[@]}"

@@ -123,7 +123,9 @@ class AttentionPlan {
 AttentionPlan plan(const AttentionArgs& problem, const Options& options = {});
 void run(const AttentionPlan& plan, const AttentionArgs& args, void* stream = nullptr);
 
-// One shot: validate (the layout's contents too when options.check_indices), plan, run.
+// One shot: validate (the layout's contents too when options.check_indices), plan, run. The last
+// 16 plans are kept, keyed by everything a plan is made for plus the pointers' alignment and the
+// planning options (and, on the GPU, the stream and the device).
 void attention(const AttentionArgs& args, const Options& options = {});
 
 std::vector<std::string> supported_variants(const AttentionArgs& args);

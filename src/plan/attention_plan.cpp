@@ -4,7 +4,6 @@
 // layout every step): plan() and run() do not read them.
 #include <cuda_runtime.h>
 
-#include <cstdio>
 #include <cstring>
 
 #include "core/device.hpp"
@@ -19,9 +18,8 @@ namespace {
 constexpr int kPointers = 9;
 void data_alignment(const AttentionArgs& a, int out[kPointers]) {
   const AttentionLayout& l = a.layout;
-  const void* p[kPointers] = {a.q.data,         a.k.data,      a.v.data,
-                              a.o.data,         a.lse,         l.kv_num_blocks,
-                              l.kv_indices,     l.full_kv_num_blocks, l.full_kv_indices};
+  const void* p[kPointers] = {a.q.data,      a.k.data,   a.v.data,           a.o.data,       a.lse,
+                              l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices};
   for (int i = 0; i < kPointers; ++i) out[i] = align_log2(p[i]);
 }
 }  // namespace
