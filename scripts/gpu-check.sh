@@ -2,8 +2,8 @@
 # The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python (default: all)
-#                                        and attention (the attention bench suite; only when named)
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python attention
+#                                        (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python attention)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -35,8 +35,26 @@ if want build; then
 fi
 B=./$BUILD
 
+if want attention; then
+  # The attention kernel on its own (bench/attention_timer.cu): every output row of the edge cases
+  # against fp64, once under compute-sanitizer memcheck (small cases), then the target workloads.
+  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
+    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -o "$BUILD/attention_timer" > "$OUT/attention-build.log" 2>&1
+  timeout 120 "$B/attention_timer" check > "$OUT/attention-check.txt" 2>&1
+  note attn-check "rc=$? $(tail -1 "$OUT/attention-check.txt")"
+  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-check.txt" | head -12
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_SAN_FILTER:-tails}" \
+    > "$OUT/attention-memcheck.log" 2>&1
+  note attn-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-memcheck.log" | tail -1)"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_RACE_FILTER:-d64 b64}" \
+    > "$OUT/attention-racecheck.log" 2>&1
+  note attn-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-racecheck.log" | tail -1)"
+  timeout 120 "$B/attention_timer" time ${ATTN_FILTER:-} > "$OUT/attention-time.txt" 2>&1
+  note attn-time "rc=$? (attention-time.txt)"
+fi
+
 if want test; then
-  $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
+  timeout 300 $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
   rc=$?
   note gpu-tests "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/gpu-tests.log") skipped"
   [ $rc -ne 0 ] && grep -E '^\[  FAILED|Failure|error' "$OUT/gpu-tests.log" | head -20
@@ -64,11 +82,6 @@ if want bench; then
   note bench "rc=$? (bench.txt, bench.json)"
 fi
 
-if want attention; then
-  $B/sparsek bench --suite attention --json "$OUT/bench-attention.json" > "$OUT/bench-attention.txt" 2>&1
-  note attention "rc=$? (bench-attention.txt, bench-attention.json)"
-fi
-
 if want tune; then
   # issue 5's figures: run() overhead over the bare launch, and the tuner's pick against the best
   # candidate on the SPEC §6 workloads (a second timing pass; nothing stored).
@@ -88,6 +101,9 @@ if want python; then
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
   fi
+  # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1
+  note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
 fi
 
 # The device tool brings back at most 8 files: keep the JSON and the bench table loose, pack the logs.
@@ -95,6 +111,6 @@ fi
 
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
-[ -f "$OUT/bench-attention.txt" ] && want attention && tail -60 "$OUT/bench-attention.txt"
+[ -f "$OUT/attention-time.txt" ] && want attention && cat "$OUT/attention-check.txt" "$OUT/attention-time.txt"
 echo "== gpu-check on: $gpu"
 printf '%s\n' "${summary[@]}"

@@ -22,6 +22,7 @@
 // blocks of kv_indices — blocks in full_kv_indices are attended whole, as FlexAttention does.
 // A query row with no attended key (no block, or all masked) gets O = 0 and LSE = -inf.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@
 
 #include "sparsek/gemm.hpp"  // Options
 #include "sparsek/types.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -79,7 +83,7 @@ struct AttentionArgs {
   bool causal = false;
   float scale = 0.f;     // 0: 1 / sqrt(D)
 
-  float softmax_scale() const;
+  float softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(q.d > 0 ? q.d : 1)); }
 };
 
 // Checks shapes, dtypes, strides, memory kinds, pointers and the layout's extents; with
@@ -168,3 +172,4 @@ size_t gate_workspace_bytes(const GateArgs& args);
 void gate(const GateArgs& args, const Options& options = {});
 
 }  // namespace sparsek
+#pragma GCC visibility pop

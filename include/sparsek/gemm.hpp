@@ -1,4 +1,4 @@
-// sparsek — block-sparse products (SPEC §1).
+// sparsek — block-sparse products.
 //
 //   DSD: C = alpha * op(A) * B + beta * C     A sparse (BSR), B and C dense
 //   DDS: C = alpha * A * op(B) + beta * C     B sparse (BSR), A and C dense
@@ -17,6 +17,10 @@
 #include <string>
 
 #include "sparsek/bsr.hpp"
+#include "sparsek/version.h"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -72,6 +76,7 @@ void validate(const GemmArgs& args, bool check_indices = true);
 std::vector<std::string> supported_variants(const GemmArgs& args);
 std::vector<std::string> unsupported_reasons(const GemmArgs& args);
 
-const char* version();  // "MAJOR.MINOR.PATCH"
+const char* version();  // "MAJOR.MINOR.PATCH" of the library (SPARSEK_VERSION_STRING: of the headers)
 
 }  // namespace sparsek
+#pragma GCC visibility pop

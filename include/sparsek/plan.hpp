@@ -1,4 +1,4 @@
-// sparsek — plan once, run many times (SPEC §4).
+// sparsek — plan once, run many times.
 //
 //   Plan p = plan(problem, options);   // O(nnzb) checks, pattern analysis, variant choice, set-up
 //   run(p, args, stream);              // cheap checks + launch; allocation-free, graph-capturable
@@ -18,6 +18,9 @@
 #include <string>
 
 #include "sparsek/gemm.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -89,3 +92,4 @@ PlanCacheStats one_shot_plan_cache_stats();
 void clear_one_shot_plan_cache();
 
 }  // namespace sparsek
+#pragma GCC visibility pop

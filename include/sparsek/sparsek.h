@@ -4,6 +4,11 @@
 #define SPARSEK_H
 #include <stdint.h>
 
+#include "sparsek/version.h"
+
+/* Exported from libsparsek (the build hides every other symbol). */
+#pragma GCC visibility push(default)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -61,7 +66,7 @@ sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_de
 /* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
 
-/* ---- Plans (SPEC §4): check and prepare once per pattern, run many times ---- */
+/* ---- Plans: check and prepare once per pattern, run many times ---- */
 typedef enum { SPARSEK_DSD = 0, SPARSEK_DDS = 1, SPARSEK_SDD = 2 } sparsek_kind;
 
 /* One product. Slots by kind (unused ones are ignored):
@@ -160,4 +165,5 @@ sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan pla
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif /* SPARSEK_H */

@@ -1,4 +1,4 @@
-// sparsek — the autotuner and its persistent cache (SPEC §4).
+// sparsek — the autotuner and its persistent cache.
 //
 // Tuning times every variant of the backend that supports a problem (peers included) on its own
 // random operands of the problem's shapes and pattern (never the caller's buffers): warm-up, then
@@ -24,6 +24,9 @@
 
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -139,3 +142,4 @@ struct TuneOptions {
 TuneReport tune(const GemmArgs& problem, const Options& options = {}, const TuneOptions& tune_options = {});
 
 }  // namespace sparsek
+#pragma GCC visibility pop

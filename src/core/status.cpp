@@ -36,6 +36,6 @@ const char* to_string(OpKind k) {
 }
 size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
 
-const char* version() { return SPARSEK_VERSION; }
+const char* version() { return SPARSEK_VERSION_STRING; }
 
 }  // namespace sparsek

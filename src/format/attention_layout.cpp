@@ -13,10 +13,6 @@
 
 namespace sparsek {
 
-float AttentionArgs::softmax_scale() const {
-  return scale != 0.f ? scale : 1.f / std::sqrt(float(q.d));
-}
-
 namespace {
 
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }

@@ -8,6 +8,7 @@
 namespace sparsek {
 
 std::vector<Variant> cpu_variants();       // src/cpu
+std::vector<Variant> smalln_variants();    // src/cuda/gemm/smalln_sm80.cu
 std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
 std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
 std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)

@@ -83,6 +83,16 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
     hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
     return hp;
   }
+  // NOTE: the copies below synchronize, which a stream capture cannot contain (CUDA would
+  // invalidate the whole capture): refuse before touching anything, saying what to do instead.
+  // cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t ce = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+  if (ce != cudaSuccess) cudaGetLastError();
+  if (ce == cudaErrorStreamCaptureImplicit || (ce == cudaSuccess && capture != cudaStreamCaptureStatusNone))
+    bad("the stream is being captured into a CUDA graph, but planning a device pattern reads it on the "
+        "host (a synchronizing copy the capture cannot contain): plan before the capture (make the plan, "
+        "or run the product once) and capture only the runs");
   if (stream)
     check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
   hp.row_ptr_copy.resize(size_t(s.mb() + 1));
@@ -176,7 +186,8 @@ void validate(const GemmArgs& g, bool check_indices) {
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> table = [] {
     std::vector<Variant> t;
-    for (auto* f : {&cpu_variants, &hopper_variants, &portable_variants, &peer_variants})
+    // smalln first: where it applies (N <= 128) it is the one built for the problem.
+    for (auto* f : {&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants})
       for (const Variant& v : f()) t.push_back(v);
     return t;
   }();

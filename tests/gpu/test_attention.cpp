@@ -83,9 +83,11 @@ struct DeviceCase {
     args.layout.full_kv_indices = l.full_num.empty() ? nullptr : static_cast<const int32_t*>(fidx->p);
     args.layout.memory = Memory::device;
   }
+  // Synchronous: a run on any stream (a graph on a non-blocking one too) comes after it.
   void poison() {
     check_cuda(cudaMemset(o->p, 0xFF, o->n), "cudaMemset(o)");
     if (lse->n) check_cuda(cudaMemset(lse->p, 0xFF, lse->n), "cudaMemset(lse)");
+    check_cuda(cudaDeviceSynchronize(), "poison");
   }
   void download(AttnCase& c) const {
     check_cuda(cudaDeviceSynchronize(), "attention run");

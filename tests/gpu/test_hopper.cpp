@@ -13,6 +13,7 @@
 
 #include "cpu/oracle.hpp"
 #include "plan/variant.hpp"
+#include "sparsek/plan.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -141,6 +142,9 @@ struct Problem {
   }
   // Runs the product on the device (C re-uploaded first) and returns C's bytes.
   std::vector<uint8_t> run(const std::string& variant = "hopper") {
+    // NOTE: a fresh plan every time: the one-shot cache is keyed by the problem, not by the
+    // SPARSEK_HOPPER_* switches the tests set between runs, so a cached plan would ignore them.
+    clear_one_shot_plan_cache();
     check_cuda(cudaMemcpy(d_c->p, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy C");
     Options o;
     o.backend = Backend::cuda;

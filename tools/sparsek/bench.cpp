@@ -51,9 +51,11 @@ const std::vector<FlagSpec> kSpecs = {
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
     {"--json", "FILE", "also write every number as JSON"},
     {"--seed", "S", "random seed of patterns and values (default 1)"},
+    {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
 };
 
 struct Workload {
+  std::string name;  // serving suite: what the row stands for
   int64_t m = 1024, n = 1024, k = 1024;
   int bm = 64, bk = 64;
   double density = 0.125;
@@ -66,7 +68,8 @@ std::string size_str(const Workload& w) {
   return std::to_string(w.m) + "x" + std::to_string(w.n) + "x" + std::to_string(w.k);
 }
 std::string label(const Workload& w) {
-  return size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
+  return (w.name.empty() ? "" : w.name + ", ") + size_str(w) + " " + block_str(w.bm, w.bk) + " " +
+         fmt(100.0 * w.density, 2) + "%";
 }
 
 struct Row {
@@ -83,6 +86,7 @@ struct Row {
 struct Result {
   Workload w;
   int64_t nnzb = 0;
+  double a_bytes = 0;  // A's stored values: what a small-N product must stream at least once
   double eff_flops = 0, dense_flops = 0;
   int sets = 1;
   std::string reference;
@@ -188,6 +192,14 @@ void print_result(const Result& r, bool gpu) {
                     "effective flops at the measured cuBLAS dense rate"});
     print_table({"variant", "median ms", "eff TFLOPS", "x cuBLAS", "x best peer", "% ideal", "rel err", "note"}, rows);
     std::printf("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)\n");
+    if (w.n <= 128) {  // small N: bound by A's bytes, so the rate that matters is bytes per second
+      std::string line;
+      for (const Row& x : r.rows)
+        if (x.status == "ok" && !x.peer)
+          line += "  " + x.name + " " + fmt(r.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
+      std::printf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)\n",
+                  r.a_bytes / 1e6, line.c_str());
+    }
   } else {
     print_table({"variant", "median ms", "eff GFLOPS", "rel err", "note"}, rows);
   }
@@ -208,6 +220,8 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
     j.kv("label", label(w)).kv("m", w.m).kv("n", w.n).kv("k", w.k).kv("bm", w.bm).kv("bk", w.bk);
     j.kv("density", w.density).kv("pattern", to_string(w.pattern)).kv("dtype", to_string(w.dtype));
     j.kv("nnzb", r.nnzb).kv("effective_flops", r.eff_flops).kv("dense_flops", r.dense_flops);
+    if (!w.name.empty()) j.kv("name", w.name);
+    j.kv("a_value_bytes", r.a_bytes);
     j.kv("rotation_sets", r.sets).kv("reference", r.reference);
     j.kv("dense_tflops", r.dense_tflops).kv("ideal_ms", r.ideal_ms).kv("ideal_effective_tflops", r.dense_tflops);
     j.begin_array("variants");
@@ -306,6 +320,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   HostMatrix b(w.k, w.n, w.dtype, Layout::row_major, 0);
   b.fill_random(mix_seed(seed, 2), false);
   r.nnzb = a.nnzb();
+  r.a_bytes = double(a.value_bytes().size());
   const size_t es = dtype_size(w.dtype);
   const size_t a_bytes = a.value_bytes().size(), b_bytes = b.bytes.size(), c_bytes = size_t(w.m * w.n) * es;
   // Rotate enough input sets that consecutive runs cannot find their operands in L2.
@@ -462,12 +477,40 @@ const std::vector<SpecWorkload>& spec_workloads() {
   return table;
 }
 
-// `--op attention` or `--suite ...` selects the attention bench, which has flags of its own.
+// The serving suite: the shapes users run (decode against block-pruned weights, the N alignment
+// step, mixture-of-experts, structured and skewed patterns), fp16, beside the dense peers.
+std::vector<Workload> serving_workloads(DType dtype) {
+  auto w = [dtype](const char* name, int64_t m, int64_t n, int64_t k, int b, double density, PatternKind p) {
+    Workload x;
+    x.name = name;
+    x.m = m;
+    x.n = n;
+    x.k = k;
+    x.bm = x.bk = b;
+    x.density = density;
+    x.pattern = p;
+    x.dtype = dtype;
+    return x;
+  };
+  const PatternKind fixed = PatternKind::fixed_k;
+  return {w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed),
+          w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed),
+          w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed),
+          w("unaligned N=999", 8256, 999, 8192, 64, 0.125, fixed),
+          w("aligned N=1000", 8256, 1000, 8192, 64, 0.125, fixed),
+          w("8 experts (block-diagonal)", 8192, 8192, 8192, 128, 0.125, PatternKind::block_diagonal),
+          w("banded", 8192, 8192, 8192, 64, 0.125, PatternKind::banded),
+          w("lower-triangular", 8192, 8192, 8192, 64, 0.5, PatternKind::causal),
+          w("power-law rows", 8192, 8192, 8192, 128, 0.125, PatternKind::power_law),
+          w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
+}
+
+// `--op attention` or `--suite attention` selects the attention bench, which has flags of its own.
 bool attention_requested(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
-    if (a == "--op=attention" || a.rfind("--suite", 0) == 0) return true;
-    if (a == "--op" && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
+    if (a == "--op=attention" || a == "--suite=attention") return true;
+    if ((a == "--op" || a == "--suite") && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
   }
   return false;
 }
@@ -481,8 +524,12 @@ int bench_main(const std::vector<std::string>& argv) {
                "cuSPARSE (BSR, Blocked-ELL) and cuBLAS on the densified A, on the same inputs. With a GPU\n"
                "and no shape flags it runs the workload table (8192^3 at 128x128, 64x64, 32x32 and 12.5%;\n"
                "4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%; fixed_k, f16). Without a\n"
-               "GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. Exit code 1 when a\n"
-               "variant failed or produced a wrong result.",
+               "GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. --suite serving runs\n"
+               "what serving and training users run instead (GPU only): decode with W 14336x4096 at\n"
+               "64x64, 25% and N = 1, 16, 128 (with the rate at which A's values are read); M 8256,\n"
+               "K 8192 at N = 999 and 1000; 8 experts of 1024x1024 (block-diagonal, 128x128); banded\n"
+               "and lower-triangular 64x64; power-law and uniform rows at 128x128, 12.5%. Exit code 1\n"
+               "when a variant failed or produced a wrong result.",
                kSpecs);
     return 0;
   }
@@ -509,11 +556,18 @@ int bench_main(const std::vector<std::string>& argv) {
       for (const Variant& v : variants()) known += std::string(v.name) + ", ";
       args.bad("--variants", "unknown variant '" + name + "' (known: " + known + kDenseGemm + ", " + kEllSpmm + ")");
     }
+  const std::string suite = args.str("--suite", "spec");
+  if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
+  if (suite == "serving" && shaped)
+    args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
   const std::string json = args.str("--json", "");
   if (args.has("--json") && json.empty()) args.bad("--json", "needs a file name");
 
   const bool gpu = use_gpu(backend);
   const DeviceInfo& info = device_info();
+  if (suite == "serving" && !gpu)
+    args.bad("--suite", "these workloads are sized for a GPU and none is in use (" +
+                            (backend == Backend::cpu ? std::string("--backend cpu") : info.why_not) + ")");
   const int reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
@@ -539,6 +593,8 @@ int bench_main(const std::vector<std::string>& argv) {
     Workload w = fill_dims(custom, 8192);
     w.dtype = dtype;
     table.push_back(w);
+  } else if (suite == "serving") {
+    table = serving_workloads(dtype);
   } else {
     for (const SpecWorkload& d : spec_workloads()) {
       Workload w;

@@ -16,6 +16,9 @@
 #ifndef SPARSEK_CUDA_GENCODE_LIST
 #define SPARSEK_CUDA_GENCODE_LIST "unknown (not defined by the build)"
 #endif
+#ifndef SPARSEK_CUDA_PTX_LIST
+#define SPARSEK_CUDA_PTX_LIST ""
+#endif
 
 namespace sparsek::cli {
 
@@ -63,6 +66,10 @@ int doctor_main(const std::vector<std::string>& argv) {
     }
   }
   std::printf(")\n");
+  const std::string ptx = SPARSEK_CUDA_PTX_LIST;
+  std::printf("  PTX                    %s\n",
+              ptx.empty() ? "none (GPUs newer than the SASS targets get no kernel)"
+                          : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
   std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
   std::printf("  compiled against CUDA  %s\n", cuda_version(CUDART_VERSION).c_str());
 
@@ -99,19 +106,26 @@ int doctor_main(const std::vector<std::string>& argv) {
                   p.major, p.minor, p.multiProcessorCount, double(p.totalGlobalMem) / (1 << 30),
                   double(p.l2CacheSize) / (1 << 20), size_t(p.sharedMemPerBlockOptin) / 1024);
     }
-    int bin = 0, ptx = 0;
+    int bin = 0, ptx_version = 0;
     try {
-      peers::kernel_image(&bin, &ptx);
-      std::printf("  kernel image loaded    SASS sm_%d (ptx %d) for this %d.%d GPU\n", bin, ptx, info.cc_major,
-                  info.cc_minor);
-      if (bin / 10 != info.cc_major)
-        missing.push_back("this GPU runs sm_" + std::to_string(bin) + " code: add " + std::to_string(info.cc_major) +
-                          std::to_string(info.cc_minor) + " to -DSPARSEK_CUDA_GENCODE for native code");
+      peers::kernel_image(&bin, &ptx_version);
+      // A binary version matching the GPU but no SASS built for it: the driver JIT-compiled the PTX.
+      const std::string cc = std::to_string(info.cc_major) + std::to_string(info.cc_minor);
+      const bool jit = gencode.find(cc) == std::string::npos && bin == info.cc_major * 10 + info.cc_minor;
+      std::printf("  kernel image loaded    %s sm_%d (ptx %d) for this %d.%d GPU\n",
+                  jit ? "JIT-compiled from PTX to" : "SASS", bin, ptx_version, info.cc_major, info.cc_minor);
+      if (jit)
+        std::printf("                         (the portable kernel runs; first use per GPU model compiles it,\n"
+                    "                          the driver caches the result; sm_90a's Hopper path is Hopper-only)\n");
+      if (bin / 10 != info.cc_major && !jit)
+        missing.push_back("this GPU runs sm_" + std::to_string(bin) + " code: add " + cc +
+                          " to -DSPARSEK_CUDA_GENCODE for native code");
     } catch (const Error& e) {
       std::printf("  kernel image           none usable: %s\n", e.what());
       missing.push_back("no kernel image for compute capability " + std::to_string(info.cc_major) + "." +
                         std::to_string(info.cc_minor) + ": rebuild with -DSPARSEK_CUDA_GENCODE including " +
-                        std::to_string(info.cc_major) + std::to_string(info.cc_minor));
+                        std::to_string(info.cc_major) + std::to_string(info.cc_minor) +
+                        " (or -DSPARSEK_CUDA_PTX=80 for PTX that the driver JIT-compiles)");
     }
     if (info.cc_major < 8)
       missing.push_back("compute capability " + std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) +

@@ -43,7 +43,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--run-overhead", nullptr, "measure the host time of run(plan) against the bare variant launch and gemm()"},
     {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
     {"--compare", nullptr, "after tuning, re-time the candidates and compare the tuner's pick with the best"},
-    {"--spec-workloads", nullptr, "--compare over SPEC 6's workload table (bench's default list; GPU only)"},
+    {"--spec-workloads", nullptr, "--compare over the benchmark's default workload table (GPU only)"},
 };
 
 struct Problem {
@@ -342,7 +342,7 @@ int tune_main(const std::vector<std::string>& argv) {
   if (int(overhead) + int(compare) + int(args.has("--plan-time")) > 1)
     args.bad(overhead ? "--run-overhead" : "--plan-time", "choose one of --plan-time, --run-overhead, --compare");
   if (spec && !gpu)
-    args.bad("--spec-workloads", "the SPEC 6 table is sized for a GPU (none is used here); use --compare on one workload");
+    args.bad("--spec-workloads", "the default workload table is sized for a GPU (none is used here); use --compare on one workload");
   const int64_t big = int64_t(1) << 20;
   // --run-overhead: a product small enough that the host calls, not the product, take the time
   // (on the CPU the product runs inside the call, so it must be tiny for a us difference to show).

@@ -805,7 +805,9 @@ std::string why_not_hopper(const GemmArgs& g) {
   const DeviceInfo& d = device_info();
   if (!d.available) return "no CUDA device (" + d.why_not + ")";
   if (d.cc_major != 9 || d.cc_minor != 0)
-    return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+    return "needs an sm_90 GPU (sm_90a code only), found sm_" + std::to_string(d.cc_major) +
+           std::to_string(d.cc_minor) + ": the portable variant runs there" +
+           (d.cc_major > 9 ? " (JIT-compiled from PTX)" : "");
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
   const int smem = pick(a.bm, a.bk, a.dtype, g.c.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
@@ -861,8 +863,14 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& g, const Options&) 
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
+  // Skewed rows at bm = 128: one N tile's slice of B is 4-8 MB there, so the few tiles L2 holds
+  // must not be outrun by long rows started tiles ahead; their items are cut to at most 3 tiles'
+  // worth of a CTA's time (docs/KERNELS.md, "Skewed rows at 128-row blocks").
+  // SPARSEK_HOPPER_WINDOW = <tiles> | off overrides (any block height).
+  const std::string win = env_or("SPARSEK_HOPPER_WINDOW", "");
+  const double window = win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : a.bm == 128 ? 3.0 : 0.0;
   const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, a.bk / stage_k(a.bk), std::max(1, lists), order,
-                                    split_stages);
+                                    split_stages, window);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
     std::fprintf(stderr, "hopper: bm=%d bk=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", a.bm,
                  a.bk, k.cluster, int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);

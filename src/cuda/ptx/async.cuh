@@ -1,5 +1,6 @@
 // PTX wrappers (sm_90): shared-memory barriers (mbarrier), the bulk tensor copy engine (TMA),
-// proxy fences and register reallocation. The ONLY place besides wgmma.cuh with inline PTX.
+// proxy fences, register reallocation and the SFU's exp2. The ONLY place besides wgmma.cuh with
+// inline PTX.
 //
 // Every wrapper takes shared-memory addresses as 32-bit shared-window addresses (smem_addr()).
 // Callers must guard their use so that only sm_90a code paths instantiate them.
@@ -82,6 +83,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// 5-D tile load (c0 innermost), e.g. attention tiles [batch][head][D chunk][rows][64 of D].
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, "
+      "%7}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
 // The same, multicast: the box lands at the same shared offset in every CTA of the cluster named
 // in `cta_mask`, completing bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tensor_map, uint32_t bar, int c0,
@@ -134,6 +144,15 @@ __device__ __forceinline__ void tma_store_2d_hint(const void* tensor_map, uint32
                    reinterpret_cast<uint64_t>(tensor_map)),
                "r"(src), "r"(c0), "r"(c1), "l"(policy)
                : "memory");
+}
+// 5-D tile store shared -> global (bulk async group); parts outside the tensor are not written.
+__device__ __forceinline__ void tma_store_5d(const void* tensor_map, uint32_t src, int c0, int c1, int c2, int c3,
+                                             int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(tensor_map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N committed bulk groups still read their shared-memory source.
@@ -201,6 +220,14 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- fast math ----
+// 2^x with the SFU's approximation (flushes denormals): the softmax exponentials.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace sparsek::ptx
