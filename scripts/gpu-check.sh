@@ -3,7 +3,7 @@
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench tune python attention
-#                                        (default: all)
+#                                        attention-bwd (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python attention)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench tune python attention attention-bwd)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -51,6 +51,25 @@ if want attention; then
   note attn-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-racecheck.log" | tail -1)"
   timeout 120 "$B/attention_timer" time ${ATTN_FILTER:-} > "$OUT/attention-time.txt" 2>&1
   note attn-time "rc=$? (attention-time.txt)"
+fi
+
+if want attention-bwd; then
+  # The attention backward on its own (bench/attention_bwd_timer.cu): every element of dq, dk, dv of
+  # the edge cases against fp64 and repeated runs bit-identical, memcheck and racecheck on small
+  # cases, then the target workloads.
+  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
+    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -o "$BUILD/attention_bwd_timer" > "$OUT/attention-bwd-build.log" 2>&1
+  timeout 240 "$B/attention_bwd_timer" check > "$OUT/attention-bwd-check.txt" 2>&1
+  note bwd-check "rc=$? $(tail -1 "$OUT/attention-bwd-check.txt")"
+  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-bwd-check.txt" | head -12
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_bwd_timer" check "${BWD_SAN_FILTER:-tails}" \
+    > "$OUT/attention-bwd-memcheck.log" 2>&1
+  note bwd-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-bwd-memcheck.log" | tail -1)"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_bwd_timer" check "${BWD_RACE_FILTER:-fp16}" \
+    > "$OUT/attention-bwd-racecheck.log" 2>&1
+  note bwd-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-bwd-racecheck.log" | tail -1)"
+  timeout 180 "$B/attention_bwd_timer" time ${BWD_FILTER:-} > "$OUT/attention-bwd-time.txt" 2>&1
+  note bwd-time "rc=$? (attention-bwd-time.txt)"
 fi
 
 if want test; then
@@ -112,5 +131,6 @@ fi
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
 [ -f "$OUT/attention-time.txt" ] && want attention && cat "$OUT/attention-check.txt" "$OUT/attention-time.txt"
+[ -f "$OUT/attention-bwd-time.txt" ] && want attention-bwd && cat "$OUT/attention-bwd-check.txt" "$OUT/attention-bwd-time.txt"
 echo "== gpu-check on: $gpu"
 printf '%s\n' "${summary[@]}"

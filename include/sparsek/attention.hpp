@@ -135,6 +135,30 @@ void attention(const AttentionArgs& args, const Options& options = {});
 std::vector<std::string> supported_variants(const AttentionArgs& args);
 std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 
+// ---- the backward ----
+//
+// Gradients of attention() for an upstream gradient dO of O:
+//   dV = P^T dO,   dS = P o (dP - Delta) with dP = dO V^T and Delta = rowsum(dO o O),
+//   dQ = scale * dS K,   dK = scale * dS^T Q,
+// where P = exp(scale * Q K^T - LSE) on the attended elements of the layout (the forward's masks)
+// and 0 elsewhere. forward.o and forward.lse are the forward's outputs (both required). For GQA
+// dK and dV of a key/value head sum over the query heads that share it. A query row that attends
+// nothing gets dQ = 0; a key that no query attends gets dK = dV = 0 (written, like every element
+// of dq, dk and dv).
+//
+// Same inputs, same GPU -> bit-identical dq, dk, dv by default: the partial sums of dQ are rounded
+// to a grid of 2^-34 * ||dO row|| and added in fp64, where sums of such values are exact and so do
+// not depend on the order they arrive in (guaranteed while max|K| * max||V|| < 2.6e5; beyond that
+// dQ is still summed in fp64). deterministic = false adds fp32 partial sums in arrival order
+// (faster; the last bits of dq vary between runs).
+struct AttentionBackwardArgs {
+  AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
+  Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype
+  Tensor4View dq;               // outputs: dq like q, dk and dv like k
+  Tensor4View dk, dv;
+  bool deterministic = true;
+};
+
 // ---- the top-k block gate ----
 //
 // Scores a block layout from the content: Q and K are mean-pooled per block (rows past Sq / Skv

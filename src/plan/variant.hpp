@@ -1,7 +1,7 @@
 // Internal: the variant tables. Every way of computing a product (CPU, portable CUDA, Hopper,
 // cuSPARSE, cuBLAS on the densified matrix) or attention (CPU, Hopper) is one row here. Nothing
 // below plan/ knows about the tuner; nothing in a kernel knows about the public API beyond its
-// args (GemmArgs, AttentionArgs).
+// args (GemmArgs, AttentionArgs, AttentionBackwardArgs).
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -40,6 +40,7 @@ struct VariantOf {
 };
 using Variant = VariantOf<GemmArgs>;
 using AttentionVariant = VariantOf<AttentionArgs>;
+using AttentionBackwardVariant = VariantOf<AttentionBackwardArgs>;
 
 // All variants, in default-preference order (the first one that supports a problem is the
 // heuristic default).

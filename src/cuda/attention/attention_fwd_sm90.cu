@@ -40,6 +40,7 @@
 #include "core/device.hpp"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/pipeline.cuh"
+#include "cuda/common/tile_mma.cuh"
 #include "cuda/common/tma.hpp"
 #include "cuda/ptx/async.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -82,8 +83,11 @@ struct Config {
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
   static_assert(STAGES >= 2, "K and V need two stages each to load ahead of the math");
   static_assert(SMEM <= BUDGET, "shared memory per CTA exceeds the budget");
-  static_assert(128 * PRODUCER_REGS + 128 * NWG * CONSUMER_REGS <= 65536 / CTAS_PER_SM,
-                "setmaxnreg budgets exceed the register file");
+  // A CTA holds THREADS x (its launch-bound register count) registers, never more: the budgets
+  // must add up within that (168 x 384 = 64512 for two consumers; 128 x 256 for one).
+  static constexpr int CTA_REGS = (65536 / CTAS_PER_SM / THREADS) / 8 * 8 * THREADS;
+  static_assert(128 * PRODUCER_REGS + 128 * NWG * CONSUMER_REGS <= CTA_REGS,
+                "setmaxnreg budgets exceed the CTA's registers");
 };
 
 // Element masks a key block needs (the stage info's flags).
@@ -177,17 +181,6 @@ struct Smem {
   }
 };
 
-__device__ __forceinline__ void st_shared_int2(uint32_t addr, int x, int y) {
-  asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
-}
-__device__ __forceinline__ int2 ld_shared_int2(uint32_t addr) {
-  int2 v;
-  asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
 
 // Producer: one warp. Lane 0 issues every load; the warp reads the block indices 32 at a time.
 template <class Cfg>
@@ -205,7 +198,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     const int total = np + nf;
     if (lane == 0) {
       ptx::mbar_wait_or_trap(sm.q_empty, q_phase ^ 1, kWaitLimit);
-      st_shared_int2(sm.q_info, id, total);
+      ptx::st_shared_v2(sm.q_info, id, total);
       ptx::mbar_arrive_expect_tx(sm.q_full, total > 0 ? Cfg::Q_BYTES : 0);
       // q: (64 of D, rows, D chunks, heads, batch), box (64, BM, CHUNKS, 1, 1)
       if (total > 0) ptx::tma_load_5d(sm.q, tm_q, sm.q_full, 0, it.qb * Cfg::BM, 0, it.hq, it.b);
@@ -232,7 +225,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
         const int b_t = __shfl_sync(0xffffffffu, blk, t), f_t = __shfl_sync(0xffffffffu, flags, t);
         if (lane == 0) {
           ptx::mbar_wait_or_trap(sm.k_empty + 8 * kr.stage, kr.phase ^ 1, kWaitLimit);
-          st_shared_int2(sm.k_info + 8 * kr.stage, b_t, f_t);
+          ptx::st_shared_v2(sm.k_info + 8 * kr.stage, b_t, f_t);
           ptx::mbar_arrive_expect_tx(sm.k_full + 8 * kr.stage, Cfg::KV_BYTES);
           // k, v: (64 of D, keys, D chunks, kv heads, batch), box (64, BN, CHUNKS, 1, 1)
           ptx::tma_load_5d(sm.k + kr.stage * Cfg::KV_BYTES, tm_k, sm.k_full + 8 * kr.stage, 0, b_t * Cfg::BN, 0, it.hkv,
@@ -257,31 +250,6 @@ struct RowState {
   float o[Cfg::O_REGS];
   float m[2], l[2];
 };
-
-// S = Q K^T for this warpgroup's 64 rows: A = Q rows (K-major, 128B swizzle, D in CHUNKS chunks),
-// B = the K tile (K-major: keys x D).
-template <class Cfg>
-__device__ __forceinline__ void issue_qk(float (&s)[Cfg::S_REGS], uint32_t q_rows, uint32_t k_tile) {
-#pragma unroll
-  for (int kk = 0; kk < Cfg::D / 16; ++kk) {
-    const uint32_t off = (kk % 4) * 32;  // +16 elements inside the 128-byte swizzled row
-    const uint64_t da = ptx::smem_desc(q_rows + (kk / 4) * (Cfg::BM * 128) + off, 16, 1024, ptx::Swizzle::b128);
-    const uint64_t db = ptx::smem_desc(k_tile + (kk / 4) * (Cfg::BN * 128) + off, 16, 1024, ptx::Swizzle::b128);
-    ptx::wgmma_m64k16<Cfg::BN, Cfg::BF16, 0, 0>(s, da, db, kk > 0 ? 1 : 0);
-  }
-}
-
-// O += P V: A = P from the registers (k16 step kk = score registers 8kk..8kk+7), B = the V tile
-// (MN-major: keys x D, D in 64-wide chunks LBO apart, 8 key rows SBO apart).
-template <class Cfg>
-__device__ __forceinline__ void issue_pv(float (&o)[Cfg::O_REGS], const uint32_t (&pa)[Cfg::BN / 16][4],
-                                         uint32_t v_tile) {
-#pragma unroll
-  for (int kk = 0; kk < Cfg::BN / 16; ++kk) {
-    const uint64_t db = ptx::smem_desc(v_tile + kk * 16 * 128, Cfg::BN * 128, 1024, ptx::Swizzle::b128);
-    ptx::wgmma_m64k16_rs<Cfg::D, Cfg::BF16, 1>(o, pa[kk], db, 1);
-  }
-}
 
 // Pins registers an in-flight wgmma reads until here (the compiler sees the operands consumed at
 // the wgmma's issue).
@@ -421,7 +389,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
     ptx::mbar_wait(sm.q_full, q_phase);
     q_phase ^= 1;
-    const int2 qi = ld_shared_int2(sm.q_info);
+    const int2 qi = ptx::ld_shared_v2(sm.q_info);
     const Item it = decode(qi.x, p);
     const int total = qi.y;
     const int row0 = it.qb * Cfg::BM + wg * 64;
@@ -437,9 +405,11 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     // Batch 0: S = Q K_0^T.
     my_turn();
     ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-    int2 info = ld_shared_int2(sm.k_info + 8 * kr.stage);
+    int2 info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
     ptx::wgmma_fence();
-    issue_qk<Cfg>(s, q_rows, sm.k + kr.stage * Cfg::KV_BYTES);
+    // S = Q K^T: this warpgroup's Q rows (chunks BM rows apart) against the K tile (keys x D).
+    dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
+                                                   Cfg::BN * 128);
     ptx::wgmma_commit();
     pass_turn();
     ptx::wgmma_wait<0>();
@@ -458,19 +428,21 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       my_turn();
       if (next) {
         ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-        info = ld_shared_int2(sm.k_info + 8 * kr.stage);
+        info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
       }
       ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
       // NOTE: two commit groups on every step (the first empty on the last one), each opened by its
       // own wgmma.fence: with a group committed only sometimes, or one fence for both, ptxas cannot
       // tell what wait<1> retires and serializes every wgmma (C7514 / C7515).
       ptx::wgmma_fence();
-      if (next) issue_qk<Cfg>(s, q_rows, sm.k + kr.stage * Cfg::KV_BYTES);
+      if (next)
+        dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
+                                                       Cfg::BN * 128);
       ptx::wgmma_commit();
 #pragma unroll
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
       ptx::wgmma_fence();
-      issue_pv<Cfg>(st.o, cur, sm.v + vr.stage * Cfg::KV_BYTES);
+      dev::mma_regs_rows<Cfg::BN, Cfg::D, Cfg::BF16>(st.o, cur, sm.v + vr.stage * Cfg::KV_BYTES, Cfg::BN * 128);
       ptx::wgmma_commit();
       pass_turn();
       ptx::wgmma_wait<1>();  // the QK^T group (committed first) is done; PV_t may still run
@@ -552,27 +524,15 @@ struct Kernel {
   int smem = 0, ctas_per_sm = 1, block = 128;
 };
 
-// Tensor map over a [B, H, S, D] tensor as (64 of D, S, D / 64 chunks, H, B): one box of
-// (64, rows, D / 64, 1, 1) is a whole [chunk][row][64] tile, 128B-swizzled.
-CUtensorMap tensor4_map(const Tensor4View& t, int rows, const char* what) {
-  const uint64_t es = dtype_size(t.dtype);
-  // NOTE: an extent-1 dimension's stride is never used, but the TMA still wants a 16-byte multiple.
-  auto stride = [&](int64_t extent, int64_t s) { return extent == 1 ? uint64_t(128) : uint64_t(s) * es; };
-  const uint64_t dims[5] = {64, uint64_t(t.s), uint64_t(t.d / 64), uint64_t(t.h), uint64_t(t.b)};
-  const uint64_t strides[4] = {stride(t.s, t.stride_s), 128, stride(t.h, t.stride_h), stride(t.b, t.stride_b)};
-  const uint32_t box[5] = {64, uint32_t(rows), uint32_t(t.d / 64), 1, 1};
-  return tma_map(t.data, t.dtype, 5, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, what);
-}
-
 template <class Cfg>
 void launch(const AttentionArgs& a, const Params& p, int grid, cudaStream_t stream) {
-  CUtensorMap tm_q = tensor4_map(a.q, Cfg::BM, "q"), tm_o = tensor4_map(a.o, 64, "o");
+  CUtensorMap tm_q = tma_map_bhsd(a.q, Cfg::BM, "q"), tm_o = tma_map_bhsd(a.o, 64, "o");
   CUtensorMap tm_k, tm_v;  // no keys at all: never read (every item then has no block)
   std::memset(&tm_k, 0, sizeof(tm_k));
   std::memset(&tm_v, 0, sizeof(tm_v));
   if (a.k.s > 0) {
-    tm_k = tensor4_map(a.k, Cfg::BN, "k");
-    tm_v = tensor4_map(a.v, Cfg::BN, "v");
+    tm_k = tma_map_bhsd(a.k, Cfg::BN, "k");
+    tm_v = tma_map_bhsd(a.v, Cfg::BN, "v");
   }
   attention_fwd_kernel<Cfg><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_o, p);
   check_cuda(cudaGetLastError(), "attention_fwd_kernel launch");
@@ -611,26 +571,6 @@ bool has_sm90a_code() {
   return yes;
 }
 
-std::string tensor_why_not(const Tensor4View& t, const char* name) {
-  const uint64_t es = dtype_size(t.dtype);
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return std::string(name) + " must be 16-byte aligned for TMA (address % 16 = " +
-           std::to_string(reinterpret_cast<uintptr_t>(t.data) % 16) + ")";
-  const int64_t ext[3] = {t.s, t.h, t.b}, str[3] = {t.stride_s, t.stride_h, t.stride_b};
-  const char* sn[3] = {"sequence", "head", "batch"};
-  for (int i = 0; i < 3; ++i) {
-    if (ext[i] == 1) continue;
-    if ((uint64_t(str[i]) * es) % 16 != 0)
-      return std::string(name) + "'s " + sn[i] + " stride must be a multiple of 16 bytes for TMA (stride " +
-             std::to_string(str[i]) + " elements)";
-    if (uint64_t(str[i]) * es >= (uint64_t(1) << 40))
-      return std::string(name) + "'s " + sn[i] + " stride is too large for TMA (" + std::to_string(str[i]) + ")";
-  }
-  if (t.s >= (int64_t(1) << 31) || t.h >= (int64_t(1) << 31) || t.b >= (int64_t(1) << 31))
-    return std::string(name) + "'s extents must be below 2^31 (TMA coordinates are 32-bit)";
-  return "";
-}
-
 std::string why_not_hopper(const AttentionArgs& a) {
   if (a.q.memory != Memory::device || a.layout.memory != Memory::device)
     return "operands and layout must be in device memory";
@@ -643,7 +583,7 @@ std::string why_not_hopper(const AttentionArgs& a) {
            std::to_string(a.layout.block_kv);
   for (const auto& [t, name] : {std::pair<const Tensor4View*, const char*>{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"},
                                 {&a.o, "o"}}) {
-    const std::string why = tensor_why_not(*t, name);
+    const std::string why = tma_why_not_bhsd(*t, name);
     if (!why.empty()) return why;
   }
   if (a.q.b * a.q.h * ((a.q.s + block - 1) / block) >= (int64_t(1) << 31))

@@ -500,6 +500,8 @@ void run_smalln(const GemmArgs& g, const Options& o, VariantState* state) {
 
 }  // namespace
 
-std::vector<Variant> smalln_variants() { return {Variant{"smalln", Backend::cuda, false, &why_not_smalln, &prepare_smalln, &run_smalln}}; }
+std::vector<Variant> smalln_variants() {
+  return {Variant{"smalln", Backend::cuda, false, &why_not_smalln, &prepare_smalln, &run_smalln}};
+}
 
 }  // namespace sparsek

@@ -130,6 +130,27 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
+// Plain (non-tensor) bulk copy global -> shared of `bytes` contiguous bytes (a multiple of 16, both
+// addresses 16-byte aligned), completing on mbarrier `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// Bulk element-wise add of `bytes` contiguous bytes of shared memory into global memory (bulk async
+// group; performed in L2, each element atomically). f32 and f64 elements.
+__device__ __forceinline__ void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add_f64(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
 // 2-D tile store shared -> global (bulk async group). Parts of the box outside the tensor are not
 // written. The shared source must stay untouched until bulk_wait_group_read says it was read.
 __device__ __forceinline__ void tma_store_2d(const void* tensor_map, uint32_t src, int c0, int c1) {
@@ -220,6 +241,16 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- plain shared-memory accesses by shared-window address (small info words beside the tiles) ----
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, int x, int y) {
+  asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
+}
+__device__ __forceinline__ int2 ld_shared_v2(uint32_t addr) {
+  int2 v;
+  asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
 }
 
 // ---- fast math ----
