@@ -93,7 +93,8 @@ struct AttentionArgs {
 void validate(const AttentionArgs& args, bool check_indices = true);
 
 // Effective FLOPs: 4 * D * (number of unmasked score elements), summed over batch and heads
-// (reads the layout; a device layout is copied to the host).
+// (validates args, layout contents included, then reads the layout; a device layout is copied to
+// the host).
 double effective_flops(const AttentionArgs& args);
 
 // Plan once for a problem's shapes, strides, dtypes, layout extents, causal and scale; run with
@@ -126,7 +127,9 @@ class AttentionPlan {
 AttentionPlan plan(const AttentionArgs& problem, const Options& options = {});
 void run(const AttentionPlan& plan, const AttentionArgs& args, void* stream = nullptr);
 
-// One shot: validate (the layout's contents too when options.check_indices), plan, run.
+// One shot: validate (the layout's contents too when options.check_indices), plan, run. The last
+// 16 plans are kept, keyed by everything a plan is made for plus the pointers' alignment and the
+// planning options (and, on the GPU, the stream and the device).
 void attention(const AttentionArgs& args, const Options& options = {});
 
 std::vector<std::string> supported_variants(const AttentionArgs& args);

@@ -107,6 +107,70 @@ const char* sparsek_plan_variant(sparsek_plan plan);
 /* Scratch memory the plan holds, in bytes (0 when none). */
 sparsek_status sparsek_plan_workspace_bytes(sparsek_plan plan, uint64_t* bytes);
 
+/* ---- Block-sparse attention ----
+ *   O = softmax(scale * Q K^T restricted to a block layout) V,  LSE = log of the softmax's sum
+ * per query row (natural log). The semantics are those of sparsek/attention.hpp: the layout follows
+ * FlexAttention's BlockMask; causal masks key j > query i inside the kv_indices blocks only; keys
+ * past Skv are never attended; a row with no attended key gets O = 0 and LSE = -inf; query head h
+ * reads key/value head h / (Hq / Hkv). */
+
+/* A [b, h, s, d] tensor; strides in elements, d contiguous. */
+typedef struct {
+  void* data;
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+  int64_t b, h, s, d;
+  int64_t stride_b, stride_h, stride_s;
+} sparsek_tensor4;
+
+/* A block layout; int32 arrays, contiguous. full_kv_num_blocks / full_kv_indices: both or NULL. */
+typedef struct {
+  const int32_t* kv_num_blocks;      /* [batch, heads, q_blocks] */
+  const int32_t* kv_indices;         /* [batch, heads, q_blocks, kmax] */
+  const int32_t* full_kv_num_blocks; /* [batch, heads, q_blocks] or NULL */
+  const int32_t* full_kv_indices;    /* [batch, heads, q_blocks, full_kmax] or NULL */
+  int64_t batch;    /* 1 or B */
+  int64_t heads;    /* 1, Hq or Hkv */
+  int64_t q_blocks; /* ceil(Sq / block_q) */
+  int64_t kmax, full_kmax;
+  int32_t block_q, block_kv; /* 64 or 128, equal */
+  sparsek_memory memory;
+} sparsek_attention_layout;
+
+typedef struct {
+  sparsek_tensor4 q;    /* [B, Hq, Sq, D], D 64 or 128; f16 or bf16 (f32 too in host memory) */
+  sparsek_tensor4 k, v; /* [B, Hkv, Skv, D], q's dtype */
+  sparsek_tensor4 o;    /* output [B, Hq, Sq, D], q's dtype; must not overlap an input */
+  float* lse;           /* output [B, Hq, Sq] f32 contiguous, or NULL */
+  sparsek_attention_layout layout;
+  int32_t causal; /* 0 or 1 */
+  float scale;    /* 0: 1 / sqrt(D) */
+} sparsek_attention_args;
+
+/* One shot: checks everything, the layout's contents included (a device layout is copied to the
+ * host for that, after waiting for `stream`), then runs. stream: a cudaStream_t or NULL. */
+sparsek_status sparsek_attention(const sparsek_attention_args* args, void* stream);
+
+typedef struct sparsek_attention_plan_s* sparsek_attention_plan;
+
+/* Makes a plan for the problem's shapes, strides, dtypes, memory, layout extents, causal and
+ * scale (the layout's contents are not read). `variant`: NULL or "" = automatic, else a variant
+ * name. On failure *plan is set to NULL. */
+sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* plan, const sparsek_attention_args* problem,
+                                             const char* variant);
+/* Runs the plan on args that match the problem but for the pointers (data and layout arrays may
+ * change; so may the layout's contents, which are not checked: a malformed layout gives undefined
+ * values, never a crash). Allocates nothing; device work goes on `stream`, unsynchronized, and may
+ * be captured in a CUDA graph. */
+sparsek_status sparsek_attention_plan_run(sparsek_attention_plan plan, const sparsek_attention_args* args,
+                                          void* stream);
+/* Frees the plan (NULL is accepted). */
+sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan plan);
+/* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
+const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);
+/* Scratch memory the plan holds, in bytes (0 when none). */
+sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan plan, uint64_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,15 +26,13 @@
 // pattern edited in place after planning (which the one-shot plan cache can miss when the edit
 // keeps the pattern hash) can never steer an index out of the planned bounds.
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <thread>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
 #include "plan/backends.hpp"
 
@@ -52,47 +50,6 @@ int cpu_threads(int requested) {
 namespace {
 
 constexpr int64_t kChunk = 128;  // D columns per row-product work item (multiple of 16)
-
-// ---------------------------------------------------------------- threads
-
-// o.threads >= 0: plan() rejects negative counts (resolve_backend).
-int thread_count(const Options& o, double flops) {
-  const int t = cpu_threads(o.threads);
-  // Waking a thread costs microseconds: give each at least ~4 MFLOP of work.
-  int64_t by_work = int64_t(flops / 4e6) + 1;
-  return int(std::min<int64_t>(t, by_work));
-}
-
-// Runs f(item, worker) for item in [0, n) on up to `threads` workers, worker in [0, threads).
-// Items are handed out dynamically; the first exception is rethrown once all workers are done.
-template <class F>
-void parallel_for(int64_t n, int threads, const F& f) {
-  if (n <= 0) return;
-  const int t = int(std::min<int64_t>(std::max(threads, 1), n));
-  if (t == 1) {
-    for (int64_t i = 0; i < n; ++i) f(i, 0);
-    return;
-  }
-#ifdef _OPENMP
-  std::exception_ptr err;
-  std::mutex mu;
-  std::atomic<bool> failed{false};
-#pragma omp parallel for schedule(dynamic, 1) num_threads(t)
-  for (int64_t i = 0; i < n; ++i) {
-    if (failed.load(std::memory_order_relaxed)) continue;  // stop early after a failure
-    try {
-      f(i, omp_get_thread_num());
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!err) err = std::current_exception();
-      failed = true;
-    }
-  }
-  if (err) std::rethrow_exception(err);
-#else
-  for (int64_t i = 0; i < n; ++i) f(i, 0);
-#endif
-}
 
 // ---------------------------------------------------------------- element access
 

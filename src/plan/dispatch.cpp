@@ -1,4 +1,4 @@
-// Validation, the variant table, and the one-shot entry gemm() = plan + run through a small
+// Validation, the variant tables, and the one-shot entry gemm() = plan + run through a small
 // in-process plan cache (plan.cpp holds plan()/run()).
 #include <cuda_runtime.h>
 
@@ -238,6 +238,7 @@ void validate_description(const GemmArgs& g, bool check_indices) {
     bad("alpha and beta must not be NaN (alpha=" + std::to_string(g.alpha) + ", beta=" + std::to_string(g.beta) + ")");
 }
 
+// The variant tables, each in default-preference order: the CPU rows, then the GPU ones.
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> table = [] {
     std::vector<Variant> t;
@@ -249,55 +250,112 @@ const std::vector<Variant>& variants() {
   return table;
 }
 
-const Variant* find_variant(const std::string& name) {
-  for (const Variant& v : variants())
+const std::vector<AttentionVariant>& attention_variants() {
+  static const std::vector<AttentionVariant> table = [] {
+    std::vector<AttentionVariant> t;
+    for (auto* f : {&cpu_attention_variants, &hopper_attention_variants})
+      for (const AttentionVariant& v : f()) t.push_back(v);
+    return t;
+  }();
+  return table;
+}
+
+// One machinery for both tables: Args picks the table.
+namespace {
+template <class Args> const std::vector<VariantOf<Args>>& table_of();
+template <> const std::vector<Variant>& table_of<GemmArgs>() { return variants(); }
+template <> const std::vector<AttentionVariant>& table_of<AttentionArgs>() { return attention_variants(); }
+
+template <class Args>
+const VariantOf<Args>* find_in(const std::string& name) {
+  for (const VariantOf<Args>& v : table_of<Args>())
     if (name == v.name) return &v;
   return nullptr;
 }
 
-namespace {
+template <class Args>
 std::string variant_names() {
   std::string s;
-  for (const Variant& v : variants()) s += (s.empty() ? "" : ", ") + std::string(v.name);
-  return s;
+  for (const VariantOf<Args>& v : table_of<Args>()) s += (s.empty() ? "" : ", ") + std::string(v.name);
+  return s.empty() ? "(none)" : s;
 }
+
 const char* backend_name(Backend be) { return be == Backend::cpu ? "cpu" : "cuda"; }
-}  // namespace
 
-Backend resolve_backend(const GemmArgs& g, const Options& o) {
-  if (int(o.backend) < 0 || int(o.backend) > 2)
-    bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
-  // Checked here, at plan time: a plan that takes it would fail on every run.
-  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
-  Backend be = o.backend;
-  if (be == Backend::automatic) be = g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
-  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
-  if (g.sparse.memory != want)
-    bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
-        " memory, but the operands are in " + to_string(g.sparse.memory) + " memory");
-  if (be == Backend::cuda && !device_info().available)
-    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
-  return be;
-}
-
-const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
-  for (const Variant& v : variants()) {
+template <class Args>
+const VariantOf<Args>* heuristic_in(const Args& args, Backend be, std::string* reasons) {
+  for (const VariantOf<Args>& v : table_of<Args>()) {
     if (v.backend != be || v.peer) continue;
-    std::string why = v.why_not(g);
+    std::string why = v.why_not(args);
     if (why.empty()) return &v;
     if (reasons) *reasons += std::string("; ") + v.name + ": " + why;
   }
   return nullptr;
 }
 
-const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
-  const Variant* v = find_variant(name);
-  if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names());
+template <class Args>
+const VariantOf<Args>& forced_in(const Args& args, const std::string& name, Backend be) {
+  const VariantOf<Args>* v = find_in<Args>(name);
+  if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names<Args>());
   if (v->backend != be) bad("options.variant '" + name + "' is not a " + backend_name(be) + " variant");
-  std::string why = v->why_not(g);
+  std::string why = v->why_not(args);
   if (!why.empty())
     throw Error(Status::unsupported, "options.variant '" + name + "' does not support this problem: " + why);
   return *v;
+}
+
+template <class Args>
+std::vector<std::string> supported_in(const Args& args) {
+  std::vector<std::string> out;
+  for (const VariantOf<Args>& v : table_of<Args>())
+    if (v.why_not(args).empty()) out.push_back(v.name);
+  return out;
+}
+
+template <class Args>
+std::vector<std::string> unsupported_in(const Args& args) {
+  std::vector<std::string> out;
+  for (const VariantOf<Args>& v : table_of<Args>()) {
+    std::string why = v.why_not(args);
+    if (!why.empty()) out.push_back(std::string(v.name) + ": " + why);
+  }
+  return out;
+}
+}  // namespace
+
+const Variant* find_variant(const std::string& name) { return find_in<GemmArgs>(name); }
+const AttentionVariant* find_attention_variant(const std::string& name) { return find_in<AttentionArgs>(name); }
+
+Backend resolve_backend(Memory memory, const Options& o) {
+  if (int(o.backend) < 0 || int(o.backend) > 2)
+    bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
+  // Checked here, at plan time: a plan that takes it would fail on every run.
+  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
+  Backend be = o.backend;
+  if (be == Backend::automatic) be = memory == Memory::host ? Backend::cpu : Backend::cuda;
+  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
+  if (memory != want)
+    bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
+        " memory, but the operands are in " + to_string(memory) + " memory");
+  if (be == Backend::cuda && !device_info().available)
+    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
+  return be;
+}
+
+Backend resolve_backend(const GemmArgs& g, const Options& o) { return resolve_backend(g.sparse.memory, o); }
+
+const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
+  return heuristic_in(g, be, reasons);
+}
+const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, std::string* reasons) {
+  return heuristic_in(a, be, reasons);
+}
+
+const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
+  return forced_in(g, name, be);
+}
+const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be) {
+  return forced_in(a, name, be);
 }
 
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb) {
@@ -317,21 +375,10 @@ uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx
   return h;
 }
 
-std::vector<std::string> supported_variants(const GemmArgs& g) {
-  std::vector<std::string> out;
-  for (const Variant& v : variants())
-    if (v.why_not(g).empty()) out.push_back(v.name);
-  return out;
-}
-
-std::vector<std::string> unsupported_reasons(const GemmArgs& g) {
-  std::vector<std::string> out;
-  for (const Variant& v : variants()) {
-    std::string why = v.why_not(g);
-    if (!why.empty()) out.push_back(std::string(v.name) + ": " + why);
-  }
-  return out;
-}
+std::vector<std::string> supported_variants(const GemmArgs& g) { return supported_in(g); }
+std::vector<std::string> unsupported_reasons(const GemmArgs& g) { return unsupported_in(g); }
+std::vector<std::string> supported_variants(const AttentionArgs& a) { return supported_in(a); }
+std::vector<std::string> unsupported_reasons(const AttentionArgs& a) { return unsupported_in(a); }
 
 // ---- the one-shot entry: plan + run through a small LRU of plans keyed by the problem ----
 //
@@ -379,52 +426,8 @@ DenseKey dense_key(const DenseView& d) {
   return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory)};
 }
 
-class PlanCache {
- public:
-  static constexpr size_t kCapacity = 16;
-  // Removes and returns the plan for key (empty Plan on a miss).
-  Plan take(const PlanKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = lru_.begin(); it != lru_.end(); ++it)
-      if (it->first == key) {
-        Plan p = std::move(it->second);
-        lru_.erase(it);
-        ++hits_;
-        return p;
-      }
-    ++misses_;
-    return Plan();
-  }
-  void put(PlanKey key, Plan p) {
-    std::list<std::pair<PlanKey, Plan>> evicted;  // destroyed outside the lock (may free device memory)
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = lru_.begin(); it != lru_.end(); ++it)
-      if (it->first == key) {
-        evicted.splice(evicted.end(), lru_, it);
-        break;
-      }
-    lru_.emplace_front(std::move(key), std::move(p));
-    while (lru_.size() > kCapacity) evicted.splice(evicted.end(), lru_, std::prev(lru_.end()));
-  }
-  void clear() {
-    std::list<std::pair<PlanKey, Plan>> evicted;
-    std::lock_guard<std::mutex> lock(mu_);
-    evicted.swap(lru_);
-    hits_ = misses_ = 0;
-  }
-  PlanCacheStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {hits_, misses_, lru_.size()};
-  }
-
- private:
-  std::mutex mu_;
-  std::list<std::pair<PlanKey, Plan>> lru_;  // most recently used first
-  size_t hits_ = 0, misses_ = 0;
-};
-
-PlanCache& plan_cache() {
-  static PlanCache* cache = new PlanCache;  // leaked on purpose: no destruction-order issues at exit
+PlanCache<PlanKey, Plan>& plan_cache() {
+  static auto* cache = new PlanCache<PlanKey, Plan>;  // leaked on purpose: no destruction-order issues at exit
   return *cache;
 }
 

@@ -47,5 +47,6 @@ using AttentionBackwardVariant = VariantOf<AttentionBackwardArgs>;
 const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
 const std::vector<AttentionVariant>& attention_variants();
+const AttentionVariant* find_attention_variant(const std::string& name);
 
 }  // namespace sparsek

@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -40,6 +39,7 @@ const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
+    {"--op", "OP", "dsd (default) | attention (`sparsek bench --op attention --help` lists its flags)"},
     {"--m", "M", "rows of C (default: the workload table on a GPU, 1024 on the CPU)"},
     {"--n", "N", "columns of B and C"},
     {"--k", "K", "columns of A = rows of B"},
@@ -100,13 +100,6 @@ struct Result {
   double dense_tflops = kNaN, ideal_ms = kNaN;
   std::vector<Row> rows;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ‖got − ref‖₂ / ‖ref‖₂ and max|got − ref| / max|ref|; NaN/Inf in got gives inf.
 template <typename R>
@@ -217,30 +210,6 @@ void print_result(const Result& r, bool gpu) {
   } else {
     print_table({"variant", "median ms", "eff GFLOPS", "rel err", "note"}, rows);
   }
-}
-
-// The machine the numbers are from: the GPU's name, or the CPU model and thread count.
-Json device_json(bool gpu, int threads) {
-  const DeviceInfo& d = device_info();
-  Json j;
-  j["available"] = d.available;
-  if (d.available) {
-    j["name"] = d.name;
-    j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
-    j["sm_count"] = d.sm_count;
-    j["l2_bytes"] = int64_t(d.l2_bytes);
-    j["driver_version"] = d.driver_version;
-    j["runtime_version"] = d.runtime_version;
-    j["cublas"] = peers::cublas_version();
-    j["cusparse"] = peers::cusparse_version();
-  } else {
-    j["why_not"] = d.why_not;
-  }
-  if (!gpu) {
-    j["cpu"] = tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, threads).device;
-    j["threads"] = threads;
-  }
-  return j;
 }
 
 Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
@@ -392,38 +361,6 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
 
 // ---------------------------------------------------------------------------------------------
 // GPU
-
-struct GpuTimer {
-  std::vector<cudaEvent_t> ev;
-  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
-    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~GpuTimer() {
-    for (auto& e : ev) cudaEventDestroy(e);
-  }
-};
-
-// Warm-up, then `reps` runs each bracketed by events; run(set) enqueues one product on input set
-// `set` (rotated). Returns the per-run times in ms.
-template <typename F>
-std::vector<double> time_gpu(F&& run, int warmup, int reps, int sets) {
-  for (int i = 0; i < warmup; ++i) run(i % sets);
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  GpuTimer t(reps);
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-    run((warmup + i) % sets);
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
-  }
-  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float x = 0;
-    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms[size_t(i)] = x;
-  }
-  return ms;
-}
 
 Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
                Steps& steps, const std::string& prefix) {
@@ -627,7 +564,18 @@ std::vector<Workload> serving_workloads(DType dtype) {
           w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
 }
 
+// `--op attention` or `--suite attention` selects the attention bench, which has flags of its own.
+bool attention_requested(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--op=attention" || a == "--suite=attention") return true;
+    if ((a == "--op" || a == "--suite") && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
+  }
+  return false;
+}
+
 int bench_main(const std::vector<std::string>& argv) {
+  if (attention_requested(argv)) return bench_attention_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -646,6 +594,7 @@ int bench_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
+  if (args.has("--op") && args.str("--op", "") != "dsd") args.bad("--op", "must be dsd or attention");
   const Backend backend = args.backend("--backend");
   // Parse everything before any work, so a bad flag fails fast (exit 2).
   Workload custom;
@@ -670,7 +619,7 @@ int bench_main(const std::vector<std::string>& argv) {
       args.bad("--variants", "unknown variant '" + name + "' (known: " + known + kDenseGemm + ", " + kEllSpmm + ")");
     }
   const std::string suite = args.str("--suite", "spec");
-  if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec or serving");
+  if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
   if (suite == "serving" && shaped)
     args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
   const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");

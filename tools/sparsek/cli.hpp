@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -82,6 +83,7 @@ int bench_gate(const Json& results, const std::string& baseline, double threshol
 
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);
+int bench_attention_main(const std::vector<std::string>& argv);  // bench --op attention (bench_attention.cpp)
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
 int tune_main(const std::vector<std::string>& argv);   // tune.cpp
@@ -194,6 +196,16 @@ class JsonOutput {
 };
 // The header every subcommand's JSON starts with.
 Json json_header(const char* tool, const std::vector<std::string>& argv);
+
+// The "device" object of a bench's JSON: the GPU that answered (or why none did); for a CPU run
+// (gpu false) also the CPU model and the thread count.
+Json device_json(bool gpu, int threads);
+
+// ---- timing ----
+double median(std::vector<double> v);  // NaN when empty
+// Warm-up, then `reps` runs each bracketed by CUDA events on the legacy default stream; run(set)
+// enqueues one run on input set `set` (rotated over `sets`). Returns the per-run times in ms.
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

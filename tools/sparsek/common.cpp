@@ -15,6 +15,8 @@
 
 #include "cli.hpp"
 #include "core/device.hpp"
+#include "cuda/peers/peers.hpp"
+#include "sparsek/tune.hpp"
 
 namespace sparsek::cli {
 
@@ -401,5 +403,69 @@ std::string now_utc_iso8601() {
 }
 
 std::string block_str(int bm, int bk) { return std::to_string(bm) + "x" + std::to_string(bk); }
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+struct GpuTimer {
+  std::vector<cudaEvent_t> ev;
+  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
+    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  ~GpuTimer() {
+    for (auto& e : ev) cudaEventDestroy(e);
+  }
+};
+}  // namespace
+
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets) {
+  for (int i = 0; i < warmup; ++i) run(i % sets);
+  check_cuda(cudaDeviceSynchronize(), "warm-up");
+  GpuTimer t(reps);
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
+    run((warmup + i) % sets);
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
+  }
+  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
+  std::vector<double> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float x = 0;
+    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
+    ms[size_t(i)] = x;
+  }
+  return ms;
+}
+
+Json device_json(bool gpu, int threads) {
+  const DeviceInfo& d = device_info();
+  Json j;
+  j["available"] = d.available;
+  if (d.available) {
+    j["name"] = d.name;
+    j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    j["sm_count"] = d.sm_count;
+    j["l2_bytes"] = int64_t(d.l2_bytes);
+    j["driver_version"] = d.driver_version;
+    j["runtime_version"] = d.runtime_version;
+    j["cublas"] = peers::cublas_version();
+    j["cusparse"] = peers::cusparse_version();
+  } else {
+    j["why_not"] = d.why_not;
+  }
+  if (!gpu) {
+    j["cpu"] = tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, threads).device;
+    j["threads"] = threads;
+  }
+  return j;
+}
 
 }  // namespace sparsek::cli

@@ -14,9 +14,10 @@ namespace {
 void usage() {
   std::printf(
       "Usage: sparsek <command> [flags]\n\n"
-      "sparsek %s: block-sparse (BSR) matrix products for NVIDIA Hopper.\n\n"
+      "sparsek %s: block-sparse (BSR) matrix products and attention for NVIDIA Hopper.\n\n"
       "Commands:\n"
-      "  bench    time sparsek's variants beside cuSPARSE and cuBLAS (CPU backend when no GPU)\n"
+      "  bench    time sparsek's variants beside cuSPARSE and cuBLAS (CPU backend when no GPU);\n"
+      "           --op attention: block-sparse attention\n"
       "  verify   randomized correctness sweep against the fp64 oracle\n"
       "  doctor   what this machine has (driver, runtime, GPU, libraries) and what is missing\n"
       "  tune     time every variant on a workload and store the winner in the tuning cache\n"
