@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 SPARSEK = ./$(BUILD)/sparsek
 
-.PHONY: all setup configure build test test-cpu test-python run bench verify doctor ncu clean
+.PHONY: all setup configure build test test-cpu test-python run bench verify doctor ncu fuzz clean
 
 all: build
 
@@ -17,10 +17,12 @@ configure: setup
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python.
+# The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python,
+# then a 60-second fuzzing run (fixed seed).
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60 FUZZ_ARGS=-seed=1
 
 # Only the Python suite (builds the nanobind extension inside $(BUILD); see scripts/python-tests).
 test-python: build
@@ -38,11 +40,25 @@ verify: build
 doctor: build
 	$(SPARSEK) doctor
 
-# Nsight Compute key metrics of one sparsek kernel launch (needs ncu and a GPU).
-NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125 --reps 1 --warmup 1
+# Nsight Compute key metrics of one sparsek kernel launch (needs ncu and a GPU), as a diffable file.
+NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125
 ncu: build
-	ncu --kernel-name regex:sparsek --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-	  $(SPARSEK) bench $(NCU_ARGS)
+	$(SPARSEK) profile $(NCU_ARGS) --out $(BUILD)/profile.txt
+
+# libFuzzer with ASan + UBSan (clang, its own build in $(FUZZ_BUILD)) over the validator, the C API
+# products and plans, and the tuning-cache reader, for FUZZ_SECONDS, from the seed corpus
+# tests/fuzz/corpus (new inputs go to $(FUZZ_BUILD)/corpus; a crashing input to $(FUZZ_BUILD)/).
+FUZZ_SECONDS ?= 600
+FUZZ_BUILD ?= build-fuzz
+FUZZ_ARGS ?=
+fuzz: setup
+	@test -f $(FUZZ_BUILD)/build.ninja || cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja \
+	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	CUDA_VISIBLE_DEVICES= $(FUZZ_BUILD)/sparsek_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=20 \
+	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_ARGS) \
+	  $(FUZZ_BUILD)/corpus tests/fuzz/corpus
 
 clean:
 	rm -rf $(BUILD)

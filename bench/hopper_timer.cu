@@ -1,6 +1,6 @@
 // Times the "hopper" variant on the issue-4 workloads (not part of CMake; built on the GPU machine):
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/hopper_timer.cu \
-//        -Lbuild -lsparsek -lcublas -Xlinker -rpath=$PWD/build -o hopper_timer
+//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o hopper_timer
 //   ./hopper_timer [filter]
 // Per workload: random data generated on the device, the schedule prepared once, 5 warm-up runs,
 // then >= 30 timed runs (CUDA events around each launch), median reported as effective TFLOPS

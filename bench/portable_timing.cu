@@ -6,7 +6,7 @@
 //
 // Build and run on the GPU machine, after building the library in build/:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/portable_timing.cu -Iinclude \
-//        -Lbuild -lsparsek -lcublas -o build/portable_timing
+//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o build/portable_timing
 //   LD_LIBRARY_PATH=build build/portable_timing [reps]
 #include <cublas_v2.h>
 #include <cuda_fp16.h>

@@ -2,8 +2,8 @@
 # The one script run on the GPU machine: build, GPU tests, verify, compute-sanitizer, benchmark,
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench products tune python
-#                                         (default: all)
+#   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench products tune gate profile
+#                                        python attention attention-bwd (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench products tune python)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench products tune gate profile python attention attention-bwd)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -35,8 +35,45 @@ if want build; then
 fi
 B=./$BUILD
 
+if want attention; then
+  # The attention kernel on its own (bench/attention_timer.cu): every output row of the edge cases
+  # against fp64, once under compute-sanitizer memcheck (small cases), then the target workloads.
+  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
+    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -o "$BUILD/attention_timer" > "$OUT/attention-build.log" 2>&1
+  timeout 120 "$B/attention_timer" check > "$OUT/attention-check.txt" 2>&1
+  note attn-check "rc=$? $(tail -1 "$OUT/attention-check.txt")"
+  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-check.txt" | head -12
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_SAN_FILTER:-tails}" \
+    > "$OUT/attention-memcheck.log" 2>&1
+  note attn-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-memcheck.log" | tail -1)"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_timer" check "${ATTN_RACE_FILTER:-d64 b64}" \
+    > "$OUT/attention-racecheck.log" 2>&1
+  note attn-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-racecheck.log" | tail -1)"
+  timeout 120 "$B/attention_timer" time ${ATTN_FILTER:-} > "$OUT/attention-time.txt" 2>&1
+  note attn-time "rc=$? (attention-time.txt)"
+fi
+
+if want attention-bwd; then
+  # The attention backward on its own (bench/attention_bwd_timer.cu): every element of dq, dk, dv of
+  # the edge cases against fp64 and repeated runs bit-identical, memcheck and racecheck on small
+  # cases, then the target workloads.
+  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
+    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -o "$BUILD/attention_bwd_timer" > "$OUT/attention-bwd-build.log" 2>&1
+  timeout 240 "$B/attention_bwd_timer" check > "$OUT/attention-bwd-check.txt" 2>&1
+  note bwd-check "rc=$? $(tail -1 "$OUT/attention-bwd-check.txt")"
+  grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-bwd-check.txt" | head -12
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/attention_bwd_timer" check "${BWD_SAN_FILTER:-tails}" \
+    > "$OUT/attention-bwd-memcheck.log" 2>&1
+  note bwd-memchk "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/attention-bwd-memcheck.log" | tail -1)"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/attention_bwd_timer" check "${BWD_RACE_FILTER:-fp16}" \
+    > "$OUT/attention-bwd-racecheck.log" 2>&1
+  note bwd-race "rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/attention-bwd-racecheck.log" | tail -1)"
+  timeout 180 "$B/attention_bwd_timer" time ${BWD_FILTER:-} > "$OUT/attention-bwd-time.txt" 2>&1
+  note bwd-time "rc=$? (attention-bwd-time.txt)"
+fi
+
 if want test; then
-  $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
+  timeout 300 $B/sparsek_gpu_tests --gtest_brief=1 > "$OUT/gpu-tests.log" 2>&1
   rc=$?
   note gpu-tests "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/gpu-tests.log") skipped"
   [ $rc -ne 0 ] && grep -E '^\[  FAILED|Failure|error' "$OUT/gpu-tests.log" | head -20
@@ -89,6 +126,28 @@ if want tune; then
   unset SPARSEK_CACHE
 fi
 
+if want gate; then
+  # The performance gate: the workload table against this GPU's recorded baseline (bench/baselines/).
+  $B/sparsek bench --compare bench/baselines --json "$OUT/gate.json" > "$OUT/gate.txt" 2>&1
+  note gate "rc=$? (expect 0) $(grep -E '^gate: (PASSED|FAILED)' "$OUT/gate.txt")"
+  # ... and it must fail a slowed run: the same, while a second process keeps the GPU busy.
+  ( while :; do $B/sparsek bench --variants cublas_dense_gemm --m 8192 --n 8192 --k 8192 --reps 500 --warmup 0 \
+      > /dev/null 2>&1; done ) &
+  load=$!
+  sleep 10
+  $B/sparsek bench --compare bench/baselines > "$OUT/gate-slowed.txt" 2>&1
+  rc=$?
+  pkill -P $load; kill $load; wait $load 2>/dev/null
+  note gate-slow "rc=$rc (expect 1) $(grep -E '^gate: (PASSED|FAILED)' "$OUT/gate-slowed.txt")"
+fi
+
+if want profile; then
+  # Nsight Compute's key metrics of one launch, normalized (diffable against an earlier profile.txt).
+  $B/sparsek profile --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125 --out "$OUT/profile.txt" \
+    --raw "$OUT/profile-ncu.csv" > "$OUT/profile.log" 2>&1
+  note profile "rc=$? $(grep -E '^(duration_us|tensor_pipe_wgmma_active_pct|l2_throughput_pct) ' "$OUT/profile.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+
 if want python; then
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1
   note pytest "rc=$? $(tail -1 "$OUT/pytest.log")"
@@ -97,12 +156,21 @@ if want python; then
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
   fi
+  # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1
+  note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
 fi
-
-# The device tool brings back at most 8 files: keep the JSON and the bench table loose, pack the logs.
-(cd "$OUT" && ls *.log *.txt >/dev/null 2>&1 && tar czf logs.tgz *.log gpu.txt && rm -f *.log)
 
 echo
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
+[ -f "$OUT/products.txt" ] && want products && grep -E '^(###|==)|^ +(hopper|portable|cublas|cusparse)' "$OUT/products.txt"
+# (the attention results are printed here, before they are packed into logs.tgz)
+[ -f "$OUT/attention-time.txt" ] && want attention && cat "$OUT/attention-check.txt" "$OUT/attention-time.txt"
+[ -f "$OUT/attention-bwd-time.txt" ] && want attention-bwd && cat "$OUT/attention-bwd-check.txt" "$OUT/attention-bwd-time.txt"
+
+# The device tool brings back at most 8 files: keep the results loose, pack everything else.
+(cd "$OUT" && pack=$(ls | grep -v -x -F -e bench.json -e bench.txt -e gate.txt -e gate.json -e profile.txt \
+   -e torch_peers.json -e products.txt -e logs.tgz) && [ -n "$pack" ] && tar czf logs.tgz $pack && rm -f $pack)
+
 echo "== gpu-check on: $gpu"
 printf '%s\n' "${summary[@]}"

@@ -1,7 +1,7 @@
 // sparsek — block-sparse (BSR) and dense operand descriptions, conversions, validation and
 // pattern generators.
 //
-// BSR layout (SPEC §2): row_ptr int32[mb+1], col_idx int32[nnzb], values[nnzb][bm][bk], each
+// BSR layout: row_ptr int32[mb+1], col_idx int32[nnzb], values[nnzb][bm][bk], each
 // block row-major. rows = mb*bm, cols = kb*bk.
 #pragma once
 #include <cstdint>
@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "sparsek/types.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -82,7 +85,7 @@ class BsrMatrix {
   DType dtype_ = DType::f32;
 };
 
-// ---- validation (SPEC §2). Throws Error(invalid_argument) naming the array, the first offending
+// ---- validation. Throws Error(invalid_argument) naming the array, the first offending
 // index and its value. `check_indices` runs the O(nnzb) checks (host memory only: for device
 // memory the indices are copied to the host first by the caller).
 void validate(const BsrView& a, bool check_indices = true);
@@ -119,7 +122,7 @@ struct BlockedEll {
 BlockedEll bsr_to_blocked_ell(const BsrMatrix& a);
 BsrMatrix bsr_from_blocked_ell(const BlockedEll& e);  // padding slots dropped
 
-// ---- pattern generators (SPEC §2). All seeded and reproducible. Return row_ptr/col_idx. ----
+// ---- pattern generators. All seeded and reproducible. Return row_ptr/col_idx. ----
 struct Pattern {
   int64_t mb = 0, kb = 0;
   std::vector<int32_t> row_ptr, col_idx;
@@ -141,3 +144,4 @@ BsrMatrix random_bsr(PatternKind kind, int64_t rows, int64_t cols, int bm, int b
                      DType dtype, uint64_t seed, bool integers = false);
 
 }  // namespace sparsek
+#pragma GCC visibility pop

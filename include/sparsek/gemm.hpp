@@ -1,4 +1,4 @@
-// sparsek — block-sparse products (SPEC §1).
+// sparsek — block-sparse products.
 //
 //   DSD: C = alpha * op(A) * B + beta * C     A sparse (BSR), B and C dense
 //   DDS: C = alpha * A * op(B) + beta * C     B sparse (BSR), A and C dense
@@ -9,7 +9,12 @@
 // or column-major with any leading dimension >= their minor extent.
 //
 // Semantics users rely on: a block row of op(A) with no stored block gives beta*C (zeros when
-// beta = 0); when beta = 0, C is never read (NaN in C does not leak into the output).
+// beta = 0) (on the CPU backend also for alpha = +-Inf; the GPU kernels still give Inf * 0 = NaN
+// there); when beta = 0, C is never read (NaN in C does not leak into the output).
+//
+// Products are not computed in place: C's memory (from its first element to its last, padding
+// between rows included; for sdd, C's values) must not overlap any input (the sparse operand's
+// row_ptr, col_idx and values, the dense inputs). An overlap is refused with an Error naming both.
 //
 // dtypes: inputs (the sparse values and the dense inputs) all f32, or all f16, or all bf16;
 // accumulation in f32; the output may be f16/bf16/f32 for half inputs, f32 for f32 inputs.
@@ -17,6 +22,10 @@
 #include <string>
 
 #include "sparsek/bsr.hpp"
+#include "sparsek/version.h"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -46,7 +55,7 @@ struct Options {
   std::string variant;                   // force a variant by name ("" = the default choice)
   void* stream = nullptr;                // cudaStream_t for device work
   bool check_indices = true;             // run the O(nnzb) index checks on this call
-  int threads = 0;                       // CPU threads (0 = hardware concurrency)
+  int threads = 0;                       // CPU threads (0 = OMP_NUM_THREADS, else every hardware thread)
 };
 
 // Validates everything (throws Error naming the bad argument), picks a variant, runs it.
@@ -72,6 +81,7 @@ void validate(const GemmArgs& args, bool check_indices = true);
 std::vector<std::string> supported_variants(const GemmArgs& args);
 std::vector<std::string> unsupported_reasons(const GemmArgs& args);
 
-const char* version();  // "MAJOR.MINOR.PATCH"
+const char* version();  // "MAJOR.MINOR.PATCH" of the library (SPARSEK_VERSION_STRING: of the headers)
 
 }  // namespace sparsek
+#pragma GCC visibility pop

@@ -1,4 +1,4 @@
-// sparsek — plan once, run many times (SPEC §4).
+// sparsek — plan once, run many times.
 //
 //   Plan p = plan(problem, options);   // O(nnzb) checks, pattern analysis, variant choice, set-up
 //   run(p, args, stream);              // cheap checks + launch; allocation-free, graph-capturable
@@ -18,6 +18,9 @@
 #include <string>
 
 #include "sparsek/gemm.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -79,7 +82,8 @@ size_t workspace_bytes(const Plan& plan);
 
 // The one-shot gemm() keeps the last 16 plans it made (keyed by the problem, the pattern and the
 // options; see gemm.hpp). Host patterns are hashed on every call, so editing one in place is
-// safe. A device pattern is keyed by its pointers unless Options::check_indices (the default)
+// safe (a CPU plan computes from its own copy of the pattern, so even an edit made to keep the
+// 64-bit hash can only give the planned pattern's result, never a read out of bounds). A device pattern is keyed by its pointers unless Options::check_indices (the default)
 // copies it anyway: mutating a device pattern in place between one-shot calls needs
 // check_indices or an explicit plan. Changes to the tuning cache file reach plans made later.
 struct PlanCacheStats {
@@ -89,3 +93,4 @@ PlanCacheStats one_shot_plan_cache_stats();
 void clear_one_shot_plan_cache();
 
 }  // namespace sparsek
+#pragma GCC visibility pop

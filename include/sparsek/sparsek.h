@@ -4,6 +4,11 @@
 #define SPARSEK_H
 #include <stdint.h>
 
+#include "sparsek/version.h"
+
+/* Exported from libsparsek (the build hides every other symbol). */
+#pragma GCC visibility push(default)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,6 +54,13 @@ const char* sparsek_version(void);
 /* 1 when a CUDA device answers, else 0. */
 int sparsek_has_cuda(void);
 
+/* Products. C's memory (first to last element, padding included; for sdd C's values) must not
+ * overlap any input's (values, row_ptr, col_idx, dense operands): an overlap is refused with
+ * SPARSEK_INVALID_ARGUMENT naming both operands (products are not computed in place). Enum fields
+ * outside their values, and sizes whose byte extent overflows 64 bits, are refused with the value.
+ * An output element that no stored block reaches (an empty block row) is beta*C (0 when beta = 0);
+ * on the CPU backend also for alpha = +-Inf (the GPU kernels still give Inf*0 = NaN there). alpha
+ * and beta must not be NaN. */
 /* C = alpha*op(A)*B + beta*C, A sparse. stream: a cudaStream_t or NULL (device work only). */
 sparsek_status sparsek_dsd(sparsek_op op_a, float alpha, const sparsek_bsr* a, const sparsek_dense* b,
                            float beta, sparsek_dense* c, void* stream);
@@ -61,7 +73,7 @@ sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_de
 /* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
 
-/* ---- Plans (SPEC §4): check and prepare once per pattern, run many times ---- */
+/* ---- Plans: check and prepare once per pattern, run many times ---- */
 typedef enum { SPARSEK_DSD = 0, SPARSEK_DDS = 1, SPARSEK_SDD = 2 } sparsek_kind;
 
 /* One product. Slots by kind (unused ones are ignored):
@@ -86,14 +98,81 @@ sparsek_status sparsek_plan_create(sparsek_plan* plan, const sparsek_gemm_args* 
  * as the problem (values, dense pointers, alpha and beta may differ). Allocates nothing; device work
  * goes on `stream` (a cudaStream_t or NULL), unsynchronized, and may be captured in a CUDA graph. */
 sparsek_status sparsek_plan_run(sparsek_plan plan, const sparsek_gemm_args* args, void* stream);
-/* Frees the plan (NULL is accepted). */
+/* Frees the plan (NULL is accepted). Every plan function checks its handle against the live ones:
+ * a plan already destroyed, or a pointer sparsek_plan_create did not return, gives
+ * SPARSEK_INVALID_ARGUMENT (sparsek_plan_variant: ""), never a crash. */
 sparsek_status sparsek_plan_destroy(sparsek_plan plan);
 /* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
 const char* sparsek_plan_variant(sparsek_plan plan);
 /* Scratch memory the plan holds, in bytes (0 when none). */
 sparsek_status sparsek_plan_workspace_bytes(sparsek_plan plan, uint64_t* bytes);
 
+/* ---- Block-sparse attention ----
+ *   O = softmax(scale * Q K^T restricted to a block layout) V,  LSE = log of the softmax's sum
+ * per query row (natural log). The semantics are those of sparsek/attention.hpp: the layout follows
+ * FlexAttention's BlockMask; causal masks key j > query i inside the kv_indices blocks only; keys
+ * past Skv are never attended; a row with no attended key gets O = 0 and LSE = -inf; query head h
+ * reads key/value head h / (Hq / Hkv). */
+
+/* A [b, h, s, d] tensor; strides in elements, d contiguous. */
+typedef struct {
+  void* data;
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+  int64_t b, h, s, d;
+  int64_t stride_b, stride_h, stride_s;
+} sparsek_tensor4;
+
+/* A block layout; int32 arrays, contiguous. full_kv_num_blocks / full_kv_indices: both or NULL. */
+typedef struct {
+  const int32_t* kv_num_blocks;      /* [batch, heads, q_blocks] */
+  const int32_t* kv_indices;         /* [batch, heads, q_blocks, kmax] */
+  const int32_t* full_kv_num_blocks; /* [batch, heads, q_blocks] or NULL */
+  const int32_t* full_kv_indices;    /* [batch, heads, q_blocks, full_kmax] or NULL */
+  int64_t batch;    /* 1 or B */
+  int64_t heads;    /* 1, Hq or Hkv */
+  int64_t q_blocks; /* ceil(Sq / block_q) */
+  int64_t kmax, full_kmax;
+  int32_t block_q, block_kv; /* 64 or 128, equal */
+  sparsek_memory memory;
+} sparsek_attention_layout;
+
+typedef struct {
+  sparsek_tensor4 q;    /* [B, Hq, Sq, D], D 64 or 128; f16 or bf16 (f32 too in host memory) */
+  sparsek_tensor4 k, v; /* [B, Hkv, Skv, D], q's dtype */
+  sparsek_tensor4 o;    /* output [B, Hq, Sq, D], q's dtype; must not overlap an input */
+  float* lse;           /* output [B, Hq, Sq] f32 contiguous, or NULL */
+  sparsek_attention_layout layout;
+  int32_t causal; /* 0 or 1 */
+  float scale;    /* 0: 1 / sqrt(D) */
+} sparsek_attention_args;
+
+/* One shot: checks everything, the layout's contents included (a device layout is copied to the
+ * host for that, after waiting for `stream`), then runs. stream: a cudaStream_t or NULL. */
+sparsek_status sparsek_attention(const sparsek_attention_args* args, void* stream);
+
+typedef struct sparsek_attention_plan_s* sparsek_attention_plan;
+
+/* Makes a plan for the problem's shapes, strides, dtypes, memory, layout extents, causal and
+ * scale (the layout's contents are not read). `variant`: NULL or "" = automatic, else a variant
+ * name. On failure *plan is set to NULL. */
+sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* plan, const sparsek_attention_args* problem,
+                                             const char* variant);
+/* Runs the plan on args that match the problem but for the pointers (data and layout arrays may
+ * change; so may the layout's contents, which are not checked: a malformed layout gives undefined
+ * values, never a crash). Allocates nothing; device work goes on `stream`, unsynchronized, and may
+ * be captured in a CUDA graph. */
+sparsek_status sparsek_attention_plan_run(sparsek_attention_plan plan, const sparsek_attention_args* args,
+                                          void* stream);
+/* Frees the plan (NULL is accepted). */
+sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan plan);
+/* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
+const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);
+/* Scratch memory the plan holds, in bytes (0 when none). */
+sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan plan, uint64_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif /* SPARSEK_H */

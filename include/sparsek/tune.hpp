@@ -1,4 +1,4 @@
-// sparsek — the autotuner and its persistent cache (SPEC §4).
+// sparsek — the autotuner and its persistent cache.
 //
 // Tuning times every variant of the backend that supports a problem (peers included) on its own
 // random operands of the problem's shapes and pattern (never the caller's buffers): warm-up, then
@@ -10,7 +10,9 @@
 // The cache is one JSON file, $SPARSEK_CACHE or ~/.cache/sparsek/tune.json. Writes take a flock
 // on "<file>.lock", re-read the file, merge, and replace it atomically (temp file + rename), so
 // concurrent tuners keep each other's entries. An unreadable or mismatched file gives one warning
-// on stderr per process and is ignored, never a crash.
+// on stderr per process and is ignored, never a crash; so is a file beyond the reader's bounds
+// (8 MiB, 10000 entries, 256-byte strings, 16 levels of nesting). When the path is a symbolic
+// link, the file it names is the one replaced or removed (the link stays).
 //
 // SPARSEK_TUNE: off (heuristic only), cached (default: a cache hit is used, else the heuristic),
 // on (misses are tuned and stored).
@@ -19,11 +21,15 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
 
 namespace sparsek {
 
@@ -99,6 +105,7 @@ class TuneCache {
   bool loaded_ = false;
   int64_t sig_mtime_ns_ = 0, sig_ctime_ns_ = 0, sig_size_ = -1, sig_ino_ = 0;
   std::vector<TuneEntry> entries_;
+  std::unordered_map<uint64_t, size_t> index_;  // hash of a key -> its last entry
   std::string state_ = "missing";
   void refresh();
 };
@@ -139,3 +146,4 @@ struct TuneOptions {
 TuneReport tune(const GemmArgs& problem, const Options& options = {}, const TuneOptions& tune_options = {});
 
 }  // namespace sparsek
+#pragma GCC visibility pop

@@ -6,6 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
 namespace sparsek {
 
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
@@ -104,3 +107,4 @@ inline void store_from_float(void* p, DType t, int64_t i, float v) {
 }
 
 }  // namespace sparsek
+#pragma GCC visibility pop

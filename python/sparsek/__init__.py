@@ -8,12 +8,17 @@
 
 Arrays stay in their framework and on their device (NumPy → the CPU backend; torch/CuPy CUDA
 tensors → the GPU on the framework's current stream). Bad input raises ValueError with the library's
-message. With torch installed the products are also ``torch.ops.sparsek.*`` custom ops.
+message. With torch the products are also ``torch.ops.sparsek.*`` custom ops with autograd, and
+``sparsek.nn.BlockSparseLinear`` is a layer. torch is not imported by ``import sparsek``: the torch
+integration loads when torch is in use (imported before sparsek, or on the first torch tensor).
 """
-from . import _sparsek
-from ._bsr import BSRMatrix
-from ._ops import bsr_mm, dense_bsr_mm, sampled_mm  # also registers torch.ops.sparsek.* with torch
+from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
+from . import _arrays, _sparsek
+from ._bsr import BSRMatrix, BSRTranspose
+from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
+
+_arrays.torch_loaded()  # registers torch.ops.sparsek.* now if the caller already imported torch
 
 __version__ = _sparsek.version()
 
-__all__ = ["BSRMatrix", "bsr_mm", "dense_bsr_mm", "sampled_mm", "__version__"]
+__all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "__version__"]

@@ -2,21 +2,32 @@
 
 sparsek never copies data between frameworks: outputs are allocated by the framework of the inputs,
 on the inputs' device, and device work is enqueued on that framework's current stream.
+
+torch is never imported here (``import sparsek`` stays a NumPy-only import): a torch tensor can only
+exist once the caller imported torch, so ``torch`` below is picked up from ``sys.modules`` then.
 """
 import sys
 
 import numpy as np
 
-try:
-    import torch
-except ImportError:  # torch is optional
-    torch = None
-
 SUPPORTED = "float32, float16 or bfloat16"
+
+torch = None  # the torch module, once the caller has imported it (see torch_loaded)
+
+
+def torch_loaded():
+    """The torch module if the caller imported it (also registers sparsek's torch ops), else None."""
+    global torch
+    if torch is None and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        from . import _ops  # noqa: F401  (registers torch.ops.sparsek.* on first sight of torch)
+        _ops.torch_ops()
+    return torch
 
 
 def is_torch(x):
-    return torch is not None and isinstance(x, torch.Tensor)
+    t = torch if torch is not None else torch_loaded()
+    return t is not None and isinstance(x, t.Tensor)
 
 
 def _is_cupy(x):
@@ -86,3 +97,31 @@ def check_value_dtype(x, what):
 
 def shape_of(x):
     return tuple(int(s) for s in x.shape)
+
+
+def scalar(value, name):
+    """A real number argument (alpha, beta): ints and floats (and 0-d NumPy numbers), never strings
+    or bools. TypeError naming the argument otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def dim(value, name):
+    """A matrix dimension or block size: an int (or an integer NumPy scalar) >= 0; 64.7, '64' and
+    True are refused with a message naming the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def pair(value, name):
+    """(a, b) of dims from a sequence of exactly two ints (ValueError when it is not a pair)."""
+    if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
+        raise ValueError(f"{name} must be a pair of ints, got {type(value).__name__} {value!r}")
+    items = tuple(value)
+    if len(items) != 2:
+        raise ValueError(f"{name} must be a pair of ints, got {len(items)} entries: {value!r}")
+    return dim(items[0], f"{name}[0]"), dim(items[1], f"{name}[1]")

@@ -14,11 +14,7 @@ _INT32_MAX = 2**31 - 1
 
 
 def _block_arg(block):
-    try:
-        bm, bk = (int(b) for b in block)
-    except (TypeError, ValueError):
-        raise ValueError(f"block must be a pair (bm, bk) of ints, got {block!r}") from None
-    return bm, bk
+    return A.pair(block, "block")
 
 
 def _as_int32(x, name):
@@ -58,7 +54,10 @@ class BSRMatrix:
 
     def __init__(self, row_ptr, col_idx, values, shape, *, check=True):
         # check=False (internal: arrays built by sparsek itself) keeps this traceable by torch.compile.
-        rows, cols = int(shape[0]), int(shape[1])
+        if check:
+            rows, cols = A.pair(shape, "shape")
+        else:
+            rows, cols = shape
         if check:
             A.same_framework([("row_ptr", row_ptr), ("col_idx", col_idx), ("values", values)])
             row_ptr = _contiguous(_as_int32(row_ptr, "row_ptr"))
@@ -99,8 +98,42 @@ class BSRMatrix:
 
     @property
     def T(self):
-        """The BSR matrix of the transpose (block shape (bk, bm)), built in the arrays' framework."""
-        return _transpose(self)
+        """The transpose as a view: products pass op = transpose to the library (nothing is copied).
+        ``.T.to_bsr()`` builds the BSR arrays of the transpose."""
+        return BSRTranspose(self)
+
+    # ---- device and dtype (torch matrices; NumPy ones live on the host) ----
+    @property
+    def device(self):
+        """Where the arrays live: a torch.device, a CuPy Device, or "cpu" for NumPy."""
+        fw = A.framework(self.values)
+        return "cpu" if fw == "numpy" else self.values.device
+
+    def to(self, *args, **kwargs):
+        """A copy on another device and/or with another values dtype, as ``torch.Tensor.to``
+        (torch matrices only; the index arrays keep int32). Returns self when nothing changes."""
+        if not A.is_torch(self.values):
+            raise TypeError(f"to() needs a matrix whose arrays are torch tensors, this one holds "
+                            f"{A.framework(self.values)} arrays")
+        values = self.values.to(*args, **kwargs)
+        if values is self.values:
+            return self
+        if values.dtype not in (A.torch.float32, A.torch.float16, A.torch.bfloat16):
+            raise ValueError(f"to(): values dtype {A.dtype_name(values)} is not supported ({A.SUPPORTED})")
+        row_ptr = self.row_ptr.to(device=values.device)
+        col_idx = self.col_idx.to(device=values.device)
+        return BSRMatrix(row_ptr, col_idx, values, self.shape, check=False)
+
+    def cuda(self, device=None):
+        """``to(cuda device)``."""
+        return self.to(A.torch.device("cuda") if device is None else
+                       A.torch.device("cuda", device) if isinstance(device, int) else device)
+
+    def cpu(self):
+        """``to("cpu")`` for torch matrices; a NumPy matrix is returned as it is."""
+        if A.framework(self.values) == "numpy":
+            return self
+        return self.to("cpu")
 
     def __repr__(self):
         fw = A.framework(self.values)
@@ -183,7 +216,12 @@ class BSRMatrix:
         if t.dim() != 2 or t.values().dim() != 3:
             raise ValueError(f"only 2-D BSR tensors without batch or dense dimensions are supported, "
                              f"got shape {tuple(t.shape)} with values of shape {tuple(t.values().shape)}")
-        return cls(t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
+        values = t.values()
+        # NOTE: values() is a view whose base is the sparse tensor; torch.compile cannot fake such
+        # a view. A plain tensor over the same storage shares the data without being a view.
+        plain = torch.empty(0, dtype=values.dtype, device=values.device)
+        plain.set_(values.untyped_storage(), values.storage_offset(), values.shape, values.stride())
+        return cls(t.crow_indices(), t.col_indices(), plain, tuple(t.shape))
 
     def to_torch(self):
         """A torch ``sparse_bsr`` tensor sharing this matrix's arrays (torch matrices only)."""
@@ -241,6 +279,65 @@ def _block_rows(a):
         return torch.searchsorted(a.row_ptr[1:].long(), ids, right=True)
     xp = A.xp(a.values)
     return xp.searchsorted(a.row_ptr[1:], xp.arange(a.nnzb), side="right")
+
+
+class BSRTranspose:
+    """``A.T`` of a BSRMatrix: the transpose as a view. Products (``bsr_mm``, ``dense_bsr_mm``,
+    ``@``) pass op = transpose to the library, so ``x @ W.T`` never transposes W's arrays;
+    ``to_bsr()`` builds the transpose's own BSR arrays (a copy)."""
+
+    __array_ufunc__ = None  # NumPy: `ndarray @ view` defers to __rmatmul__
+
+    def __init__(self, base):
+        self.base = base
+
+    @property
+    def shape(self):
+        return (self.base.shape[1], self.base.shape[0])
+
+    @property
+    def block(self):
+        bm, bk = self.base.block
+        return (bk, bm)
+
+    @property
+    def nnzb(self):
+        return self.base.nnzb
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+    @property
+    def density(self):
+        return self.base.density
+
+    @property
+    def device(self):
+        return self.base.device
+
+    @property
+    def T(self):
+        return self.base
+
+    def to(self, *args, **kwargs):
+        return BSRTranspose(self.base.to(*args, **kwargs))
+
+    def cuda(self, device=None):
+        return BSRTranspose(self.base.cuda(device))
+
+    def cpu(self):
+        return BSRTranspose(self.base.cpu())
+
+    def to_dense(self):
+        return self.base.to_dense().T
+
+    def to_bsr(self):
+        """The BSR matrix of the transpose (block shape (bk, bm)), built in the arrays' framework."""
+        return _transpose(self.base)
+
+    def __repr__(self):
+        return f"{self.base!r}.T"
 
 
 def _transpose(a):

@@ -1,30 +1,37 @@
 """The products (SPEC §1): DSD ``bsr_mm``, DDS ``dense_bsr_mm``, SDD ``sampled_mm``.
 
 Outputs are allocated by the inputs' framework on their device; GPU work runs on the framework's
-current stream and is not synchronized. torch tensors go through the ``torch.ops.sparsek`` custom ops
-(so torch.compile sees one opaque op with a fake kernel); NumPy and CuPy arrays call the binding
-directly.
+current stream and is not synchronized. torch tensors go through ``_torch_ops`` (plans cached on
+the pattern, autograd, the ``torch.ops.sparsek`` custom ops that torch.compile sees as opaque nodes);
+NumPy and CuPy arrays call the binding's one-shot entry points, which check the pattern on every
+call (those arrays have no version counter that would tell an in-place edit).
 """
 from . import _arrays as A
 from . import _sparsek as _ext
-from ._bsr import BSRMatrix
+from ._bsr import BSRMatrix, BSRTranspose
 
-# Imported here, not inside the functions: torch.compile traces these functions.
-_T = None
-if A.torch is not None and hasattr(A.torch.library, "custom_op"):
-    from . import _torch_ops as _T
+_T = None  # sparsek._torch_ops once torch is in use (never imported by sparsek itself)
 
 
-def _torch_path():
+def torch_ops():
+    """The torch integration module (imported on first use of torch tensors)."""
+    global _T
     if _T is None:
-        raise RuntimeError(f"sparsek's torch integration needs torch >= 2.4 (torch.library.custom_op); "
-                           f"found torch {A.torch.__version__}")
+        from . import _torch_ops
+        _T = _torch_ops
     return _T
 
 
-def _need_bsr(x, name):
-    if not isinstance(x, BSRMatrix):
-        raise TypeError(f"{name} must be a sparsek.BSRMatrix, got {type(x).__name__}")
+def _sparse_arg(x, name):
+    """(BSRMatrix, transposed) from a BSRMatrix, its .T view or a torch sparse_bsr tensor."""
+    if isinstance(x, BSRMatrix):
+        return x, False
+    if isinstance(x, BSRTranspose):
+        return x.base, True
+    if A.is_torch(x) and x.layout == A.torch.sparse_bsr:
+        return torch_ops().bsr_of_sparse_tensor(x), False
+    raise TypeError(f"{name} must be a sparsek.BSRMatrix, its .T or a torch sparse_bsr tensor, "
+                    f"got {type(x).__name__}")
 
 
 def _need_2d(x, name):
@@ -42,34 +49,38 @@ def _dense_out(out, beta, like, shape):
 
 
 def bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
-    """DSD: ``alpha * a @ b + beta * out`` with ``a`` a BSRMatrix and ``b`` dense (K x N).
+    """DSD: ``alpha * a @ b + beta * out`` with ``a`` sparse (a BSRMatrix, its ``.T`` or a torch
+    sparse_bsr tensor) and ``b`` dense (K x N).
 
     Returns ``out`` when given (written in place; with torch the result is copied into it),
     else a new (M x N) array of b's dtype. When beta == 0, out is never read (NaN does not leak).
     """
-    _need_bsr(a, "a")
+    a, trans = _sparse_arg(a, "a")
+    alpha, beta = A.scalar(alpha, "alpha"), A.scalar(beta, "beta")
     if A.is_torch(a.values):
-        return _torch_path().bsr_mm(a, b, alpha, beta, out)
+        return torch_ops().bsr_mm(a, trans, b, alpha, beta, out)
     A.same_framework([("a", a.values), ("b", b), ("out", out)])
     _need_2d(b, "B")
-    c = _dense_out(out, beta, b, (a.shape[0], int(b.shape[1])))
     rows, cols = a.shape
-    _ext.dsd(rows, cols, a.row_ptr, a.col_idx, a.values, b, c, float(alpha), float(beta), 0,
-             A.stream_of(a.values), False)
+    c = _dense_out(out, beta, b, (cols if trans else rows, int(b.shape[1])))
+    _ext.dsd(rows, cols, a.row_ptr, a.col_idx, a.values, b, c, alpha, beta, int(trans),
+             A.stream_of(a.values), True)
     return c
 
 
 def dense_bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
-    """DDS: ``alpha * a @ b + beta * out`` with ``a`` dense (M x K) and ``b`` a BSRMatrix."""
-    _need_bsr(b, "b")
+    """DDS: ``alpha * a @ b + beta * out`` with ``a`` dense (M x K) and ``b`` sparse (a BSRMatrix,
+    its ``.T`` or a torch sparse_bsr tensor). ``x @ W.T`` runs without transposing W."""
+    b, trans = _sparse_arg(b, "b")
+    alpha, beta = A.scalar(alpha, "alpha"), A.scalar(beta, "beta")
     if A.is_torch(b.values):
-        return _torch_path().dense_bsr_mm(a, b, alpha, beta, out)
+        return torch_ops().dense_bsr_mm(a, b, trans, alpha, beta, out)
     A.same_framework([("a", a), ("b", b.values), ("out", out)])
     _need_2d(a, "A")
-    c = _dense_out(out, beta, a, (int(a.shape[0]), b.shape[1]))
     rows, cols = b.shape
-    _ext.dds(a, rows, cols, b.row_ptr, b.col_idx, b.values, c, float(alpha), float(beta), 0,
-             A.stream_of(b.values), False)
+    c = _dense_out(out, beta, a, (int(a.shape[0]), rows if trans else cols))
+    _ext.dds(a, rows, cols, b.row_ptr, b.col_idx, b.values, c, alpha, beta, int(trans),
+             A.stream_of(b.values), True)
     return c
 
 
@@ -83,16 +94,21 @@ def sampled_mm(a, b, pattern, *, alpha=1.0, beta=0.0, out=None):
     """SDD: ``alpha * (a @ b) + beta * pattern`` computed only on ``pattern``'s stored blocks.
 
     a: dense (M x K), b: dense (K x N), pattern: a BSRMatrix (M x N) whose structure the result
-    takes and whose values beta scales (as torch.sparse.sampled_addmm). Returns a new BSRMatrix
-    sharing pattern's index arrays, with values of pattern's dtype; or, with out= (a BSRMatrix of
-    the same structure; may be pattern itself), writes out.values and returns out.
+    takes and whose values beta scales (as torch.sparse.sampled_addmm); a ``.T`` view or a torch
+    sparse_bsr tensor is turned into a BSRMatrix first. Returns a new BSRMatrix sharing pattern's
+    index arrays, with values of pattern's dtype; or, with out= (a BSRMatrix of the same structure;
+    may be pattern itself), writes out.values and returns out.
     """
-    _need_bsr(pattern, "pattern")
+    pattern, trans = _sparse_arg(pattern, "pattern")
+    if trans:  # the result is stored in the transpose's block order: build that pattern
+        pattern = pattern.T.to_bsr()
+    alpha, beta = A.scalar(alpha, "alpha"), A.scalar(beta, "beta")
     if out is not None:
-        _need_bsr(out, "out")
+        if not isinstance(out, BSRMatrix):
+            raise TypeError(f"out must be a sparsek.BSRMatrix, got {type(out).__name__}")
         _check_same_pattern(out, pattern)
     if A.is_torch(pattern.values):
-        values = _torch_path().sampled_mm(a, b, pattern, alpha, beta, out)
+        values = torch_ops().sampled_mm(a, b, pattern, alpha, beta)
         if out is not None:
             out.values.copy_(values)
             return out
@@ -108,12 +124,12 @@ def sampled_mm(a, b, pattern, *, alpha=1.0, beta=0.0, out=None):
             out.values[...] = pattern.values
         result = out
     rows, cols = pattern.shape
-    _ext.sdd(a, b, rows, cols, pattern.row_ptr, pattern.col_idx, result.values, float(alpha),
-             float(beta), A.stream_of(pattern.values), False)
+    _ext.sdd(a, b, rows, cols, pattern.row_ptr, pattern.col_idx, result.values, alpha, beta,
+             A.stream_of(pattern.values), True)
     return result
 
 
-# Operators of BSRMatrix (defined here, next to the products they call).
+# Operators of BSRMatrix and its .T (defined here, next to the products they call).
 def _matmul(self, other):
     return bsr_mm(self, other)
 
@@ -122,5 +138,41 @@ def _rmatmul(self, other):
     return dense_bsr_mm(other, self)
 
 
-BSRMatrix.__matmul__ = _matmul
-BSRMatrix.__rmatmul__ = _rmatmul
+def _is_sparse(x):
+    return isinstance(x, (BSRMatrix, BSRTranspose))
+
+
+@classmethod
+def _torch_function(cls, func, types, args=(), kwargs=None):
+    """torch's matmul entry points with a sparse operand: `t @ A`, torch.matmul, torch.mm, and
+    `A @ t` under torch.compile. Eager Python calls `A @ t` through __matmul__ directly."""
+    torch = A.torch
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    x, y = args
+    if func is torch.Tensor.__rmatmul__:  # x.__rmatmul__(y) is y @ x
+        x, y = y, x
+    elif func not in (torch.matmul, torch.mm, torch.Tensor.__matmul__, torch.Tensor.matmul,
+                      torch.Tensor.mm, torch._C.TensorBase.matmul):
+        return NotImplemented
+    if _is_sparse(x):
+        return bsr_mm(x, y)
+    if (func is torch._C.TensorBase.matmul and torch.compiler.is_compiling() and _is_sparse(y)
+            and A.is_torch(x) and x.dim() == 2):
+        # NOTE: dynamo traces `A @ t` as TensorBase.matmul(t, A), the same call as `t @ A`; the
+        # shapes tell them apart unless both products are defined, which is refused, not guessed.
+        left = x.shape[1] == y.shape[0]   # t @ A
+        right = y.shape[1] == x.shape[0]  # A @ t
+        if left and right:
+            raise ValueError(f"under torch.compile, `A @ t` and `t @ A` with a sparse A of shape "
+                             f"{y.shape} and t of shape {tuple(x.shape)} reach sparsek as the same "
+                             "call; use sparsek.bsr_mm(A, t) or sparsek.dense_bsr_mm(t, A)")
+        if right:
+            return bsr_mm(y, x)
+    return dense_bsr_mm(x, y)
+
+
+for _cls in (BSRMatrix, BSRTranspose):
+    _cls.__matmul__ = _matmul
+    _cls.__rmatmul__ = _rmatmul
+    _cls.__torch_function__ = _torch_function

@@ -6,6 +6,8 @@
 // values [nnzb][bm][bk]); dense operands as 2-D arrays that are row- or column-major with a unit
 // inner stride. sparsek::Error becomes ValueError (invalid_argument), NotImplementedError
 // (unsupported) or RuntimeError (everything else), carrying the library's message.
+// Plans (plan_dsd/dds/sdd -> Plan.run) are the same calls split in two: arrays once, then only the
+// data pointers of arrays that the Python caller has matched to the planned ones.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "sparsek/gemm.hpp"
+#include "sparsek/plan.hpp"
 
 namespace nb = nanobind;
 using namespace sparsek;
@@ -193,6 +196,95 @@ void run(GemmArgs& g, const std::vector<Place>& places, uintptr_t stream, bool c
   gemm(g, o);
 }
 
+// The problem of each product from its arrays (alpha, beta and the op set by the caller).
+// places: where each array lives, for the device guard.
+GemmArgs dsd_args(int64_t rows, int64_t cols, const In& row_ptr, const In& col_idx, const In& values, const In& b,
+                  const Out& c, int op, std::vector<Place>& places) {
+  GemmArgs g;
+  g.kind = OpKind::dsd;
+  g.op = static_cast<Op>(op);
+  g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "A");
+  g.b = dense_view(b, "B");
+  g.c = dense_view(c, "C");
+  places = {place_of(values, "A"), place_of(b, "B"), place_of(c, "C")};
+  return g;
+}
+GemmArgs dds_args(const In& a, int64_t rows, int64_t cols, const In& row_ptr, const In& col_idx, const In& values,
+                  const Out& c, int op, std::vector<Place>& places) {
+  GemmArgs g;
+  g.kind = OpKind::dds;
+  g.op = static_cast<Op>(op);
+  g.a = dense_view(a, "A");
+  g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "B");
+  g.c = dense_view(c, "C");
+  places = {place_of(a, "A"), place_of(values, "B"), place_of(c, "C")};
+  return g;
+}
+GemmArgs sdd_args(const In& a, const In& b, int64_t rows, int64_t cols, const In& row_ptr, const In& col_idx,
+                  const Out& values, std::vector<Place>& places) {
+  GemmArgs g;
+  g.kind = OpKind::sdd;
+  g.a = dense_view(a, "A");
+  g.b = dense_view(b, "B");
+  g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "C");
+  places = {place_of(a, "A"), place_of(b, "B"), place_of(values, "C")};
+  return g;
+}
+
+// A plan made from arrays once; run() then takes only the data pointers of arrays that have the
+// planned shapes, strides, dtypes and device (the Python caller keys its plan cache on exactly
+// those), so a call converts no array and allocates nothing.
+struct PyPlan {
+  Plan plan;
+  int device = -1;  // CUDA device of the operands (-1: host)
+};
+
+PyPlan make_plan(GemmArgs g, const std::vector<Place>& places, uintptr_t stream) {
+  DeviceGuard guard(places);
+  PyPlan p;
+  for (const Place& q : places)
+    if (q.memory == Memory::device) p.device = q.device;
+  Options o;
+  o.stream = reinterpret_cast<void*>(stream);
+  nb::gil_scoped_release release;
+  p.plan = plan(g, o);
+  return p;
+}
+
+// Sets the plan's device current for a run (and restores the previous one).
+class PlanDevice {
+ public:
+  explicit PlanDevice(int dev) {
+    if (dev < 0) return;
+    int cur = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess || (cur != dev && cudaSetDevice(dev) != cudaSuccess)) {
+      cudaGetLastError();
+      throw Error(Status::cuda_error, "cannot make CUDA device " + std::to_string(dev) + " current");
+    }
+    if (cur != dev) prev_ = cur;
+  }
+  ~PlanDevice() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+void run_plan(const PyPlan& p, uintptr_t values, uintptr_t a, uintptr_t b, uintptr_t c, float alpha, float beta,
+              uintptr_t stream) {
+  GemmArgs g = p.plan.problem();
+  g.sparse.values = reinterpret_cast<void*>(values);
+  g.a.data = reinterpret_cast<void*>(a);
+  g.b.data = reinterpret_cast<void*>(b);
+  g.c.data = reinterpret_cast<void*>(c);
+  g.alpha = alpha;
+  g.beta = beta;
+  PlanDevice guard(p.device);
+  nb::gil_scoped_release release;
+  run(p.plan, g, reinterpret_cast<void*>(stream));
+}
+
 }  // namespace
 
 NB_MODULE(_sparsek, m) {
@@ -209,6 +301,10 @@ NB_MODULE(_sparsek, m) {
     }
   });
 
+  // NOTE: plans are cached on the pattern's tensors (the Python side), which may still be alive
+  // when the interpreter tears the module down; nanobind would report them as leaks.
+  nb::set_leak_warnings(false);
+
   m.def("version", &version);
 
   // C = alpha * A * B + beta * C, A sparse.
@@ -216,15 +312,11 @@ NB_MODULE(_sparsek, m) {
       "dsd",
       [](int64_t rows, int64_t cols, In row_ptr, In col_idx, In values, In b, Out c, float alpha, float beta,
          int op, uintptr_t stream, bool check_indices) {
-        GemmArgs g;
-        g.kind = OpKind::dsd;
-        g.op = static_cast<Op>(op);
+        std::vector<Place> places;
+        GemmArgs g = dsd_args(rows, cols, row_ptr, col_idx, values, b, c, op, places);
         g.alpha = alpha;
         g.beta = beta;
-        g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "A");
-        g.b = dense_view(b, "B");
-        g.c = dense_view(c, "C");
-        run(g, {place_of(values, "A"), place_of(b, "B"), place_of(c, "C")}, stream, check_indices);
+        run(g, places, stream, check_indices);
       },
       nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"), nb::arg("values"), nb::arg("b"),
       nb::arg("c"), nb::arg("alpha"), nb::arg("beta"), nb::arg("op") = 0, nb::arg("stream") = 0,
@@ -235,15 +327,11 @@ NB_MODULE(_sparsek, m) {
       "dds",
       [](In a, int64_t rows, int64_t cols, In row_ptr, In col_idx, In values, Out c, float alpha, float beta,
          int op, uintptr_t stream, bool check_indices) {
-        GemmArgs g;
-        g.kind = OpKind::dds;
-        g.op = static_cast<Op>(op);
+        std::vector<Place> places;
+        GemmArgs g = dds_args(a, rows, cols, row_ptr, col_idx, values, c, op, places);
         g.alpha = alpha;
         g.beta = beta;
-        g.a = dense_view(a, "A");
-        g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "B");
-        g.c = dense_view(c, "C");
-        run(g, {place_of(a, "A"), place_of(values, "B"), place_of(c, "C")}, stream, check_indices);
+        run(g, places, stream, check_indices);
       },
       nb::arg("a"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"), nb::arg("values"),
       nb::arg("c"), nb::arg("alpha"), nb::arg("beta"), nb::arg("op") = 0, nb::arg("stream") = 0,
@@ -254,17 +342,51 @@ NB_MODULE(_sparsek, m) {
       "sdd",
       [](In a, In b, int64_t rows, int64_t cols, In row_ptr, In col_idx, Out values, float alpha, float beta,
          uintptr_t stream, bool check_indices) {
-        GemmArgs g;
-        g.kind = OpKind::sdd;
+        std::vector<Place> places;
+        GemmArgs g = sdd_args(a, b, rows, cols, row_ptr, col_idx, values, places);
         g.alpha = alpha;
         g.beta = beta;
-        g.a = dense_view(a, "A");
-        g.b = dense_view(b, "B");
-        g.sparse = bsr_view(rows, cols, row_ptr, col_idx, values, "C");
-        run(g, {place_of(a, "A"), place_of(b, "B"), place_of(values, "C")}, stream, check_indices);
+        run(g, places, stream, check_indices);
       },
       nb::arg("a"), nb::arg("b"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"),
       nb::arg("values"), nb::arg("alpha"), nb::arg("beta"), nb::arg("stream") = 0, nb::arg("check_indices") = true);
+
+  // Plans: plan_dsd / plan_dds / plan_sdd take the arrays of the calls above (without alpha and
+  // beta) and do plan()'s once-per-pattern work; Plan.run takes the data pointers of arrays with
+  // the planned shapes, strides, dtypes and device.
+  nb::class_<PyPlan>(m, "Plan")
+      .def_prop_ro("variant", [](const PyPlan& p) { return p.plan.variant(); })
+      .def_prop_ro("chosen_by", [](const PyPlan& p) { return p.plan.chosen_by(); })
+      .def_prop_ro("workspace_bytes", [](const PyPlan& p) { return p.plan.workspace_bytes(); })
+      .def("run", &run_plan, nb::arg("values"), nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("alpha"),
+           nb::arg("beta"), nb::arg("stream"));
+  m.def(
+      "plan_dsd",
+      [](int64_t rows, int64_t cols, In row_ptr, In col_idx, In values, In b, Out c, int op, uintptr_t stream) {
+        std::vector<Place> places;
+        GemmArgs g = dsd_args(rows, cols, row_ptr, col_idx, values, b, c, op, places);
+        return make_plan(g, places, stream);
+      },
+      nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"), nb::arg("values"), nb::arg("b"),
+      nb::arg("c"), nb::arg("op"), nb::arg("stream"));
+  m.def(
+      "plan_dds",
+      [](In a, int64_t rows, int64_t cols, In row_ptr, In col_idx, In values, Out c, int op, uintptr_t stream) {
+        std::vector<Place> places;
+        GemmArgs g = dds_args(a, rows, cols, row_ptr, col_idx, values, c, op, places);
+        return make_plan(g, places, stream);
+      },
+      nb::arg("a"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"), nb::arg("values"),
+      nb::arg("c"), nb::arg("op"), nb::arg("stream"));
+  m.def(
+      "plan_sdd",
+      [](In a, In b, int64_t rows, int64_t cols, In row_ptr, In col_idx, Out values, uintptr_t stream) {
+        std::vector<Place> places;
+        GemmArgs g = sdd_args(a, b, rows, cols, row_ptr, col_idx, values, places);
+        return make_plan(g, places, stream);
+      },
+      nb::arg("a"), nb::arg("b"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"),
+      nb::arg("values"), nb::arg("stream"));
 
   // The BSR invariants (SPEC §2). Cheap checks always; with check_indices the O(nnzb) index checks
   // too (device indices are copied to the host first, as the library's own validation does).

@@ -27,9 +27,21 @@ const DeviceInfo& device_info() {
     // NOTE: on a machine without a driver this is an error, not 0 devices: both mean "no GPU".
     if (err != cudaSuccess) cudaGetLastError();  // clear the sticky-free error state
     none.available = false;
-    none.why_not = err != cudaSuccess ? std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) +
-                                            " (" + cudaGetErrorString(err) + ")"
-                                      : "no CUDA device found";
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);  // 0: no driver library at all
+    cudaRuntimeGetVersion(&runtime);
+    // NOTE: without any driver the runtime reports cudaErrorInsufficientDriver too: tell the two apart.
+    if (err == cudaErrorInsufficientDriver && driver == 0)
+      none.why_not = "no NVIDIA driver found (no NVIDIA GPU here, or its driver is not installed)";
+    else if (err == cudaErrorInsufficientDriver)
+      none.why_not = "the NVIDIA driver (CUDA " + std::to_string(driver / 1000) + "." +
+                     std::to_string(driver % 1000 / 10) + ") is older than this build's CUDA " +
+                     std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+                     " runtime: update the driver (sparsek doctor names the version)";
+    else
+      none.why_not = err != cudaSuccess ? std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) +
+                                              " (" + cudaGetErrorString(err) + ")"
+                                        : "no CUDA device found";
     return none;
   }
   int dev = 0;

@@ -21,21 +21,41 @@ const char* to_string(DType d) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
   }
-  return "unknown dtype";
+  return "invalid dtype";
 }
-const char* to_string(Layout l) { return l == Layout::row_major ? "row-major" : "col-major"; }
-const char* to_string(Op o) { return o == Op::none ? "none" : "trans"; }
-const char* to_string(Memory m) { return m == Memory::host ? "host" : "device"; }
+// Out-of-range values (a C caller may pass any int) never read as a valid name; validation
+// reports them with their number.
+const char* to_string(Layout l) {
+  switch (l) {
+    case Layout::row_major: return "row-major";
+    case Layout::col_major: return "col-major";
+  }
+  return "invalid layout";
+}
+const char* to_string(Op o) {
+  switch (o) {
+    case Op::none: return "none";
+    case Op::trans: return "trans";
+  }
+  return "invalid op";
+}
+const char* to_string(Memory m) {
+  switch (m) {
+    case Memory::host: return "host";
+    case Memory::device: return "device";
+  }
+  return "invalid memory";
+}
 const char* to_string(OpKind k) {
   switch (k) {
     case OpKind::dsd: return "dsd";
     case OpKind::dds: return "dds";
     case OpKind::sdd: return "sdd";
   }
-  return "unknown op";
+  return "invalid kind";
 }
 size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
 
-const char* version() { return SPARSEK_VERSION; }
+const char* version() { return SPARSEK_VERSION_STRING; }
 
 }  // namespace sparsek

@@ -16,67 +16,40 @@
 // Determinism: an output element is reduced by exactly one work item, over S's blocks in stored
 // order (k ascending inside a block), or over k ascending (SDD). The chunking depends only on the
 // problem, never on the thread count, so any thread count gives bit-identical results.
+//
+// Threads: OpenMP (dynamic schedule: items differ in length). Options::threads, else
+// OMP_NUM_THREADS / omp_get_max_threads(). An output element that no stored block reaches (an
+// empty row of S, or K = 0 for SDD) is beta*C, or 0, whatever alpha is (alpha = Inf times an
+// empty sum would be NaN).
+//
+// The plan's state keeps its own copy of the pattern and run() reads only that copy: a caller's
+// pattern edited in place after planning (which the one-shot plan cache can miss when the edit
+// keeps the pattern hash) can never steer an index out of the planned bounds.
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
 #include "plan/backends.hpp"
 
 namespace sparsek {
 
+int cpu_threads(int requested) {
+  if (requested > 0) return requested;
+#ifdef _OPENMP
+  return std::max(1, omp_get_max_threads());
+#else
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+#endif
+}
+
 namespace {
 
 constexpr int64_t kChunk = 128;  // D columns per row-product work item (multiple of 16)
-
-// ---------------------------------------------------------------- threads
-
-// o.threads >= 0: plan() rejects negative counts (resolve_backend).
-int thread_count(const Options& o, double flops) {
-  int t = o.threads;
-  if (t == 0) t = int(std::thread::hardware_concurrency());
-  if (t <= 0) t = 1;
-  // Starting a thread costs tens of microseconds: give each at least ~4 MFLOP of work.
-  int64_t by_work = int64_t(flops / 4e6) + 1;
-  return int(std::min<int64_t>(t, by_work));
-}
-
-// Runs f(item, worker) for item in [0, n) on up to `threads` workers (the caller is worker 0).
-// Items are handed out dynamically; the first exception is rethrown after all workers joined.
-template <class F>
-void parallel_for(int64_t n, int threads, const F& f) {
-  if (n <= 0) return;
-  const int t = int(std::min<int64_t>(std::max(threads, 1), n));
-  if (t == 1) {
-    for (int64_t i = 0; i < n; ++i) f(i, 0);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  std::exception_ptr err;
-  std::mutex mu;
-  auto worker = [&](int w) {
-    try {
-      for (int64_t i = next++; i < n; i = next++) f(i, w);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!err) err = std::current_exception();
-      next = n;  // stop the others early
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(t - 1));
-  try {
-    for (int w = 1; w < t; ++w) pool.emplace_back(worker, w);
-  } catch (...) {
-    // Could not start more threads: the ones running (and this one) finish the work.
-  }
-  worker(0);
-  for (std::thread& th : pool) th.join();
-  if (err) std::rethrow_exception(err);
-}
 
 // ---------------------------------------------------------------- element access
 
@@ -159,6 +132,8 @@ void make_panel(const DenseView& d, bool pad16, int threads, Panel& out) {
 
 // The pattern-dependent part of a product (SPEC §4: prepared once per pattern).
 struct CpuState : VariantState {
+  // The planned pattern (the caller's row_ptr / col_idx are not read again).
+  std::vector<int32_t> row_ptr, col_idx;
   // Transposed traversal (for dsd trans / dds none): block rows of S = block columns of the
   // stored matrix; t.src[b] = the stored block that S's block b comes from.
   bool transpose = false;
@@ -179,17 +154,21 @@ std::unique_ptr<CpuState> build_state(const GemmArgs& g) {
   auto st = std::make_unique<CpuState>();
   const BsrView& a = g.sparse;
   const int64_t mb = a.mb(), kb = a.kb();
+  // Nothing to write (run() returns at once): no set-up, whose cost can grow with kb, not C.
+  if (g.kind != OpKind::sdd && (g.m() == 0 || g.n() == 0)) return st;
+  st->row_ptr.assign(a.row_ptr, a.row_ptr + mb + 1);
+  if (a.nnzb > 0) st->col_idx.assign(a.col_idx, a.col_idx + a.nnzb);
   if (g.kind == OpKind::sdd) {
     st->block_row.resize(size_t(a.nnzb));
     for (int64_t i = 0; i < mb; ++i)
-      for (int64_t j = a.row_ptr[i]; j < a.row_ptr[i + 1]; ++j) st->block_row[size_t(j)] = int32_t(i);
+      for (int64_t j = st->row_ptr[size_t(i)]; j < st->row_ptr[size_t(i + 1)]; ++j) st->block_row[size_t(j)] = int32_t(i);
     return st;
   }
   int64_t s_mb = mb;
-  const int32_t* rp = a.row_ptr;
+  const int32_t* rp = st->row_ptr.data();
   if (needs_transpose(g)) {
     st->transpose = true;
-    st->t = transpose_pattern(a.row_ptr, a.col_idx, mb, kb);
+    st->t = transpose_pattern(st->row_ptr.data(), st->col_idx.data(), mb, kb);
     s_mb = kb;
     rp = st->t.row_ptr.data();
   }
@@ -232,12 +211,13 @@ inline void kernel_4x16(const float* __restrict a, int64_t lda, const float* __r
 }
 
 // out (rows x cols at base, strides rs/cs) = alpha*acc + beta*out; out is not read when beta == 0.
+// Without contributions (`reached` false) the product term is absent, not alpha*0: beta*out or 0.
 template <class T>
 void write_tile(T* base, int64_t rs, int64_t cs, int64_t rows, int64_t cols, const float* acc, int64_t ldacc,
-                float alpha, float beta) {
+                float alpha, float beta, bool reached) {
   auto one = [&](int64_t r, int64_t c) {
     T& o = base[r * rs + c * cs];
-    float v = alpha * acc[r * ldacc + c];
+    float v = reached ? alpha * acc[r * ldacc + c] : 0.f;
     if (beta != 0.f) v += beta * to_f(o);
     o = from_f<T>(v);
   };
@@ -264,8 +244,8 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
 
   // S: block shape p x q, float values [nnzb][p][q].
   const int p = st.transpose ? a.bk : a.bm, q = st.transpose ? a.bm : a.bk;
-  const int32_t* s_rp = st.transpose ? st.t.row_ptr.data() : a.row_ptr;
-  const int32_t* s_ci = st.transpose ? st.t.col_idx.data() : a.col_idx;
+  const int32_t* s_rp = st.transpose ? st.t.row_ptr.data() : st.row_ptr.data();
+  const int32_t* s_ci = st.transpose ? st.t.col_idx.data() : st.col_idx.data();
   const int64_t bsz = int64_t(a.bm) * a.bk;
   std::vector<float> s_store;
   const float* s_vals = static_cast<const float*>(a.values);
@@ -313,7 +293,8 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
       }
       const int64_t cols = std::min(nt, Nc - n0);
       if (cols <= 0) return;
-      write_tile(cdata + (i * p) * rs + n0 * cs, rs, cs, p, cols, acc.data(), nt, g.alpha, g.beta);
+      write_tile(cdata + (i * p) * rs + n0 * cs, rs, cs, p, cols, acc.data(), nt, g.alpha, g.beta,
+                 s_rp[i + 1] > s_rp[i]);
     });
   });
 }
@@ -336,13 +317,14 @@ void run_sdd(const GemmArgs& g, const Options& o, const CpuState& st) {
     parallel_for(c.nnzb, workers, [&](int64_t j, int w) {
       std::vector<float>& acc = accs[size_t(w)];
       acc.assign(size_t(bsz), 0.f);
-      const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
-      const float* bp = b.data + int64_t(c.col_idx[j]) * bk;                    // (K, bk), stride b.ld
-      if (K > 0)
+      if (K > 0) {  // (with K = 0, A and B may have no storage at all: no pointer into them)
+        const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
+        const float* bp = b.data + int64_t(st.col_idx[size_t(j)]) * bk;           // (K, bk), stride b.ld
         for (int r0 = 0; r0 < bm; r0 += 4)
           for (int c0 = 0; c0 < bk; c0 += 16)
             kernel_4x16(ap + int64_t(r0) * a.ld, a.ld, bp + c0, b.ld, K, acc.data() + r0 * bk + c0, bk);
-      write_tile(vals + j * bsz, bk, 1, bm, bk, acc.data(), bk, g.alpha, g.beta);
+      }
+      write_tile(vals + j * bsz, bk, 1, bm, bk, acc.data(), bk, g.alpha, g.beta, K > 0);
     });
   });
 }

@@ -1,10 +1,21 @@
 // Internal: pattern work that several layers share (the BSR transpose, the CPU backend, the
-// portable kernel's DDS / op(A) = A^T path).
+// portable kernel's DDS / op(A) = A^T path), and the byte ranges the aliasing check compares.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "sparsek/bsr.hpp"
+
 namespace sparsek {
+
+// The bytes an operand's elements span, [begin, end) (padding between rows included); empty
+// (begin == end) when it has no elements. Only for views that passed validation (no overflow).
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+  bool overlaps(const ByteRange& o) const { return begin < end && o.begin < o.end && begin < o.end && o.begin < end; }
+};
+ByteRange byte_range(const DenseView& d);
+ByteRange byte_range(const void* p, int64_t bytes);
 
 // The pattern of A^T for A with mb x kb blocks: block row c of A^T holds the blocks of A's block
 // column c. Entries come out sorted within each row (a counting sort that walks A's rows in order),

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "format/attention_internal.hpp"
 #include "sparsek/bsr.hpp"
 
 namespace sparsek {
@@ -178,6 +179,92 @@ BsrMatrix random_bsr(PatternKind kind, int64_t rows, int64_t cols, int bm, int b
   BsrMatrix m(rows, cols, bm, bk, std::move(p.row_ptr), std::move(p.col_idx), dtype);
   m.fill_random(seed, integers);
   return m;
+}
+
+// ---- attention layouts ----
+
+const char* to_string(LayoutKind k) {
+  switch (k) {
+    case LayoutKind::topk: return "topk";
+    case LayoutKind::dense: return "dense";
+    case LayoutKind::causal: return "causal";
+  }
+  return "unknown layout";
+}
+
+AttentionLayout LayoutArrays::view() const {
+  AttentionLayout l;
+  l.kv_num_blocks = num.data();
+  l.kv_indices = idx.empty() ? nullptr : idx.data();
+  if (!full_num.empty()) {
+    l.full_kv_num_blocks = full_num.data();
+    l.full_kv_indices = full_idx.empty() ? nullptr : full_idx.data();
+  }
+  l.batch = batch;
+  l.heads = heads;
+  l.q_blocks = q_blocks;
+  l.kmax = kmax;
+  l.full_kmax = full_kmax;
+  l.block_q = l.block_kv = block;
+  l.memory = Memory::host;
+  return l;
+}
+
+LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t heads, int64_t sq, int64_t skv,
+                                     int block, double density, bool causal, uint64_t seed) {
+  if (batch < 1 || heads < 1 || sq < 1 || skv < 1)
+    bad("attention layout extents batch=" + s(batch) + " heads=" + s(heads) + " sq=" + s(sq) + " skv=" + s(skv) +
+        " must all be at least 1");
+  if (block != 64 && block != 128) bad("attention layout block=" + s(block) + " is not 64 or 128");
+  if (!(density > 0.0 && density <= 1.0)) bad("density=" + std::to_string(density) + " is not in (0, 1]");
+  if (int(kind) < 0 || int(kind) > int(LayoutKind::causal)) bad("layout kind " + s(int(kind)) + " is not topk, dense or causal");
+  causal = causal || kind == LayoutKind::causal;
+  LayoutArrays out;
+  out.batch = batch;
+  out.heads = heads;
+  out.block = block;
+  out.q_blocks = (sq + block - 1) / block;
+  const int64_t nk = (skv + block - 1) / block, rows = batch * heads * out.q_blocks;
+  const int64_t k_topk = std::min<int64_t>(nk, std::max<int64_t>(1, std::llround(density * double(nk))));
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> seen(size_t(nk), 0);
+  std::vector<std::vector<int32_t>> part(static_cast<size_t>(rows)), full(static_cast<size_t>(rows));
+  std::vector<int32_t> chosen;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % out.q_blocks;
+    // With causal, block j holds a key <= the block's last query row ((i+1)*block - 1 or sq - 1)
+    // exactly when j <= i: the allowed blocks are [0, min(nk, i + 1)).
+    const int64_t allowed = causal ? std::min(nk, i + 1) : nk;
+    chosen.clear();
+    if (kind != LayoutKind::topk) {
+      for (int64_t j = 0; j < allowed; ++j) chosen.push_back(int32_t(j));
+    } else if (causal && i < nk) {  // the diagonal block, then k - 1 of the blocks before it
+      sample_sorted(rng, i, std::min(k_topk, allowed) - 1, seen, chosen);
+      chosen.push_back(int32_t(i));
+    } else {
+      sample_sorted(rng, allowed, std::min(k_topk, allowed), seen, chosen);
+    }
+    for (int32_t j : chosen) {
+      // Unmasked whole: every key of block j is <= the block's first query row.
+      const bool whole = causal && std::min(skv, (int64_t(j) + 1) * block) - 1 <= i * block;
+      (whole ? full : part)[size_t(r)].push_back(j);
+    }
+    out.kmax = std::max<int64_t>(out.kmax, int64_t(part[size_t(r)].size()));
+    out.full_kmax = std::max<int64_t>(out.full_kmax, int64_t(full[size_t(r)].size()));
+  }
+  auto pack = [rows](const std::vector<std::vector<int32_t>>& lists, int64_t kmax, std::vector<int32_t>& num,
+                     std::vector<int32_t>& idx) {
+    num.resize(size_t(rows));
+    idx.assign(size_t(rows * kmax), -1);
+    for (int64_t r = 0; r < rows; ++r) {
+      num[size_t(r)] = int32_t(lists[size_t(r)].size());
+      std::copy(lists[size_t(r)].begin(), lists[size_t(r)].end(), idx.begin() + r * kmax);
+    }
+  };
+  pack(part, out.kmax, out.num, out.idx);
+  if (causal) pack(full, out.full_kmax, out.full_num, out.full_idx);
+  else out.full_kmax = 0;
+  return out;
 }
 
 }  // namespace sparsek

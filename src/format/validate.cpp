@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "format/format_internal.hpp"
 #include "sparsek/bsr.hpp"
 
 namespace sparsek {
@@ -83,6 +84,32 @@ void validate(const DenseView& d, const char* name) {
     bad(n + " ld=" + s(d.ld) + " is smaller than its " + (d.layout == Layout::row_major ? "cols=" : "rows=") +
         s(minor) + " (" + to_string(d.layout) + ")");
   if (d.rows > 0 && d.cols > 0 && !d.data) bad(n + " data is null for a " + s(d.rows) + "x" + s(d.cols) + " matrix");
+  // The extent, from the first element to the last ((major - 1) * ld + minor elements), must be
+  // addressable: else the index arithmetic of every backend would overflow.
+  if (d.rows > 0 && d.cols > 0) {
+    const int64_t major = d.layout == Layout::row_major ? d.rows : d.cols;
+    const int64_t es = int64_t(dtype_size(d.dtype)), max_elems = INT64_MAX / es;
+    if (minor > max_elems || major - 1 > (max_elems - minor) / d.ld)
+      bad(n + " is " + s(d.rows) + "x" + s(d.cols) + " with ld=" + s(d.ld) + ": its extent of (" + s(major) +
+          " - 1) * ld + " + s(minor) + " elements overflows a 64-bit byte count");
+    const uint64_t bytes = uint64_t(((major - 1) * d.ld + minor) * es);
+    if (bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(d.data))
+      bad(n + " data pointer + its extent of " + std::to_string(bytes) + " bytes wraps around the address space");
+  }
+}
+
+ByteRange byte_range(const DenseView& d) {
+  if (d.rows <= 0 || d.cols <= 0 || !d.data) return {};
+  const bool row = d.layout == Layout::row_major;
+  const int64_t major = row ? d.rows : d.cols, minor = row ? d.cols : d.rows;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(d.data);
+  return {b, b + uintptr_t(((major - 1) * d.ld + minor) * int64_t(dtype_size(d.dtype)))};
+}
+
+ByteRange byte_range(const void* p, int64_t bytes) {
+  if (!p || bytes <= 0) return {};
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + uintptr_t(bytes)};
 }
 
 }  // namespace sparsek

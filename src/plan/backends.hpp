@@ -1,4 +1,4 @@
-// Internal: each backend contributes its rows of the variant table (registry.cpp lists them in
+// Internal: each backend contributes its rows of the variant table (dispatch.cpp lists them in
 // default-preference order).
 #pragma once
 #include <vector>
@@ -8,8 +8,17 @@
 namespace sparsek {
 
 std::vector<Variant> cpu_variants();       // src/cpu
+std::vector<Variant> smalln_variants();    // src/cuda/gemm/smalln_sm80.cu
 std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
 std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
 std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)
+
+std::vector<AttentionVariant> cpu_attention_variants();     // src/cpu/attention_cpu.cpp
+std::vector<AttentionVariant> hopper_attention_variants();  // src/cuda/attention/attention_fwd_sm90.cu
+std::vector<AttentionBackwardVariant> hopper_attention_backward_variants();  // src/cuda/attention/attention_bwd_sm90.cu
+
+// The CPU backend's thread count for Options::threads = requested: itself when > 0, else
+// OpenMP's default (OMP_NUM_THREADS, else the hardware threads).
+int cpu_threads(int requested);
 
 }  // namespace sparsek

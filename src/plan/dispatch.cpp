@@ -1,7 +1,8 @@
-// Validation, the variant table, and the one-shot entry gemm() = plan + run through a small
+// Validation, the variant tables, and the one-shot entry gemm() = plan + run through a small
 // in-process plan cache (plan.cpp holds plan()/run()).
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <iterator>
 #include <list>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "core/device.hpp"
+#include "format/format_internal.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 #include "plan/variant.hpp"
@@ -84,6 +86,16 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
     hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
     return hp;
   }
+  // NOTE: the copies below synchronize, which a stream capture cannot contain (CUDA would
+  // invalidate the whole capture): refuse before touching anything, saying what to do instead.
+  // cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t ce = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+  if (ce != cudaSuccess) cudaGetLastError();
+  if (ce == cudaErrorStreamCaptureImplicit || (ce == cudaSuccess && capture != cudaStreamCaptureStatusNone))
+    bad("the stream is being captured into a CUDA graph, but planning a device pattern reads it on the "
+        "host (a synchronizing copy the capture cannot contain): plan before the capture (make the plan, "
+        "or run the product once) and capture only the runs");
   if (stream)
     check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
   hp.row_ptr_copy.resize(size_t(s.mb() + 1));
@@ -128,17 +140,77 @@ PatternTranspose transposed_pattern(const BsrView& s) {
   return transpose_pattern(hp.row_ptr, hp.col_idx, mb, kb);
 }
 
+namespace {
+
+// C must not share a byte with any input: every backend reads inputs while it writes C, so an
+// overlap gives a wrong answer (or a race on the GPU). Ranges span first to last element.
+void check_no_aliasing(const GemmArgs& g) {
+  const BsrView& s = g.sparse;
+  const int64_t value_bytes = s.nnzb * s.bm * s.bk * int64_t(dtype_size(s.dtype));
+  struct Named {
+    const char* name;
+    ByteRange range;
+  };
+  std::vector<Named> inputs;
+  inputs.push_back({"the sparse operand's row_ptr", byte_range(s.row_ptr, (s.mb() + 1) * 4)});
+  inputs.push_back({"the sparse operand's col_idx", byte_range(s.col_idx, s.nnzb * 4)});
+  if (g.kind != OpKind::sdd) inputs.push_back({"A (sparse) values", byte_range(s.values, value_bytes)});
+  if (g.kind == OpKind::dds) inputs.back().name = "B (sparse) values";
+  if (g.kind != OpKind::dsd) inputs.push_back({"A", byte_range(g.a)});
+  if (g.kind != OpKind::dds) inputs.push_back({"B", byte_range(g.b)});
+  const bool sdd = g.kind == OpKind::sdd;
+  const ByteRange out = sdd ? byte_range(s.values, value_bytes) : byte_range(g.c);
+  for (const Named& in : inputs)
+    if (out.overlaps(in.range)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": C occupies [%#zx, %#zx) and %s [%#zx, %#zx)", size_t(out.begin),
+                    size_t(out.end), in.name, size_t(in.range.begin), size_t(in.range.end));
+      bad(std::string(sdd ? "C (sparse) values overlap " : "C overlaps ") + in.name + buf +
+          "; products are not computed in place: give C memory of its own");
+    }
+}
+
+}  // namespace
+
+void check_enums(const GemmArgs& g) {
+  auto range = [](int v, int hi, const std::string& what, const char* names) {
+    if (v < 0 || v > hi) bad(what + " " + std::to_string(v) + " is not " + names);
+  };
+  range(int(g.kind), 2, "kind", "dsd (0), dds (1) or sdd (2)");
+  range(int(g.op), 1, "op", "none (0) or trans (1)");
+  const std::string sp = sparse_name(g);
+  range(int(g.sparse.dtype), 2, sp + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+  range(int(g.sparse.memory), 1, sp + " memory", "host (0) or device (1)");
+  auto dense = [&](const DenseView& d, const std::string& n) {
+    range(int(d.dtype), 2, n + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+    range(int(d.layout), 1, n + " layout", "row-major (0) or col-major (1)");
+    range(int(d.memory), 1, n + " memory", "host (0) or device (1)");
+  };
+  if (g.kind != OpKind::dsd) dense(g.a, "A");
+  if (g.kind != OpKind::dds) dense(g.b, "B");
+  if (g.kind != OpKind::sdd) dense(g.c, "C");
+}
+
 void validate(const GemmArgs& g, bool check_indices) {
-  const char* sname = sparse_name(g);
-  if (int(g.op) != 0 && int(g.op) != 1) bad("op must be none or trans, got " + std::to_string(int(g.op)));
+  validate_description(g, check_indices);
+  check_no_aliasing(g);
+}
+
+void validate_description(const GemmArgs& g, bool check_indices) {
+  // Enumerations first: nothing below may print an out-of-range value as a valid name.
+  check_enums(g);
   if (g.kind == OpKind::sdd && g.op != Op::none) bad("op must be none for sdd (got trans)");
-  if (int(g.kind) < 0 || int(g.kind) > 2) bad("kind must be dsd, dds or sdd, got " + std::to_string(int(g.kind)));
+  const char* sname = sparse_name(g);
   // BSR invariants: the cheap ones here, the O(nnzb) index checks on a host view of the pattern.
   try {
     validate(g.sparse, false);
   } catch (const Error& e) {
     bad(std::string(sname) + ": " + e.what());
   }
+  // The dense operands' own checks (enums, dims, ld, extent) before anything compares them.
+  if (g.kind != OpKind::dsd) validate(g.a, "A");
+  if (g.kind != OpKind::dds) validate(g.b, "B");
+  if (g.kind != OpKind::sdd) validate(g.c, "C");
   // All operands in one memory space.
   Memory mem = g.sparse.memory;
   auto same_mem = [&](const DenseView& d, const char* name) {
@@ -157,24 +229,18 @@ void validate(const GemmArgs& g, bool check_indices) {
   DType in = g.sparse.dtype;
   switch (g.kind) {
     case OpKind::dsd:
-      validate(g.b, "B");
-      validate(g.c, "C");
       check_dense_shape(g.b, "B", K, g.b.cols);
       check_dense_shape(g.c, "C", M, N);
       if (g.b.dtype != in)
         bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in));
       break;
     case OpKind::dds:
-      validate(g.a, "A");
-      validate(g.c, "C");
       check_dense_shape(g.a, "A", g.a.rows, K);
       check_dense_shape(g.c, "C", M, N);
       if (g.a.dtype != in)
         bad(std::string("A dtype ") + to_string(g.a.dtype) + " differs from B's " + to_string(in));
       break;
     case OpKind::sdd:
-      validate(g.a, "A");
-      validate(g.b, "B");
       in = g.a.dtype;
       check_dense_shape(g.a, "A", M, g.a.cols);
       check_dense_shape(g.b, "B", K, N);
@@ -189,20 +255,26 @@ void validate(const GemmArgs& g, bool check_indices) {
     bad("alpha and beta must not be NaN (alpha=" + std::to_string(g.alpha) + ", beta=" + std::to_string(g.beta) + ")");
 }
 
+// The variant tables, each in default-preference order: the CPU rows, then the GPU ones.
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> table = [] {
     std::vector<Variant> t;
-    for (auto* f : {&cpu_variants, &hopper_variants, &portable_variants, &peer_variants})
+    // smalln first: where it applies (N <= 128) it is the one built for the problem.
+    for (auto* f : {&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants})
       for (const Variant& v : f()) t.push_back(v);
     return t;
   }();
   return table;
 }
 
-const Variant* find_variant(const std::string& name) {
-  for (const Variant& v : variants())
-    if (name == v.name) return &v;
-  return nullptr;
+const std::vector<AttentionVariant>& attention_variants() {
+  static const std::vector<AttentionVariant> table = [] {
+    std::vector<AttentionVariant> t;
+    for (auto* f : {&cpu_attention_variants, &hopper_attention_variants})
+      for (const AttentionVariant& v : f()) t.push_back(v);
+    return t;
+  }();
+  return table;
 }
 
 GemmArgs as_dsd(const GemmArgs& g) {
@@ -221,49 +293,102 @@ GemmArgs as_dsd(const GemmArgs& g) {
   return v;
 }
 
+// One machinery for both tables: Args picks the table.
 namespace {
+template <class Args> const std::vector<VariantOf<Args>>& table_of();
+template <> const std::vector<Variant>& table_of<GemmArgs>() { return variants(); }
+template <> const std::vector<AttentionVariant>& table_of<AttentionArgs>() { return attention_variants(); }
+
+template <class Args>
+const VariantOf<Args>* find_in(const std::string& name) {
+  for (const VariantOf<Args>& v : table_of<Args>())
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
+template <class Args>
 std::string variant_names() {
   std::string s;
-  for (const Variant& v : variants()) s += (s.empty() ? "" : ", ") + std::string(v.name);
-  return s;
+  for (const VariantOf<Args>& v : table_of<Args>()) s += (s.empty() ? "" : ", ") + std::string(v.name);
+  return s.empty() ? "(none)" : s;
 }
+
 const char* backend_name(Backend be) { return be == Backend::cpu ? "cpu" : "cuda"; }
-}  // namespace
 
-Backend resolve_backend(const GemmArgs& g, const Options& o) {
-  if (int(o.backend) < 0 || int(o.backend) > 2)
-    bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
-  // Checked here, at plan time: a plan that takes it would fail on every run.
-  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
-  Backend be = o.backend;
-  if (be == Backend::automatic) be = g.sparse.memory == Memory::host ? Backend::cpu : Backend::cuda;
-  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
-  if (g.sparse.memory != want)
-    bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
-        " memory, but the operands are in " + to_string(g.sparse.memory) + " memory");
-  if (be == Backend::cuda && !device_info().available)
-    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
-  return be;
-}
-
-const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
-  for (const Variant& v : variants()) {
+template <class Args>
+const VariantOf<Args>* heuristic_in(const Args& args, Backend be, std::string* reasons) {
+  for (const VariantOf<Args>& v : table_of<Args>()) {
     if (v.backend != be || v.peer) continue;
-    std::string why = v.why_not(g);
+    std::string why = v.why_not(args);
     if (why.empty()) return &v;
     if (reasons) *reasons += std::string("; ") + v.name + ": " + why;
   }
   return nullptr;
 }
 
-const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
-  const Variant* v = find_variant(name);
-  if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names());
+template <class Args>
+const VariantOf<Args>& forced_in(const Args& args, const std::string& name, Backend be) {
+  const VariantOf<Args>* v = find_in<Args>(name);
+  if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names<Args>());
   if (v->backend != be) bad("options.variant '" + name + "' is not a " + backend_name(be) + " variant");
-  std::string why = v->why_not(g);
+  std::string why = v->why_not(args);
   if (!why.empty())
     throw Error(Status::unsupported, "options.variant '" + name + "' does not support this problem: " + why);
   return *v;
+}
+
+template <class Args>
+std::vector<std::string> supported_in(const Args& args) {
+  std::vector<std::string> out;
+  for (const VariantOf<Args>& v : table_of<Args>())
+    if (v.why_not(args).empty()) out.push_back(v.name);
+  return out;
+}
+
+template <class Args>
+std::vector<std::string> unsupported_in(const Args& args) {
+  std::vector<std::string> out;
+  for (const VariantOf<Args>& v : table_of<Args>()) {
+    std::string why = v.why_not(args);
+    if (!why.empty()) out.push_back(std::string(v.name) + ": " + why);
+  }
+  return out;
+}
+}  // namespace
+
+const Variant* find_variant(const std::string& name) { return find_in<GemmArgs>(name); }
+const AttentionVariant* find_attention_variant(const std::string& name) { return find_in<AttentionArgs>(name); }
+
+Backend resolve_backend(Memory memory, const Options& o) {
+  if (int(o.backend) < 0 || int(o.backend) > 2)
+    bad("options.backend must be automatic, cpu or cuda, got " + std::to_string(int(o.backend)));
+  // Checked here, at plan time: a plan that takes it would fail on every run.
+  if (o.threads < 0) bad("options.threads=" + std::to_string(o.threads) + " is negative");
+  Backend be = o.backend;
+  if (be == Backend::automatic) be = memory == Memory::host ? Backend::cpu : Backend::cuda;
+  Memory want = be == Backend::cpu ? Memory::host : Memory::device;
+  if (memory != want)
+    bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
+        " memory, but the operands are in " + to_string(memory) + " memory");
+  if (be == Backend::cuda && !device_info().available)
+    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
+  return be;
+}
+
+Backend resolve_backend(const GemmArgs& g, const Options& o) { return resolve_backend(g.sparse.memory, o); }
+
+const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
+  return heuristic_in(g, be, reasons);
+}
+const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, std::string* reasons) {
+  return heuristic_in(a, be, reasons);
+}
+
+const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
+  return forced_in(g, name, be);
+}
+const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be) {
+  return forced_in(a, name, be);
 }
 
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb) {
@@ -283,21 +408,10 @@ uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx
   return h;
 }
 
-std::vector<std::string> supported_variants(const GemmArgs& g) {
-  std::vector<std::string> out;
-  for (const Variant& v : variants())
-    if (v.why_not(g).empty()) out.push_back(v.name);
-  return out;
-}
-
-std::vector<std::string> unsupported_reasons(const GemmArgs& g) {
-  std::vector<std::string> out;
-  for (const Variant& v : variants()) {
-    std::string why = v.why_not(g);
-    if (!why.empty()) out.push_back(std::string(v.name) + ": " + why);
-  }
-  return out;
-}
+std::vector<std::string> supported_variants(const GemmArgs& g) { return supported_in(g); }
+std::vector<std::string> unsupported_reasons(const GemmArgs& g) { return unsupported_in(g); }
+std::vector<std::string> supported_variants(const AttentionArgs& a) { return supported_in(a); }
+std::vector<std::string> unsupported_reasons(const AttentionArgs& a) { return unsupported_in(a); }
 
 // ---- the one-shot entry: plan + run through a small LRU of plans keyed by the problem ----
 //
@@ -345,52 +459,8 @@ DenseKey dense_key(const DenseView& d) {
   return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory)};
 }
 
-class PlanCache {
- public:
-  static constexpr size_t kCapacity = 16;
-  // Removes and returns the plan for key (empty Plan on a miss).
-  Plan take(const PlanKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = lru_.begin(); it != lru_.end(); ++it)
-      if (it->first == key) {
-        Plan p = std::move(it->second);
-        lru_.erase(it);
-        ++hits_;
-        return p;
-      }
-    ++misses_;
-    return Plan();
-  }
-  void put(PlanKey key, Plan p) {
-    std::list<std::pair<PlanKey, Plan>> evicted;  // destroyed outside the lock (may free device memory)
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = lru_.begin(); it != lru_.end(); ++it)
-      if (it->first == key) {
-        evicted.splice(evicted.end(), lru_, it);
-        break;
-      }
-    lru_.emplace_front(std::move(key), std::move(p));
-    while (lru_.size() > kCapacity) evicted.splice(evicted.end(), lru_, std::prev(lru_.end()));
-  }
-  void clear() {
-    std::list<std::pair<PlanKey, Plan>> evicted;
-    std::lock_guard<std::mutex> lock(mu_);
-    evicted.swap(lru_);
-    hits_ = misses_ = 0;
-  }
-  PlanCacheStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {hits_, misses_, lru_.size()};
-  }
-
- private:
-  std::mutex mu_;
-  std::list<std::pair<PlanKey, Plan>> lru_;  // most recently used first
-  size_t hits_ = 0, misses_ = 0;
-};
-
-PlanCache& plan_cache() {
-  static PlanCache* cache = new PlanCache;  // leaked on purpose: no destruction-order issues at exit
+PlanCache<PlanKey, Plan>& plan_cache() {
+  static auto* cache = new PlanCache<PlanKey, Plan>;  // leaked on purpose: no destruction-order issues at exit
   return *cache;
 }
 

@@ -36,13 +36,6 @@ Plan::Plan(Plan&&) noexcept = default;
 Plan& Plan::operator=(Plan&&) noexcept = default;
 
 namespace {
-// log2 of a pointer's alignment, capped at 256 bytes (null counts as fully aligned).
-int align_log2(const void* p) {
-  uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  int a = 0;
-  while (a < 8 && !(v & (uintptr_t(1) << a))) ++a;
-  return a;
-}
 void data_alignment(const GemmArgs& g, int out[4]) {
   out[0] = align_log2(g.sparse.values);
   out[1] = align_log2(g.a.data);
@@ -218,37 +211,19 @@ namespace {
 
 // What every run needs once args are known to match the plan and to pass the cheap checks.
 void launch(const Plan::Impl& im, const GemmArgs& args, void* stream) {
-  if (im.backend == Backend::cuda) {
-    int dev = -1;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev != im.device)
-      throw Error(Status::invalid_argument, "run: the plan was made on CUDA device " + num(im.device) +
-                                                " but device " + num(dev) + " is current");
-  }
-  // The variant accepted the planned problem; what may differ now is the data pointers. Ask it
-  // again only when one of them is less aligned than planned (why_not() may be slow: it can read
-  // a device pattern, which would also break graph capture).
   int al[4];
   data_alignment(args, al);
-  if (al[0] < im.align[0] || al[1] < im.align[1] || al[2] < im.align[2] || al[3] < im.align[3]) {
-    std::string why = im.variant->why_not(args);
-    if (!why.empty())
-      throw Error(Status::unsupported, "run: variant '" + im.variant_name + "' cannot run these args: " + why);
-  }
-  Options o;  // default-constructed: its empty variant string allocates nothing
-  o.backend = im.backend;
-  o.stream = stream;
-  o.check_indices = false;
-  o.threads = im.threads;
-  im.variant->run(args, o, im.state.get());
+  const bool less_aligned = al[0] < im.align[0] || al[1] < im.align[1] || al[2] < im.align[2] || al[3] < im.align[3];
+  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned, args, im.state.get(), stream);
 }
 
 }  // namespace
 
 void run(const Plan& p, const GemmArgs& args, void* stream) {
   if (!p.impl_) empty_plan();
+  check_enums(args);  // the mismatch messages below print enum values by name
   match(args, p.impl_->problem);
-  validate(args, false);  // the cheap checks: null pointers, alignment, NaN alpha/beta
+  validate(args, false);  // the cheap checks: null pointers, extents, aliasing, NaN alpha/beta
   launch(*p.impl_, args, stream);
 }
 
@@ -264,11 +239,26 @@ PlanLaunch plan_launch(const Plan& p, void* stream) {
   PlanLaunch l;
   l.variant = im->variant;
   l.state = im->state.get();
-  l.options.backend = im->backend;  // as launch() builds them
-  l.options.stream = stream;
-  l.options.check_indices = false;
-  l.options.threads = im->threads;
+  l.options = plan_run_options(im->backend, im->threads, stream);  // as launch() builds them
   return l;
+}
+
+void check_plan_device(Backend be, int planned_device) {
+  if (be != Backend::cuda) return;
+  int dev = -1;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev != planned_device)
+    throw Error(Status::invalid_argument, "run: the plan was made on CUDA device " + num(planned_device) +
+                                              " but device " + num(dev) + " is current");
+}
+
+Options plan_run_options(Backend be, int threads, void* stream) {
+  Options o;  // default-constructed: its empty variant string allocates nothing
+  o.backend = be;
+  o.stream = stream;
+  o.check_indices = false;
+  o.threads = threads;
+  return o;
 }
 
 }  // namespace sparsek

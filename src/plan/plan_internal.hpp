@@ -1,7 +1,11 @@
 // Internal: the pieces plan(), the one-shot gemm() and the tuner share.
 #pragma once
 #include <cstdint>
+#include <iterator>
+#include <list>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "format/format_internal.hpp"
@@ -23,6 +27,14 @@ struct HostPattern {
 // itself after non-blocking streams.
 HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
+// The enum fields of g's kind, op and used operands are in range (else Error naming the field
+// and the number): what must hold before any message prints one by name.
+void check_enums(const GemmArgs& g);
+
+// validate(g) but for the aliasing check: for a problem described with placeholder pointers
+// (the tuner's, which runs on operands of its own).
+void validate_description(const GemmArgs& g, bool check_indices);
+
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
 void validate_pattern(const GemmArgs& g, const HostPattern& hp);
 
@@ -33,12 +45,15 @@ PatternTranspose transposed_pattern(const BsrView& s);
 
 // cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
 // cuda, that a GPU answers. Also rejects a negative Options::threads.
-Backend resolve_backend(const GemmArgs& g, const Options& o);
-// The heuristic default: the first non-peer variant of `be` that supports g (nullptr if none;
-// then *reasons says why each one does not).
+Backend resolve_backend(Memory memory, const Options& o);
+Backend resolve_backend(const GemmArgs& g, const Options& o);  // by the sparse operand's memory
+// The heuristic default: the first non-peer variant of `be` that supports the problem (nullptr if
+// none; then *reasons says why each one does not).
 const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons = nullptr);
-// Options::variant by name; throws when unknown, of another backend, or not supporting g.
+const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, std::string* reasons = nullptr);
+// Options::variant by name; throws when unknown, of another backend, or not supporting the problem.
 const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be);
+const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be);
 
 // plan() once the cheap checks passed and hp holds the validated pattern (with col_idx).
 Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp);
@@ -57,5 +72,78 @@ PlanLaunch plan_launch(const Plan& p, void* stream);
 
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);
+
+// The one-shot entries' plan caches (gemm(), attention()): the most recently used plans under
+// their keys, up to a capacity. A plan is taken out while it runs, so two threads never share one.
+template <class Key, class P>
+class PlanCache {
+ public:
+  static constexpr size_t kCapacity = 16;
+  // Removes and returns the plan for key (an empty P on a miss).
+  P take(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end(); ++it)
+      if (it->first == key) {
+        P p = std::move(it->second);
+        lru_.erase(it);
+        ++hits_;
+        return p;
+      }
+    ++misses_;
+    return P();
+  }
+  void put(Key key, P p) {
+    std::list<std::pair<Key, P>> evicted;  // destroyed outside the lock (may free device memory)
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end(); ++it)
+      if (it->first == key) {
+        evicted.splice(evicted.end(), lru_, it);
+        break;
+      }
+    lru_.emplace_front(std::move(key), std::move(p));
+    while (lru_.size() > kCapacity) evicted.splice(evicted.end(), lru_, std::prev(lru_.end()));
+  }
+  void clear() {
+    std::list<std::pair<Key, P>> evicted;
+    std::lock_guard<std::mutex> lock(mu_);
+    evicted.swap(lru_);
+    hits_ = misses_ = 0;
+  }
+  PlanCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {hits_, misses_, lru_.size()};
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<Key, P>> lru_;  // most recently used first
+  size_t hits_ = 0, misses_ = 0;
+};
+
+// run()'s last step, for products and attention alike: the plan's CUDA device must be current
+// (cuda plans); when a pointer is less aligned than at plan time the variant is asked again (only
+// then: why_not() may be slow, and reading a device pattern would break graph capture); the
+// variant runs under the Options every plan run gets.
+void check_plan_device(Backend be, int planned_device);
+Options plan_run_options(Backend be, int threads, void* stream);
+template <class Args>
+void launch_variant(const VariantOf<Args>& v, Backend be, int device, int threads, bool less_aligned,
+                    const Args& args, VariantState* state, void* stream) {
+  check_plan_device(be, device);
+  if (less_aligned) {
+    const std::string why = v.why_not(args);
+    if (!why.empty())
+      throw Error(Status::unsupported, std::string("run: variant '") + v.name + "' cannot run these args: " + why);
+  }
+  v.run(args, plan_run_options(be, threads, stream), state);
+}
+
+// log2 of a pointer's alignment, capped at 256 bytes (null counts as fully aligned).
+inline int align_log2(const void* p) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 0;
+  while (a < 8 && !(v & (uintptr_t(1) << a))) ++a;
+  return a;
+}
 
 }  // namespace sparsek

@@ -19,7 +19,7 @@ Order parse_order(const std::string& name) {
 }
 
 Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
-                        int split_stages) {
+                        int split_stages, double window_tiles) {
   Schedule s;
   const int64_t mb = int64_t(row_ptr.size()) - 1, tiles = (n + bn - 1) / bn;
   auto len = [](const int4& w) { return w.w - w.z; };
@@ -38,17 +38,28 @@ Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, 
     const double share = total / double(ctas);
     const double target = split_stages > 0 ? double(split_stages) : std::max(share, double(kMinPieceStages));
     const double limit = split_stages > 0 ? target : 1.5 * target;
+    // Locality (window_tiles > 0): a long item starts about cost / tile_time tiles ahead of its own
+    // N tile (deadline order), and every N tile in flight keeps its slice of B hot in L2. Items of
+    // long rows (at least twice the mean item) are cut to at most `window` stages, so that the
+    // tiles in flight stay few; uniform rows are never cut by this rule, nor is anything when
+    // there are no more tiles than the window.
+    const bool windowed = split_stages == 0 && window_tiles > 0 && order == Order::deadline && tiles > window_tiles;
+    const double window = std::max(double(kMinPieceStages), window_tiles * total / double(tiles) / double(ctas));
+    const double mean_cost = total / double(all.size());
     std::vector<int4> out;
     std::vector<int> out_slot;
     for (const int4& w : all) {
       const int64_t L = len(w), st = L * kslices;
-      if (double(st) <= limit || L < 2) {
+      double piece = double(st) > limit ? target : 0.0;  // 0: keep whole
+      if (windowed && double(st) > window && double(cost(w)) >= 2.0 * mean_cost)
+        piece = piece > 0 ? std::min(piece, window) : window;
+      if (piece == 0 || L < 2) {
         out.push_back(w);
         out_slot.push_back(-1);
         continue;
       }
       // The pieces get consecutive slots in K order; the reduction adds them in that order.
-      const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / target)));
+      const int64_t P = std::min<int64_t>(L, int64_t(std::ceil(double(st) / piece)));
       s.groups.push_back(make_int4(w.x, w.y, s.slots, int(P)));
       for (int64_t k = 0; k < P; ++k) {
         out.push_back(make_int4(w.x, w.y, int(w.z + L * k / P), int(w.z + L * (k + 1) / P)));
@@ -126,6 +137,31 @@ Schedule build_sdd_schedule(const std::vector<int32_t>& row_ptr, int group, int 
     for (int64_t i = b; i < int64_t(all.size()); i += lists) s.items.push_back(all[size_t(i)]);
     s.cta_items.push_back(int(s.items.size()));
   }
+  return s;
+}
+
+StreamSchedule build_stream_schedule(const std::vector<int32_t>& row_ptr, int ctas, int min_piece, int max_piece) {
+  StreamSchedule s;
+  const int64_t mb = int64_t(row_ptr.size()) - 1;
+  if (mb <= 0) return s;
+  const int64_t total = int64_t(row_ptr[size_t(mb)]) - row_ptr[0];
+  const int64_t share = (total + std::max(1, ctas) - 1) / std::max(1, ctas);
+  const int64_t target = std::max<int64_t>(1, std::min<int64_t>(max_piece, std::max<int64_t>(min_piece, share)));
+  std::vector<int4> all;
+  for (int64_t r = 0; r < mb; ++r) {
+    const int j0 = row_ptr[size_t(r)], j1 = row_ptr[size_t(r + 1)];
+    const int64_t L = int64_t(j1) - j0;
+    if (L <= 2 * target && L <= max_piece) {
+      all.push_back(make_int4(int(r), j0, j1, -1));
+      continue;
+    }
+    const int64_t P = (L + target - 1) / target;  // pieces of at most `target` blocks, in K order
+    s.groups.push_back(make_int4(int(r), s.slots, int(P), 0));
+    for (int64_t k = 0; k < P; ++k)
+      all.push_back(make_int4(int(r), int(j0 + L * k / P), int(j0 + L * (k + 1) / P), s.slots++));
+  }
+  std::stable_sort(all.begin(), all.end(), [](const int4& a, const int4& b) { return a.z - a.y > b.z - b.y; });
+  s.units = std::move(all);
   return s;
 }
 

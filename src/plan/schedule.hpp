@@ -44,8 +44,28 @@ constexpr int kMinPieceStages = 16;
 // stored blocks. split_stages: 0 automatic, < 0 never, > 0 forced piece length (tests).
 // A piece writes its raw sums to a partial slot; a second launch adds each item's slots in K
 // order and writes C, so nothing waits inside the persistent kernel.
+// window_tiles > 0 (deadline order, automatic splitting): also cut every item longer than that many
+// N tiles' worth of a CTA's time, so that no item starts more than that many tiles ahead of its
+// own; used where one N tile's slice of B is large (128-row blocks: L2 holds only a few of them).
 Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
-                        int split_stages);
+                        int split_stages, double window_tiles = 0);
+
+// Schedule of the small-N streaming kernel (src/cuda/gemm/smalln_sm80.cu): one unit per CTA, the
+// whole of N (in N tiles that the kernel adds itself). A unit is a block row, or a piece of one:
+// {block row, first stored block, end stored block, partial slot (-1: the whole row, written to C)}.
+// The kernel is bound by A's bytes, and every unit runs at about the same rate while the units in
+// flight share the memory bandwidth, so a unit only needs cutting when it alone would outlast the
+// others: rows longer than twice `target` (and every row longer than `max_piece`, the column
+// indices a CTA stages) are cut into pieces of at most `target` blocks, where target = the stored
+// blocks / `ctas`, at least `min_piece`. Pieces write raw fp32 sums to their own partial slots (in
+// K order); a second launch adds each split row's slots in that order (deterministic).
+// Units are ordered longest first (the hardware starts CTAs in index order).
+struct StreamSchedule {
+  std::vector<int4> units;
+  std::vector<int4> groups;  // split rows: {block row, first slot, slots, 0}
+  int slots = 0;
+};
+StreamSchedule build_stream_schedule(const std::vector<int32_t>& row_ptr, int ctas, int min_piece, int max_piece);
 
 // Work items of an SDD product (C's pattern row_ptr): each block row's stored blocks in groups of
 // up to `group` neighbours, {block row, first position, blocks in the group, 0}, for `ctas`

@@ -1,12 +1,14 @@
-// Internal: the variant table. Every way of computing a product (CPU, portable CUDA, Hopper,
-// cuSPARSE, cuBLAS on the densified matrix) is one row here. Nothing below plan/ knows about
-// the tuner; nothing in a kernel knows about the public API beyond GemmArgs.
+// Internal: the variant tables. Every way of computing a product (CPU, portable CUDA, Hopper,
+// cuSPARSE, cuBLAS on the densified matrix) or attention (CPU, Hopper) is one row here. Nothing
+// below plan/ knows about the tuner; nothing in a kernel knows about the public API beyond its
+// args (GemmArgs, AttentionArgs, AttentionBackwardArgs).
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "sparsek/attention.hpp"
 #include "sparsek/gemm.hpp"
 
 namespace sparsek {
@@ -19,25 +21,33 @@ struct VariantState {
   virtual size_t workspace_bytes() const { return 0; }
 };
 
-struct Variant {
+// One row of a variant table. Args is the problem type: GemmArgs for the products,
+// AttentionArgs for attention (one machinery, each with its own args).
+template <class Args>
+struct VariantOf {
   const char* name;
   Backend backend;  // cpu (host memory) or cuda (device memory)
   bool peer;        // a wrapped library (cuSPARSE, cuBLAS): benchmarked and tunable, never the
                     // heuristic default
   // "" when the variant can run args, else a short reason ("bm=48 not in {16,32,64,128}").
-  std::string (*why_not)(const GemmArgs& args);
-  // Pattern/shape set-up (may allocate, may copy the pattern to the host); nullptr = none needed.
-  std::unique_ptr<VariantState> (*prepare)(const GemmArgs& args, const Options& options);
-  // Runs the product (args validated; state from prepare() on the same shape and pattern, or
+  std::string (*why_not)(const Args& args);
+  // Shape/pattern set-up (may allocate, may copy the pattern to the host); nullptr = none needed.
+  std::unique_ptr<VariantState> (*prepare)(const Args& args, const Options& options);
+  // Runs the problem (args validated; state from prepare() on the same shape and pattern, or
   // nullptr when prepare is nullptr). Device work goes on options.stream, unsynchronized, and
   // allocates nothing.
-  void (*run)(const GemmArgs& args, const Options& options, VariantState* state);
+  void (*run)(const Args& args, const Options& options, VariantState* state);
 };
+using Variant = VariantOf<GemmArgs>;
+using AttentionVariant = VariantOf<AttentionArgs>;
+using AttentionBackwardVariant = VariantOf<AttentionBackwardArgs>;
 
 // All variants, in default-preference order (the first one that supports a problem is the
 // heuristic default).
 const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
+const std::vector<AttentionVariant>& attention_variants();
+const AttentionVariant* find_attention_variant(const std::string& name);
 
 // A DDS product C = A * op(B) as the DSD C^T = op(B)^T * A^T that the GPU kernels run: the op
 // flipped, A^T as the dense B, C^T as C (a row-major matrix read column-major is its transpose,

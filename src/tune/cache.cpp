@@ -19,7 +19,10 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "core/device.hpp"
+#include "plan/backends.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/tune.hpp"
 #include "tune/tune_internal.hpp"
@@ -143,9 +146,7 @@ TuneKey tune_key(const GemmArgs& g, const PatternStats& st, Backend be, int thre
     k.runtime = d.runtime_version;
   } else {
     k.device = "cpu: " + cpu_model();
-    // NOTE: hardware_concurrency() reads /sys on every call (~5 us): ask once.
-    static const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    k.sm_count = threads > 0 ? threads : hw;
+    k.sm_count = cpu_threads(threads);
   }
   k.library = version();
   k.kernel_set = kernel_set_hash();
@@ -178,27 +179,47 @@ std::set<std::string>& warned() {
   return *s;
 }
 
-const json::Value& field(const json::Value& obj, const char* name) {
-  const json::Value* v = obj.find(name);
-  if (!v) throw std::runtime_error(std::string("missing field '") + name + "'");
-  return *v;
+// Bounds on what one entry may hold: a cache file is data anyone could have written.
+constexpr size_t kMaxString = 256;     // bytes per string field (device names are ~30)
+constexpr size_t kMaxCandidates = 64;  // candidates kept per entry
+
+const nlohmann::json& field(const nlohmann::json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end()) throw std::runtime_error(std::string("missing field '") + name + "'");
+  return *it;
 }
-std::string str_field(const json::Value& obj, const char* name) {
-  const json::Value& v = field(obj, name);
+std::string str_field(const nlohmann::json& obj, const char* name) {
+  const nlohmann::json& v = field(obj, name);
   if (!v.is_string()) throw std::runtime_error(std::string("field '") + name + "' is not a string");
-  return v.string;
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s.size() > kMaxString)
+    throw std::runtime_error(std::string("field '") + name + "' is longer than " + std::to_string(kMaxString) +
+                             " bytes");
+  return s;
 }
-int64_t int_field(const json::Value& obj, const char* name) {
-  const json::Value& v = field(obj, name);
-  if (!v.is_number() || !std::isfinite(v.number) || v.number != std::floor(v.number) ||
-      std::fabs(v.number) > 9.0e15)
+// An integer in [lo, hi] (written as an integer, or as a float with an integral value).
+int64_t int_field(const nlohmann::json& obj, const char* name, int64_t lo = -(int64_t(1) << 53),
+                  int64_t hi = int64_t(1) << 53) {
+  const nlohmann::json& v = field(obj, name);
+  double d = 0;
+  if (v.is_number_integer() && !v.is_number_unsigned())
+    d = double(v.get<int64_t>());
+  else if (v.is_number_unsigned())
+    d = v.get<uint64_t>() > uint64_t(hi) ? double(hi) + 1 : double(v.get<uint64_t>());
+  else if (v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>()))
+    d = v.get<double>();
+  else
     throw std::runtime_error(std::string("field '") + name + "' is not an integer");
-  return int64_t(v.number);
+  if (d < double(lo) || d > double(hi))
+    throw std::runtime_error(std::string("field '") + name + "' is out of range [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "]");
+  return int64_t(d);
 }
-double num_field(const json::Value& obj, const char* name, double fallback) {
-  const json::Value* v = obj.find(name);
-  return v && v->is_number() ? v->number : fallback;
+double num_field(const nlohmann::json& obj, const char* name, double fallback) {
+  auto it = obj.find(name);
+  return it != obj.end() && it->is_number() ? it->get<double>() : fallback;
 }
+constexpr int64_t kIntMax = INT32_MAX;
 }  // namespace
 
 void warn_once(const std::string& topic, const std::string& msg) {
@@ -212,33 +233,17 @@ void reset_warnings() {
   warned().clear();
 }
 
-json::Value to_json(const TuneKey& k) {
-  json::Value v = json::Value::make_object();
-  v.set("backend", k.backend);
-  v.set("op", k.op);
-  v.set("in_dtype", k.in_dtype);
-  v.set("out_dtype", k.out_dtype);
-  v.set("layouts", k.layouts);
-  v.set("m", k.m);
-  v.set("n", k.n);
-  v.set("k", k.k);
-  v.set("bm", k.bm);
-  v.set("bk", k.bk);
-  v.set("nnzb", k.nnzb);
-  v.set("row_mean", k.row_mean);
-  v.set("row_max", k.row_max);
-  v.set("row_std", k.row_std);
-  v.set("device", k.device);
-  v.set("sm_count", k.sm_count);
-  v.set("cc", k.cc);
-  v.set("driver", k.driver);
-  v.set("runtime", k.runtime);
-  v.set("library", k.library);
-  v.set("kernel_set", k.kernel_set);
-  return v;
+nlohmann::json to_json(const TuneKey& k) {
+  return nlohmann::json{{"backend", k.backend},   {"op", k.op},         {"in_dtype", k.in_dtype},
+                        {"out_dtype", k.out_dtype}, {"layouts", k.layouts}, {"m", k.m},
+                        {"n", k.n},               {"k", k.k},           {"bm", k.bm},
+                        {"bk", k.bk},             {"nnzb", k.nnzb},     {"row_mean", k.row_mean},
+                        {"row_max", k.row_max},   {"row_std", k.row_std}, {"device", k.device},
+                        {"sm_count", k.sm_count}, {"cc", k.cc},         {"driver", k.driver},
+                        {"runtime", k.runtime},   {"library", k.library}, {"kernel_set", k.kernel_set}};
 }
 
-TuneKey key_from_json(const json::Value& v) {
+TuneKey key_from_json(const nlohmann::json& v) {
   if (!v.is_object()) throw std::runtime_error("key is not an object");
   TuneKey k;
   k.backend = str_field(v, "backend");
@@ -249,37 +254,35 @@ TuneKey key_from_json(const json::Value& v) {
   k.m = int_field(v, "m");
   k.n = int_field(v, "n");
   k.k = int_field(v, "k");
-  k.bm = int(int_field(v, "bm"));
-  k.bk = int(int_field(v, "bk"));
+  k.bm = int(int_field(v, "bm", 0, kIntMax));
+  k.bk = int(int_field(v, "bk", 0, kIntMax));
   k.nnzb = int_field(v, "nnzb");
   k.row_mean = int_field(v, "row_mean");
   k.row_max = int_field(v, "row_max");
   k.row_std = int_field(v, "row_std");
   k.device = str_field(v, "device");
-  k.sm_count = int(int_field(v, "sm_count"));
-  k.cc = int(int_field(v, "cc"));
-  k.driver = int(int_field(v, "driver"));
-  k.runtime = int(int_field(v, "runtime"));
+  k.sm_count = int(int_field(v, "sm_count", 0, kIntMax));
+  k.cc = int(int_field(v, "cc", 0, kIntMax));
+  k.driver = int(int_field(v, "driver", 0, kIntMax));
+  k.runtime = int(int_field(v, "runtime", 0, kIntMax));
   k.library = str_field(v, "library");
   k.kernel_set = str_field(v, "kernel_set");
   return k;
 }
 
-json::Value to_json(const TuneEntry& e) {
-  json::Value v = json::Value::make_object();
-  v.set("key", to_json(e.key));
-  v.set("variant", e.variant);
-  v.set("time_ms", e.time_ms);
-  v.set("default_variant", e.default_variant);
-  v.set("default_ms", e.default_ms);
-  json::Value c = json::Value::make_object();
-  for (const auto& kv : e.candidates) c.set(kv.first, kv.second);
-  v.set("candidates", c);
-  v.set("created", e.created);
-  return v;
+nlohmann::json to_json(const TuneEntry& e) {
+  nlohmann::json c = nlohmann::json::object();
+  for (const auto& kv : e.candidates) c[kv.first] = std::isfinite(kv.second) ? nlohmann::json(kv.second) : nullptr;
+  return nlohmann::json{{"key", to_json(e.key)},
+                        {"variant", e.variant},
+                        {"time_ms", std::isfinite(e.time_ms) ? e.time_ms : 0.0},
+                        {"default_variant", e.default_variant},
+                        {"default_ms", std::isfinite(e.default_ms) ? e.default_ms : 0.0},
+                        {"candidates", c},
+                        {"created", e.created}};
 }
 
-TuneEntry entry_from_json(const json::Value& v) {
+TuneEntry entry_from_json(const nlohmann::json& v) {
   if (!v.is_object()) throw std::runtime_error("entry is not an object");
   TuneEntry e;
   e.key = key_from_json(field(v, "key"));
@@ -287,11 +290,13 @@ TuneEntry entry_from_json(const json::Value& v) {
   if (e.variant.empty()) throw std::runtime_error("field 'variant' is empty");
   e.time_ms = num_field(v, "time_ms", 0);
   e.default_ms = num_field(v, "default_ms", 0);
-  if (const json::Value* d = v.find("default_variant"); d && d->is_string()) e.default_variant = d->string;
-  if (const json::Value* c = v.find("candidates"); c && c->is_object())
-    for (const auto& kv : c->object)
-      if (kv.second.is_number()) e.candidates.emplace_back(kv.first, kv.second.number);
-  if (const json::Value* t = v.find("created"); t && t->is_string()) e.created = t->string;
+  if (auto d = v.find("default_variant"); d != v.end() && d->is_string() && d->get_ref<const std::string&>().size() <= kMaxString)
+    e.default_variant = d->get<std::string>();
+  if (auto c = v.find("candidates"); c != v.end() && c->is_object())
+    for (auto it = c->begin(); it != c->end() && e.candidates.size() < kMaxCandidates; ++it)
+      if (it.value().is_number() && it.key().size() <= kMaxString) e.candidates.emplace_back(it.key(), it.value().get<double>());
+  if (auto t = v.find("created"); t != v.end() && t->is_string() && t->get_ref<const std::string&>().size() <= kMaxString)
+    e.created = t->get<std::string>();
   return e;
 }
 
@@ -313,16 +318,35 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-void make_dirs(const std::string& dir) {
+void make_dirs(const std::string& dir, int depth = 0) {
   if (dir.empty() || dir == "." || dir == "/") return;
+  if (depth > 64) io_fail("cannot create the tuning cache directory " + dir + ": too many levels");
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) io_fail("cannot create the tuning cache: " + dir + " is not a directory");
     return;
   }
-  make_dirs(parent_dir(dir));
+  make_dirs(parent_dir(dir), depth + 1);
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     io_fail("cannot create directory " + dir + " for the tuning cache: " + std::strerror(errno));
+}
+
+// The file a (chain of) symbolic link(s) names, so that writes replace that file rather than the
+// link (the rename would turn the link into a regular file, and writers through the link and
+// through the target would part ways). The final file need not exist yet.
+std::string resolve_links(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0; hops < 32; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::vector<char> buf(size_t(st.st_size > 0 ? st.st_size : 255) + 1);
+    ssize_t n = ::readlink(p.c_str(), buf.data(), buf.size());
+    if (n < 0 || size_t(n) >= buf.size())
+      io_fail("cannot resolve the tuning cache link " + p + ": " + (n < 0 ? std::strerror(errno) : "it changed"));
+    std::string target(buf.data(), size_t(n));
+    p = target.empty() || target[0] == '/' ? target : parent_dir(p) + "/" + target;
+  }
+  io_fail("cannot resolve the tuning cache link " + path + ": more than 32 levels of symbolic links");
 }
 
 // An exclusive flock on "<path>.lock", held for the object's lifetime. The sidecar is never
@@ -352,8 +376,10 @@ class FileLock {
   int fd_ = -1;
 };
 
-// A cache is a few KB; anything this large is not one (and reading it whole would hurt).
-constexpr int64_t kMaxCacheBytes = 64ll << 20;
+// Bounds on the work any file can cause (a real cache is ~1 KB per entry): plan() reads it.
+constexpr int64_t kMaxCacheBytes = 8ll << 20;
+constexpr size_t kMaxEntries = 10000;
+constexpr int kMaxDepth = 16;  // the format nests 4 deep
 constexpr int kNotRegular = -1, kTooLarge = -2;
 
 // 0 and the text; ENOENT when missing; kNotRegular (a directory, FIFO, device: never block on or
@@ -390,7 +416,7 @@ int read_text(const std::string& path, std::string& out) {
 
 std::string read_error(int err) {
   if (err == kNotRegular) return "not a regular file";
-  if (err == kTooLarge) return "larger than 64 MiB";
+  if (err == kTooLarge) return "larger than " + std::to_string(kMaxCacheBytes >> 20) + " MiB";
   return std::strerror(err);
 }
 
@@ -400,44 +426,58 @@ bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std:
 // its well-formed entries, and a state ("ok" or why it is ignored).
 struct Parsed {
   std::string state = "ok";
-  json::Value root;
+  nlohmann::json root = nlohmann::json::object();
   std::vector<TuneEntry> entries;
   bool usable() const { return state == "ok"; }
 };
 
+// JSON text -> document, nesting bounded (a deeply nested value would make the writer's dump
+// recurse that deep); throws with nlohmann's message (which names the byte) on malformed text.
+nlohmann::json parse_json(const std::string& text) {
+  auto bounded = [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxDepth) throw std::runtime_error("nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    return true;
+  };
+  return nlohmann::json::parse(text, bounded);
+}
+
 Parsed parse_cache(const std::string& path, const std::string& text) {
   Parsed p;
-  if (blank(text)) {  // e.g. made by touch: treat as an empty cache
-    p.root = json::Value::make_object();
-    return p;
-  }
+  if (blank(text)) return p;  // e.g. made by touch: an empty cache
   try {
-    p.root = json::parse(text);
+    p.root = parse_json(text);
   } catch (const std::exception& e) {
-    p.state = std::string("unreadable: ") + e.what();
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos)
+      what = what.substr(what.find("] ") + 2);  // "parse error at line 1, column 69: ..." is enough
+    p.state = "unreadable: " + what;
     return p;
   }
-  const json::Value* fmt = p.root.find("format");
-  if (!fmt || !fmt->is_string() || fmt->string != kFormat) {
+  auto fmt = p.root.is_object() ? p.root.find("format") : p.root.end();
+  if (!p.root.is_object() || fmt == p.root.end() || *fmt != kFormat) {
     p.state = std::string("mismatched: not a sparsek tuning cache (no \"format\": \"") + kFormat + "\")";
     return p;
   }
-  const json::Value* ver = p.root.find("version");
-  if (!ver || !ver->is_number() || ver->number != kFormatVersion) {
-    std::string got = ver && ver->is_number() ? json::dump(*ver) : std::string("missing\n");
-    got.pop_back();  // dump's newline
+  auto ver = p.root.find("version");
+  if (ver == p.root.end() || !ver->is_number() || *ver != kFormatVersion) {
+    std::string got = ver != p.root.end() && ver->is_number() ? ver->dump() : std::string("missing");
     p.state = "mismatched: file format version " + got + ", this library reads version " +
               std::to_string(kFormatVersion);
     return p;
   }
-  const json::Value* entries = p.root.find("entries");
-  if (!entries || !entries->is_array()) {
+  auto entries = p.root.find("entries");
+  if (entries == p.root.end() || !entries->is_array()) {
     p.state = "unreadable: \"entries\" is missing or not an array";
     return p;
   }
-  for (size_t i = 0; i < entries->array.size(); ++i) {
+  if (entries->size() > kMaxEntries) {
+    p.state = "unreadable: " + std::to_string(entries->size()) + " entries (at most " + std::to_string(kMaxEntries) +
+              " are read)";
+    return p;
+  }
+  for (size_t i = 0; i < entries->size(); ++i) {
     try {
-      p.entries.push_back(tune_detail::entry_from_json(entries->array[i]));
+      p.entries.push_back(tune_detail::entry_from_json((*entries)[i]));
     } catch (const std::exception& e) {
       warn_once(path + "#entry", "tuning cache " + path + ": entry " + std::to_string(i) + " skipped (" + e.what() + ")");
     }
@@ -462,6 +502,7 @@ FileSig file_sig(const std::string& path) {
 }
 
 // Writes text to a fresh temp file beside path and renames it over path (atomic on POSIX).
+// path is a resolved one (no symbolic link).
 void replace_file(const std::string& path, const std::string& text) {
   static std::atomic<unsigned> counter{0};
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
@@ -494,13 +535,32 @@ void replace_file(const std::string& path, const std::string& text) {
 
 constexpr const char* kFix = "remove it (sparsek cache clear) or point SPARSEK_CACHE at another file";
 
+uint64_t key_hash(const TuneKey& k) {
+  uint64_t h = fnv1a(k.backend);
+  for (const std::string* s : {&k.op, &k.in_dtype, &k.out_dtype, &k.layouts, &k.device, &k.library, &k.kernel_set})
+    h = fnv1a(*s, h ^ 0x1f);
+  for (int64_t v : {k.m, k.n, k.k, int64_t(k.bm), int64_t(k.bk), k.nnzb, k.row_mean, k.row_max, k.row_std,
+                    int64_t(k.sm_count), int64_t(k.cc), int64_t(k.driver), int64_t(k.runtime)})
+    h = (h ^ uint64_t(v)) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace
+
+namespace tune_detail {
+std::vector<TuneEntry> read_cache_text(const std::string& text, std::string* state) {
+  Parsed p = parse_cache("(text)", text);
+  if (state) *state = p.state;
+  return p.usable() ? std::move(p.entries) : std::vector<TuneEntry>{};
+}
+}  // namespace tune_detail
 
 TuneCache::TuneCache(std::string path) : path_(std::move(path)) {}
 
 void TuneCache::refresh() {
   if (path_.empty()) {
     entries_.clear();
+    index_.clear();
     state_ = "missing";
     loaded_ = true;
     return;
@@ -508,6 +568,7 @@ void TuneCache::refresh() {
   FileSig s = file_sig(path_);
   if (!s.exists) {
     entries_.clear();
+    index_.clear();
     state_ = "missing";
     loaded_ = true;
     sig_size_ = -1;
@@ -520,6 +581,7 @@ void TuneCache::refresh() {
   int err = read_text(path_, text);
   if (err == ENOENT) {  // replaced between stat and open: the next call sees the new file
     entries_.clear();
+    index_.clear();
     state_ = "missing";
     loaded_ = true;
     sig_size_ = -1;
@@ -533,6 +595,9 @@ void TuneCache::refresh() {
     state_ = p.state;
     entries_ = p.usable() ? std::move(p.entries) : std::vector<TuneEntry>{};
   }
+  // Last entry per key wins (store() keeps one per key; a hand-edited file might hold two).
+  index_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i) index_[key_hash(entries_[i].key)] = i;
   if (state_ != "ok")
     warn_once(path_, "tuning cache " + path_ + " is ignored (" + state_ + "); " + kFix);
   loaded_ = true;
@@ -544,9 +609,12 @@ void TuneCache::refresh() {
 
 std::optional<TuneEntry> TuneCache::lookup(const TuneKey& key) {
   refresh();
-  // Last match wins (store() keeps one per key; a hand-edited file might hold two).
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
-    if (it->key == key) return *it;
+  auto it = index_.find(key_hash(key));
+  if (it == index_.end()) return std::nullopt;
+  if (entries_[it->second].key == key) return entries_[it->second];
+  // Another key with the same hash was last: look through all of them.
+  for (auto e = entries_.rbegin(); e != entries_.rend(); ++e)
+    if (e->key == key) return *e;
   return std::nullopt;
 }
 
@@ -562,46 +630,48 @@ std::string TuneCache::state() {
 
 void TuneCache::store(const TuneEntry& entry) {
   if (path_.empty()) io_fail("no tuning cache path: set SPARSEK_CACHE or HOME");
-  FileLock lock(path_);
+  const std::string file = resolve_links(path_);
+  FileLock lock(file);
   // Re-read under the lock: another process may have added entries since we last looked.
   std::string text;
-  int err = read_text(path_, text);
+  int err = read_text(file, text);
   if (err != 0 && err != ENOENT)
     io_fail("cannot read the tuning cache " + path_ + " (" + read_error(err) + "); " + kFix);
   Parsed p = parse_cache(path_, err == ENOENT ? std::string() : text);
   if (!p.usable())
     io_fail("tuning cache " + path_ + " is " + p.state + "; not overwriting a file sparsek does not recognise: " + kFix);
-  json::Value root = p.root;
-  root.set("format", kFormat);
-  root.set("version", kFormatVersion);
-  json::Value kept = json::Value::make_array();
-  if (const json::Value* old = p.root.find("entries"))
-    for (const json::Value& e : old->array) {
+  nlohmann::json root = std::move(p.root);
+  nlohmann::json kept = nlohmann::json::array();
+  if (auto old = root.find("entries"); old != root.end())
+    for (nlohmann::json& e : *old) {
       bool same = false;
       try {
-        if (const json::Value* k = e.find("key")) same = tune_detail::key_from_json(*k) == entry.key;
+        if (e.is_object())
+          if (auto k = e.find("key"); k != e.end()) same = tune_detail::key_from_json(*k) == entry.key;
       } catch (const std::exception&) {
         // malformed entries are kept as they are: not ours to judge, not ours to delete
       }
-      if (!same) kept.array.push_back(e);
+      if (!same) kept.push_back(std::move(e));
     }
-  kept.array.push_back(tune_detail::to_json(entry));
-  root.set("entries", kept);
-  replace_file(path_, json::dump(root));
+  if (kept.size() >= kMaxEntries)
+    io_fail("tuning cache " + path_ + " holds " + std::to_string(kept.size()) + " entries, the most it may: " + kFix);
+  kept.push_back(tune_detail::to_json(entry));
+  root["format"] = kFormat;
+  root["version"] = kFormatVersion;
+  root["entries"] = std::move(kept);
+  replace_file(file, root.dump(2) + "\n");
   loaded_ = false;  // re-read on the next lookup
 }
 
 size_t TuneCache::clear() {
   if (path_.empty()) return 0;
-  FileLock lock(path_);
+  const std::string file = resolve_links(path_);  // a link is kept; the file it names goes
+  FileLock lock(file);
   std::string text;
   size_t n = 0;
-  if (read_text(path_, text) == 0) {
-    Parsed p = parse_cache(path_, text);
-    n = p.entries.size();
-  }
-  if (::unlink(path_.c_str()) != 0 && errno != ENOENT)
-    io_fail("cannot remove the tuning cache " + path_ + ": " + std::strerror(errno));
+  if (read_text(file, text) == 0) n = parse_cache(path_, text).entries.size();
+  if (::unlink(file.c_str()) != 0 && errno != ENOENT)
+    io_fail("cannot remove the tuning cache " + file + ": " + std::strerror(errno));
   loaded_ = false;
   return n;
 }

@@ -4,8 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "sparsek/tune.hpp"
-#include "tune/json.hpp"
 
 namespace sparsek::tune_detail {
 
@@ -23,10 +24,15 @@ void reset_warnings();
 const TuneCandidate* pick_winner(const std::vector<TuneCandidate>& candidates, const std::string& default_variant,
                                  double margin);
 
-json::Value to_json(const TuneKey& key);
-// Throws std::runtime_error naming the missing or mistyped field.
-TuneKey key_from_json(const json::Value& v);
-json::Value to_json(const TuneEntry& e);
-TuneEntry entry_from_json(const json::Value& v);
+nlohmann::json to_json(const TuneKey& key);
+// Throws std::runtime_error naming the missing, mistyped, out-of-range or overlong field.
+TuneKey key_from_json(const nlohmann::json& v);
+nlohmann::json to_json(const TuneEntry& e);
+TuneEntry entry_from_json(const nlohmann::json& v);
+
+// The reader of a cache file's text, as TuneCache uses it: the well-formed entries, and in *state
+// "ok" or why the text is ignored. Bounded work on any input (size, depth, entry count, string
+// lengths); never throws for bad text.
+std::vector<TuneEntry> read_cache_text(const std::string& text, std::string* state);
 
 }  // namespace sparsek::tune_detail

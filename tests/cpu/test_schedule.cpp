@@ -1,6 +1,7 @@
-// The persistent Hopper product schedule (src/plan/schedule.cpp), checked on the host: every
+// The product schedules (src/plan/schedule.cpp), checked on the host. Persistent Hopper: every
 // (block row, N tile) is covered exactly once (split items by contiguous pieces in slot order),
-// lists are balanced, and the order rules hold.
+// lists are balanced, and the order rules hold. Small-N streaming: every row once, whole or in
+// pieces no longer than asked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -106,6 +107,37 @@ TEST(Schedule, ForcedPiecesAndNeverSplit) {
   EXPECT_TRUE(never.groups.empty());
 }
 
+// The locality window (128-row blocks): items of long rows are cut to at most `window` tiles of a
+// CTA's time; uniform rows (even ones longer than the window) and the makespan rule are unchanged.
+TEST(Schedule, WindowCutsOnlyLongRows) {
+  // Power-law-like rows at 128x128, N = 8192 as CTA pairs (512-column items, 66 lists).
+  std::vector<int> lens = {64, 60, 40, 30, 24, 20, 17, 15, 13, 12, 11, 10, 9, 9, 8, 7};
+  lens.resize(64, 3);
+  const auto rp = row_ptr_of(lens);
+  Schedule off = build_schedule(rp, 8192, 512, 2, 66, Order::deadline, 0);
+  check_cover(off, rp, 8192, 512, 2);
+  EXPECT_TRUE(off.groups.empty()) << "no item is long enough for the makespan rule";
+  Schedule on = build_schedule(rp, 8192, 512, 2, 66, Order::deadline, 0, 3.0);
+  const auto cost = check_cover(on, rp, 8192, 512, 2);
+  EXPECT_FALSE(on.groups.empty());
+  double total = 0;
+  for (int64_t c : cost) total += double(c);
+  const double window = 3.0 * total / 16.0 / 66.0;  // 3 tiles of a list's time
+  for (const int4& w : on.items) EXPECT_LE(double(w.w - w.z) * 2, window + 2) << "row " << w.x;
+  for (const int4& g : on.groups) EXPECT_GE(lens[size_t(g.x)], 13) << "only long rows are cut";
+  // Uniform rows longer than the window (few rows, many lists) stay whole.
+  const auto uni = row_ptr_of(std::vector<int>(8, 40));
+  Schedule u = build_schedule(uni, 8192, 512, 2, 66, Order::deadline, 0, 3.0);
+  check_cover(u, uni, 8192, 512, 2);
+  EXPECT_TRUE(u.groups.empty());
+  // Not with no more tiles than the window (1024 columns: two 512-column tiles).
+  EXPECT_TRUE(build_schedule(rp, 1024, 512, 2, 66, Order::deadline, 0, 3.0).groups.size() ==
+              build_schedule(rp, 1024, 512, 2, 66, Order::deadline, 0).groups.size());
+  // Only for the deadline order with automatic splitting.
+  EXPECT_TRUE(build_schedule(rp, 8192, 512, 2, 66, Order::bigtile, 0, 3.0).groups.empty());
+  EXPECT_TRUE(build_schedule(rp, 8192, 512, 2, 66, Order::deadline, -1, 3.0).groups.empty());
+}
+
 TEST(Schedule, EmptyProblems) {
   Schedule s = build_schedule(row_ptr_of({}), 512, 256, 1, 8, Order::deadline, 0);
   EXPECT_TRUE(s.items.empty());
@@ -148,6 +180,107 @@ TEST(Schedule, SddGroupsCoverEveryBlockOnce) {
   const Schedule none = build_sdd_schedule(row_ptr_of({0, 0}), 4, 8);
   EXPECT_TRUE(none.items.empty());
   EXPECT_EQ(none.cta_items, std::vector<int>{0});
+}
+
+// ---- the small-N streaming schedule (one unit per CTA) ----
+
+// Every row is one whole unit (slot -1) or pieces that tile it in slot order, named by exactly one
+// group; no unit is longer than max_piece; units are longest first. Returns the longest unit.
+int check_stream_cover(const StreamSchedule& s, const std::vector<int32_t>& rp, int max_piece) {
+  const int64_t mb = int64_t(rp.size()) - 1;
+  std::map<int, std::vector<std::tuple<int, int, int>>> pieces;  // row -> (slot, first, end)
+  int longest = 0;
+  for (size_t i = 0; i < s.units.size(); ++i) {
+    const int4 u = s.units[i];
+    EXPECT_LE(u.y, u.z);
+    EXPECT_LE(u.z - u.y, max_piece);
+    if (i > 0) EXPECT_GE(s.units[i - 1].z - s.units[i - 1].y, u.z - u.y) << "units must be longest first";
+    longest = std::max(longest, u.z - u.y);
+    pieces[u.x].emplace_back(u.w, u.y, u.z);
+  }
+  EXPECT_EQ(int64_t(pieces.size()), std::max<int64_t>(mb, 0));
+  std::map<int, int4> group_of;
+  int slots = 0;
+  for (const int4& gr : s.groups) {
+    EXPECT_EQ(gr.y, slots) << "groups take consecutive slots";
+    slots += gr.z;
+    group_of[gr.x] = gr;
+  }
+  EXPECT_EQ(slots, s.slots);
+  for (auto& [row, spans] : pieces) {
+    std::sort(spans.begin(), spans.end());
+    const bool split = group_of.count(row) > 0;
+    if (!split) {
+      EXPECT_EQ(spans.size(), 1u) << "row " << row;
+      EXPECT_EQ(std::get<0>(spans[0]), -1) << "row " << row;
+    } else {
+      EXPECT_EQ(int(spans.size()), group_of[row].z) << "row " << row;
+      EXPECT_EQ(std::get<0>(spans[0]), group_of[row].y) << "row " << row;
+    }
+    int pos = rp[size_t(row)];
+    for (auto& sp : spans) {
+      EXPECT_EQ(std::get<1>(sp), pos) << "row " << row << ": pieces must be contiguous in slot order";
+      pos = std::get<2>(sp);
+    }
+    EXPECT_EQ(pos, rp[size_t(row) + 1]) << "row " << row;
+  }
+  return longest;
+}
+
+// Decode W 14336x4096 at 64x64, 25%: 224 rows of 16 blocks on 132 SMs. Each row is about half a
+// CTA's share, so nothing is cut (a cut would cost the second launch).
+TEST(StreamSchedule, UniformDecodeRowsAreWhole) {
+  const auto rp = row_ptr_of(std::vector<int>(224, 16));
+  StreamSchedule s = build_stream_schedule(rp, 132, 4, 1024);
+  check_stream_cover(s, rp, 1024);
+  EXPECT_EQ(s.units.size(), 224u);
+  EXPECT_TRUE(s.groups.empty());
+  EXPECT_EQ(s.slots, 0);
+}
+
+// A row many times a CTA's share is cut into pieces of about that share; the rest stay whole.
+TEST(StreamSchedule, LongRowIsCutIntoShares) {
+  std::vector<int> lens(200, 3);
+  lens[17] = 5000;
+  lens[40] = 0;
+  const auto rp = row_ptr_of(lens);
+  StreamSchedule s = build_stream_schedule(rp, 132, 4, 1024);
+  const int longest = check_stream_cover(s, rp, 1024);
+  ASSERT_EQ(s.groups.size(), 1u);
+  EXPECT_EQ(s.groups[0].x, 17);
+  const int share = (5000 + 199 * 3 - 3 + 131) / 132;  // ceil(stored blocks / 132)
+  EXPECT_LE(longest, share);
+  EXPECT_EQ(s.groups[0].z, (5000 + share - 1) / share);
+}
+
+// Rows over max_piece are cut even when the share is larger; min_piece keeps pieces from being
+// tiny when there are many CTAs.
+TEST(StreamSchedule, MaxAndMinPiece) {
+  const auto big = row_ptr_of(std::vector<int>(8, 3000));  // share 24000 / 4 = 6000 > max_piece
+  StreamSchedule s = build_stream_schedule(big, 4, 1, 1024);
+  EXPECT_LE(check_stream_cover(s, big, 1024), 1024);
+  EXPECT_EQ(s.groups.size(), 8u);
+  const auto rp = row_ptr_of({100, 1, 1, 1});  // share 1 on 132 CTAs, but pieces of >= 40
+  StreamSchedule m = build_stream_schedule(rp, 132, 40, 1024);
+  check_stream_cover(m, rp, 1024);
+  ASSERT_EQ(m.groups.size(), 1u);
+  EXPECT_EQ(m.groups[0].z, 3);  // 100 / 40 -> 3 pieces (34, 33, 33)
+}
+
+TEST(StreamSchedule, RandomPatternsAndEmptyOnes) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<int> lens(1 + rng() % 300);
+    for (int& l : lens) l = rng() % 4 == 0 ? 0 : int(rng() % (trial % 2 ? 2000 : 40));
+    const auto rp = row_ptr_of(lens);
+    const int max_piece = 256 + int(rng() % 1024);
+    StreamSchedule s = build_stream_schedule(rp, 1 + int(rng() % 200), 1 + int(rng() % 64), max_piece);
+    check_stream_cover(s, rp, max_piece);
+  }
+  EXPECT_TRUE(build_stream_schedule(row_ptr_of({}), 132, 4, 1024).units.empty());
+  StreamSchedule z = build_stream_schedule(row_ptr_of({0, 0, 0}), 132, 4, 1024);
+  check_stream_cover(z, row_ptr_of({0, 0, 0}), 1024);
+  EXPECT_EQ(z.units.size(), 3u);  // empty rows still get their beta * C
 }
 
 TEST(Schedule, ParseOrder) {

@@ -1,4 +1,5 @@
-// GPU test helper: the device twin of a test_util.hpp GemmCase (same views, device pointers).
+// GPU test helper: the device twin of a host-built GemmCase (test_util.hpp), so that a case is
+// built and checked on the host and run on the device through any CUDA variant.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -108,6 +108,34 @@ TEST(GraphCapture, DefaultVariant) {
   capture_and_replay(d, "");
 }
 
+// Planning reads a device pattern on the host, which a capture cannot contain: plan() refuses
+// with a message saying to plan first, and the capture stays valid (runs of an earlier plan can
+// still be captured into it).
+TEST(GraphCapture, PlanDuringCaptureIsRefusedAndTheCaptureSurvives) {
+  SPARSEK_REQUIRE_GPU();
+  DeviceCase d;
+  Plan before = plan(d.g);
+  cudaStream_t s = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  Options o;
+  o.stream = s;
+  try {
+    plan(d.g, o);
+    ADD_FAILURE() << "plan() during capture did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("plan before the capture"), std::string::npos) << e.what();
+  }
+  // The one-shot path checks a device pattern the same way (check_indices, the default).
+  EXPECT_THROW(gemm(d.g, o), Error);
+  run(before, d.g, s);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess) << "the capture was invalidated";
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 // Every CUDA variant that supports the problem (peers included: run() makes the same promise).
 TEST(GraphCapture, EveryCudaVariant) {
   SPARSEK_REQUIRE_GPU();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,10 +134,10 @@ struct Problem {
     g.c = out.view;
     return g;
   }
-  // Runs the product on the device (C re-uploaded first) and returns C's bytes. The one-shot plan
-  // cache is emptied first: the tests change the variant's switches (environment, read when it
-  // plans) between runs of one problem, and a cached plan would keep the old ones.
+  // Runs the product on the device (C re-uploaded first) and returns C's bytes.
   std::vector<uint8_t> run(const std::string& variant = "hopper") {
+    // NOTE: a fresh plan every time: the one-shot cache is keyed by the problem, not by the
+    // SPARSEK_HOPPER_* switches the tests set between runs, so a cached plan would ignore them.
     clear_one_shot_plan_cache();
     check_cuda(cudaMemcpy(d_c->p, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy C");
     Options o;
@@ -379,6 +380,22 @@ TEST(Hopper, EmptyRowsGiveBetaC) {
       cs.seed = uint64_t(bm + 100 * int(beta * 4));
       check_case(cs);
     }
+}
+
+// alpha = +-Inf: block rows without a stored block must stay beta*C (the oracle's and the CPU
+// backend's semantics), not Inf * 0 = NaN.
+TEST(Hopper, InfiniteAlphaLeavesEmptyRowsBetaC) {
+  SPARSEK_REQUIRE_SM90();
+  for (float beta : {0.f, 0.75f}) {
+    Case cs;
+    cs.bm = 64;
+    cs.mb = 6;
+    cs.empty_rows = {0, 2, -1};
+    cs.alpha = std::numeric_limits<float>::infinity();
+    cs.beta = beta;
+    cs.seed = 4242 + uint64_t(beta * 4);
+    check_case(cs);
+  }
 }
 
 TEST(Hopper, NoStoredBlocks) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "cpu/oracle.hpp"
@@ -200,15 +201,21 @@ TEST(Portable, NoStoredBlocks) {
       }
 }
 
-// Empty block rows (and, transposed, empty block columns) between full ones; beta = 0 with
-// NaN-poisoned C must give exact zeros there.
-TEST(Portable, EmptyRowsAndNaNPoisonedC) {
-  SPARSEK_REQUIRE_GPU();
-  Pattern p;  // 5 block rows x 4 block cols; rows 0, 2, 4 empty; block column 1 empty
+// 5 block rows x 4 block cols; rows 0, 2, 4 empty; block column 1 empty.
+Pattern gapped_pattern() {
+  Pattern p;
   p.mb = 5;
   p.kb = 4;
   p.row_ptr = {0, 0, 3, 3, 5, 5};
   p.col_idx = {0, 2, 3, 0, 3};
+  return p;
+}
+
+// Empty block rows (and, transposed, empty block columns) between full ones; beta = 0 with
+// NaN-poisoned C must give exact zeros there.
+TEST(Portable, EmptyRowsAndNaNPoisonedC) {
+  SPARSEK_REQUIRE_GPU();
+  const Pattern p = gapped_pattern();
   int n = 0;
   for (OpKind kind : {OpKind::dsd, OpKind::dds, OpKind::sdd})
     for (Op op : {Op::none, Op::trans})
@@ -221,6 +228,26 @@ TEST(Portable, EmptyRowsAndNaNPoisonedC) {
         s.free = 45;
         s.out = out;
         s.beta = 0.f;  // make_case poisons C with NaN
+        check(s);
+      }
+}
+
+// alpha = +-Inf: output elements no stored block reaches stay beta*C (the oracle's and the CPU
+// backend's semantics), not Inf * 0 = NaN.
+TEST(Portable, InfiniteAlphaLeavesEmptyRowsBetaC) {
+  SPARSEK_REQUIRE_GPU();
+  const Pattern p = gapped_pattern();
+  int n = 0;
+  for (OpKind kind : {OpKind::dsd, OpKind::dds})
+    for (Op op : {Op::none, Op::trans})
+      for (float beta : {0.f, 2.f}) {
+        CaseSpec s = base(kind, op, 16, 32, 1450 + uint64_t(n++));
+        s.rows = 5 * 16;
+        s.cols = 4 * 32;
+        s.custom = &p;
+        s.free = 19;
+        s.alpha = -std::numeric_limits<float>::infinity();
+        s.beta = beta;
         check(s);
       }
 }

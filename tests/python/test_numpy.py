@@ -68,12 +68,18 @@ def test_transpose(rng, block):
     bm, bk = block
     A, _ = block_sparse_dense(rng, 4 * bm, 3 * bk, bm, bk, empty_rows=(2,))
     Ab = sparsek.BSRMatrix.from_dense(A, block=block)
-    At = Ab.T
+    At = Ab.T  # a view: products pass op = transpose
+    assert isinstance(At, sparsek.BSRTranspose) and At.T is Ab
     assert At.shape == (A.shape[1], A.shape[0]) and At.block == (bk, bm) and At.nnzb == Ab.nnzb
     np.testing.assert_array_equal(At.to_dense(), A.T)
     np.testing.assert_array_equal(At.T.to_dense(), A)
-    # The transpose is a valid BSR matrix by the library's own rules.
-    sparsek.BSRMatrix(At.row_ptr, At.col_idx, At.values, At.shape)
+    X = dense_operand(rng, A.shape[0], 5)
+    np.testing.assert_array_equal(sparsek.bsr_mm(At, X), A.T @ X)
+    np.testing.assert_array_equal(At @ X, A.T @ X)
+    # to_bsr() builds the transpose's arrays: a valid BSR matrix by the library's own rules.
+    Ac = At.to_bsr()
+    sparsek.BSRMatrix(Ac.row_ptr, Ac.col_idx, Ac.values, Ac.shape)
+    np.testing.assert_array_equal(Ac.to_dense(), A.T)
 
 
 def test_from_scipy_bsr_csr_and_back(rng):
@@ -206,9 +212,10 @@ def test_dense_bsr_mm_equals_matmul(rng, block, m):
     out = C0.copy()
     sparsek.dense_bsr_mm(A, Bb, alpha=-1.0, beta=2.0, out=out)
     np.testing.assert_array_equal(out, -(A @ Bd) + 2 * C0)
-    # A product with the transpose: x @ W.T for a pruned W.
-    np.testing.assert_array_equal(sparsek.dense_bsr_mm(dense_operand(rng, m, Bd.shape[1]), Bb.T).shape,
-                                  (m, Bd.shape[0]))
+    # A product with the transpose: x @ W.T for a pruned W (op = transpose, W not copied).
+    X = dense_operand(rng, m, Bd.shape[1])
+    np.testing.assert_array_equal(sparsek.dense_bsr_mm(X, Bb.T), X @ Bd.T)
+    np.testing.assert_array_equal(X @ Bb.T, X @ Bd.T)
 
 
 @pytest.mark.parametrize("block", [(16, 16), (32, 64), (64, 32)])

@@ -43,6 +43,7 @@ def test_round_trips_stay_in_torch(rng, device):
     assert Ab.row_ptr.dtype == torch.int32 and Ab.nnzb == mask.sum()
     assert torch.equal(Ab.to_dense(), At)
     assert Ab.T.block == (32, 16) and torch.equal(Ab.T.to_dense(), At.T)
+    assert torch.equal(Ab.T.to_bsr().to_dense(), At.T)
     # torch's own BSR tensors, both ways.
     tb = At.to_sparse_bsr((16, 32))
     Af = sparsek.BSRMatrix.from_torch(tb)
@@ -118,9 +119,10 @@ def test_alpha_beta_out_nan_and_layouts(rng, device):
     assert torch.equal(sparsek.bsr_mm(Ab, Bt.T), At @ Bt.T)
     with pytest.raises(ValueError, match="neither row- nor column-major"):
         sparsek.bsr_mm(Ab, B[:, ::2])
-    # Inputs that require grad run forward (no autograd formula yet).
+    # Inputs that require grad run forward through the custom op (and record its backward).
     Bg = B.clone().requires_grad_(True)
-    assert torch.equal(sparsek.bsr_mm(Ab, Bg).detach(), At @ B)
+    Cg = sparsek.bsr_mm(Ab, Bg)
+    assert Cg.requires_grad and torch.equal(Cg.detach(), At @ B)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -135,6 +137,10 @@ def test_errors(rng, device):
         sparsek.bsr_mm(Ab, B[:64])
     with pytest.raises(TypeError, match="must be a torch tensor"):
         sparsek.bsr_mm(Ab, B.cpu().numpy())
+    with pytest.raises(ValueError, match=r"B must be a 2-D tensor, got shape \(128,\)"):
+        sparsek.bsr_mm(Ab, B[:, 0])
+    with pytest.raises(TypeError, match="alpha must be a real number, got str '2'"):
+        sparsek.bsr_mm(Ab, B, alpha="2")
 
 
 @cuda_only
@@ -176,12 +182,22 @@ def _op_samples(rng, device):
     A2 = T(dense_operand(rng, 64, 12), device)
     B2 = T(dense_operand(rng, 12, 96), device)
     C = T(dense_operand(rng, 64, 16), device)
+    Bt = T(dense_operand(rng, 64, 16), device)
+    Xt = T(dense_operand(rng, 8, 96), device)
     sp = (Ab.row_ptr, Ab.col_idx, Ab.values, rows, cols)
+    values = Ab.values.clone().requires_grad_(True)
+    spg = (Ab.row_ptr, Ab.col_idx, values, rows, cols)
     return [
-        (torch.ops.sparsek.bsr_mm.default, (*sp, B, 1.0, 0.0, None, True)),
-        (torch.ops.sparsek.bsr_mm.default, (*sp, B, 0.5, 2.0, C, False)),
-        (torch.ops.sparsek.dense_bsr_mm.default, (X, *sp, 1.0, 0.0, None, True)),
-        (torch.ops.sparsek.sampled_mm.default, (A2, B2, *sp, 1.5, -1.0, True)),
+        (torch.ops.sparsek.bsr_mm.default, (*sp, False, B, 1.0, 0.0, None)),
+        (torch.ops.sparsek.bsr_mm.default, (*sp, False, B, 0.5, 2.0, C)),
+        (torch.ops.sparsek.bsr_mm.default, (*spg, True, Bt.clone().requires_grad_(True), 1.0, 0.0, None)),
+        (torch.ops.sparsek.bsr_mm.default, (*spg, False, B.clone().requires_grad_(True), 0.5, 2.0,
+                                            C.clone().requires_grad_(True))),
+        (torch.ops.sparsek.dense_bsr_mm.default, (X, *sp, False, 1.0, 0.0, None)),
+        (torch.ops.sparsek.dense_bsr_mm.default, (Xt.clone().requires_grad_(True), *spg, True, 1.0, 0.0, None)),
+        (torch.ops.sparsek.sampled_mm.default, (A2, B2, *sp, 1.5, -1.0)),
+        (torch.ops.sparsek.sampled_mm.default, (A2.clone().requires_grad_(True),
+                                                B2.clone().requires_grad_(True), *spg, 1.5, -1.0)),
     ]
 
 

@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -27,7 +26,9 @@
 #include "core/device.hpp"
 #include "cpu/oracle.hpp"
 #include "cuda/peers/peers.hpp"
+#include "plan/backends.hpp"
 #include "plan/variant.hpp"
+#include "sparsek/tune.hpp"
 
 namespace sparsek::cli {
 
@@ -39,7 +40,8 @@ const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
-    {"--op", "OP", "dsd (A sparse) | dds (B sparse) | sdd (C sparse: only its blocks are computed); default dsd"},
+    {"--op", "OP", "dsd (A sparse; default) | dds (B sparse) | sdd (C sparse: only its blocks are computed) | "
+                   "attention (`sparsek bench --op attention --help` lists its flags)"},
     {"--trans", nullptr, "op = transpose on the sparse operand (dsd: C = A^T B; dds: C = A B^T)"},
     {"--a-layout", "L", "row | col: layout of the dense A (dds, sdd; default row)"},
     {"--b-layout", "L", "row | col: layout of the dense B (dsd, sdd; default row)"},
@@ -54,11 +56,18 @@ const std::vector<FlagSpec> kSpecs = {
     {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
     {"--variants", "a,b", "only these rows (variant names, cublas_dense_gemm, cusparse_ell_spmm)"},
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
-    {"--json", "FILE", "also write every number as JSON"},
+    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    {"--json", "FILE", "also write every number as JSON (- for stdout; the table then goes to stderr)"},
     {"--seed", "S", "random seed of patterns and values (default 1)"},
+    {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
+    {"--compare", "BASELINE", "the performance gate: exit 1 when a sparsek row is more than 5% slower than in "
+                              "BASELINE (a bench --json file of the same GPU, or a directory of them)"},
+    {"--threshold", "PCT", "--compare: how much slower a row may be, in percent (default 5)"},
+    {"--from", "RESULTS", "--compare: take the results from RESULTS (a bench --json file) instead of running"},
 };
 
 struct Workload {
+  std::string name;  // serving suite: what the row stands for
   int64_t m = 1024, n = 1024, k = 1024;
   int bm = 64, bk = 64;
   double density = 0.125;
@@ -92,7 +101,7 @@ std::string label(const Workload& w) {
     op = std::string(to_string(w.kind)) + (w.op == Op::trans ? "^T" : "") + " ";
   if (w.kind != OpKind::dsd && w.la == Layout::col_major) op += "A:col ";
   if (w.kind != OpKind::dds && w.lb == Layout::col_major) op += "B:col ";
-  return op + size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
+  return (w.name.empty() ? "" : w.name + ", ") + op + size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
 }
 
 // The workload's host operands: the sparse one (random values; for sdd it is C, whose values the
@@ -135,19 +144,13 @@ struct Row {
 struct Result {
   Workload w;
   int64_t nnzb = 0;
+  double a_bytes = 0;  // A's stored values: what a small-N product must stream at least once
   double eff_flops = 0, dense_flops = 0;
   int sets = 1;
   std::string reference;
   double dense_tflops = kNaN, ideal_ms = kNaN;
   std::vector<Row> rows;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ‖got − ref‖₂ / ‖ref‖₂ and max|got − ref| / max|ref|; NaN/Inf in got gives inf.
 template <typename R>
@@ -248,71 +251,110 @@ void print_result(const Result& r, bool gpu) {
                     "effective flops at the measured cuBLAS dense rate"});
     print_table({"variant", "median ms", "eff TFLOPS", "x cuBLAS", "x best peer", "% ideal", "rel err", "note"}, rows);
     std::printf("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)\n");
+    if (w.n <= 128) {  // small N: bound by A's bytes, so the rate that matters is bytes per second
+      std::string line;
+      for (const Row& x : r.rows)
+        if (x.status == "ok" && !x.peer)
+          line += "  " + x.name + " " + fmt(r.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
+      std::printf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)\n",
+                  r.a_bytes / 1e6, line.c_str());
+    }
   } else {
     print_table({"variant", "median ms", "eff GFLOPS", "rel err", "note"}, rows);
   }
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results, bool gpu, const std::string& cmdline,
-                int reps, int warmup, uint64_t seed) {
-  Json j;
-  j.begin_object();
-  j.kv("tool", "sparsek bench").kv("sparsek_version", version()).kv("date", now_utc_iso8601()).kv("command", cmdline);
-  j.kv("mode", gpu ? "gpu" : "cpu");
-  const DeviceInfo& d = device_info();
-  j.begin_object("device");
-  j.kv("available", d.available);
-  if (d.available) {
-    j.kv("name", d.name).kv("compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
-    j.kv("sm_count", d.sm_count).kv("l2_bytes", int64_t(d.l2_bytes));
-    j.kv("driver_version", d.driver_version).kv("runtime_version", d.runtime_version);
-    j.kv("cublas", peers::cublas_version()).kv("cusparse", peers::cusparse_version());
-  } else {
-    j.kv("why_not", d.why_not);
-  }
-  j.end_object();
-  j.begin_object("settings").kv("reps", reps).kv("warmup", warmup).kv("seed", int64_t(seed)).end_object();
-  j.begin_array("workloads");
+Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
+             int warmup, uint64_t seed, int threads) {
+  Json j = json_header("bench", argv);
+  j["mode"] = gpu ? "gpu" : "cpu";
+  j["device"] = device_json(gpu, threads);
+  j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
+  j["units"] = gpu ? "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks"
+                   : "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks (the table shows GFLOPS)";
+  Json ws = Json::array();
   for (const Result& r : results) {
     const Workload& w = r.w;
-    j.begin_object();
-    j.kv("label", label(w)).kv("m", w.m).kv("n", w.n).kv("k", w.k).kv("bm", w.bm).kv("bk", w.bk);
-    j.kv("op", to_string(w.kind)).kv("trans", w.op == Op::trans);
-    j.kv("a_layout", to_string(w.la)).kv("b_layout", to_string(w.lb));
-    j.kv("density", w.density).kv("pattern", to_string(w.pattern)).kv("dtype", to_string(w.dtype));
-    j.kv("nnzb", r.nnzb).kv("effective_flops", r.eff_flops).kv("dense_flops", r.dense_flops);
-    j.kv("rotation_sets", r.sets).kv("reference", r.reference);
-    j.kv("dense_tflops", r.dense_tflops).kv("ideal_ms", r.ideal_ms).kv("ideal_effective_tflops", r.dense_tflops);
-    j.begin_array("variants");
-    for (const Row& x : r.rows) {
-      j.begin_object();
-      j.kv("name", x.name).kv("peer", x.peer).kv("status", x.status).kv("reason", x.reason);
-      j.kv("median_ms", x.median_ms).kv("effective_tflops", x.eff_tflops);
-      j.kv("ratio_vs_cublas_dense", x.vs_dense).kv("ratio_vs_best_peer", x.vs_best_peer);
-      j.kv("fraction_of_ideal", x.frac_ideal).kv("rel_error", x.rel_err).kv("max_rel_error", x.max_err);
-      j.kv("wrong", x.wrong);
-      j.begin_array("times_ms");
-      for (double t : x.times_ms) j.value(t);
-      j.end_array();
-      j.end_object();
+    Json x;
+    x["label"] = label(w);
+    x["m"] = w.m;
+    x["n"] = w.n;
+    x["k"] = w.k;
+    x["bm"] = w.bm;
+    x["bk"] = w.bk;
+    x["op"] = to_string(w.kind);
+    x["trans"] = w.op == Op::trans;
+    x["a_layout"] = to_string(w.la);
+    x["b_layout"] = to_string(w.lb);
+    x["density"] = w.density;
+    x["pattern"] = to_string(w.pattern);
+    x["dtype"] = to_string(w.dtype);
+    x["nnzb"] = r.nnzb;
+    x["effective_flops"] = r.eff_flops;
+    x["dense_flops"] = r.dense_flops;
+    if (!w.name.empty()) x["name"] = w.name;
+    x["a_value_bytes"] = r.a_bytes;
+    x["rotation_sets"] = r.sets;
+    x["reference"] = r.reference;
+    x["dense_tflops"] = num(r.dense_tflops);
+    x["ideal_ms"] = num(r.ideal_ms);
+    x["ideal_effective_tflops"] = num(r.dense_tflops);
+    Json vs = Json::array();
+    for (const Row& v : r.rows) {
+      Json y;
+      y["name"] = v.name;
+      y["peer"] = v.peer;
+      y["status"] = v.status;
+      y["reason"] = v.reason;
+      y["median_ms"] = num(v.median_ms);
+      y["effective_tflops"] = num(v.eff_tflops);
+      y["ratio_vs_cublas_dense"] = num(v.vs_dense);
+      y["ratio_vs_best_peer"] = num(v.vs_best_peer);
+      y["fraction_of_ideal"] = num(v.frac_ideal);
+      y["rel_error"] = num(v.rel_err);
+      y["max_rel_error"] = num(v.max_err);
+      y["wrong"] = v.wrong;
+      Json t = Json::array();
+      for (double ms : v.times_ms) t.push_back(num(ms));
+      y["times_ms"] = t;
+      vs.push_back(y);
     }
-    j.end_array();
-    j.end_object();
+    x["variants"] = vs;
+    ws.push_back(x);
   }
-  j.end_array();
-  j.end_object();
-  std::ofstream f(path);
-  f << j.str() << "\n";
-  if (!f) throw Error(Status::io_error, "could not write --json " + path);
+  j["workloads"] = ws;
+  return j;
+}
+
+// The progress line over all rows of the run: "[####....]  40%  4/10  ETA 0:12  what".
+struct Steps {
+  Progress& progress;
+  size_t done = 0, total = 1;
+  void at(const std::string& what) { progress.step(done, total, what); }
+};
+
+// Bytes of one workload's operands: A's values (at most the stored density), B and C.
+double operand_bytes(const Workload& w) {
+  const double es = double(dtype_size(w.dtype));
+  return (std::min(1.0, w.density * 1.01) * double(w.m) * double(w.k) + double(w.k) * double(w.n) +
+          double(w.m) * double(w.n)) * es;
+}
+std::string dims_text(const Workload& w) {
+  return "--m " + std::to_string(w.m) + " --n " + std::to_string(w.n) + " --k " + std::to_string(w.k);
 }
 
 // ---------------------------------------------------------------------------------------------
 // CPU
 
 Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress) {
+               int threads, Steps& steps) {
   Result r;
   r.w = w;
+  const bool with_oracle = 2.0 * w.density * double(w.m) * double(w.k) * double(w.n) <= 4e9;
+  // The operands, the CPU backend's float panels of them, and the oracle's doubles.
+  check_host_bytes("the workload " + dims_text(w),
+                   operand_bytes(w) * (1.0 + 4.0 / double(dtype_size(w.dtype))) +
+                       (with_oracle ? 8.0 * double(w.m) * double(w.n) : 0.0));
   HostProblem hp;
   make_host(w, seed, hp);
   GemmArgs& g = hp.g;
@@ -329,8 +371,8 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   std::vector<double> ref;
   // The fp64 oracle is naive (~1 GFLOP/s): skip it where it would take longer than the bench.
-  if (r.eff_flops <= 4e9) {
-    progress.update("computing the fp64 oracle ...");
+  if (with_oracle) {
+    steps.at("computing the fp64 oracle");
     ref = oracle(g);
     r.reference = "fp64 oracle";
   } else {
@@ -338,15 +380,17 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   }
   Options o;
   o.backend = Backend::cpu;
+  o.threads = threads;
   for (const Variant& v : variants()) {
     if (v.backend != Backend::cpu || !wanted(only, v.name)) continue;
     Row row = make_row(v.name, v.peer, v.why_not(g));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(std::string("timing ") + v.name + " ...");
+      steps.at(std::string("timing ") + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(g, o) : nullptr;
       for (int i = 0; i < warmup; ++i) v.run(g, o, st.get());
       for (int i = 0; i < reps; ++i) {
@@ -366,8 +410,9 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       mark_failed(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
-  progress.clear();
+  steps.progress.clear();
   fill_ratios(r);
   return r;
 }
@@ -375,48 +420,20 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
 // ---------------------------------------------------------------------------------------------
 // GPU
 
-struct GpuTimer {
-  std::vector<cudaEvent_t> ev;
-  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
-    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~GpuTimer() {
-    for (auto& e : ev) cudaEventDestroy(e);
-  }
-};
-
-// Warm-up, then `reps` runs each bracketed by events; run(set) enqueues one product on input set
-// `set` (rotated). Returns the per-run times in ms.
-template <typename F>
-std::vector<double> time_gpu(F&& run, int warmup, int reps, int sets) {
-  for (int i = 0; i < warmup; ++i) run(i % sets);
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  GpuTimer t(reps);
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-    run((warmup + i) % sets);
-    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
-  }
-  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float x = 0;
-    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms[size_t(i)] = x;
-  }
-  return ms;
-}
-
 Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress, const std::string& prefix) {
+               Steps& steps, const std::string& prefix) {
   Result r;
   r.w = w;
   const DeviceInfo& info = device_info();
-  progress.update(prefix + "generating inputs ...");
+  // Host: the operands and a float reference; device: one input set and an f32 reference.
+  check_host_bytes("the workload " + dims_text(w), operand_bytes(w) + 8.0 * double(w.m) * double(w.n));
+  check_device_bytes("the workload " + dims_text(w), operand_bytes(w) + 4.0 * double(w.m) * double(w.n));
+  steps.at(prefix + "generating inputs");
   HostProblem hp;
   make_host(w, seed, hp);
   const BsrMatrix& sp = hp.s;
   r.nnzb = sp.nnzb();
+  r.a_bytes = double(sp.value_bytes().size());
   const bool sdd = w.kind == OpKind::sdd;
   const size_t es = dtype_size(w.dtype);
   // The output: C (dsd, dds) or the sparse operand's values (sdd).
@@ -480,7 +497,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   std::vector<float> ref;
   const size_t outputs = c_bytes / es;
   if (r.eff_flops <= 2e9) {
-    progress.update(prefix + "computing the fp64 oracle ...");
+    steps.at(prefix + "computing the fp64 oracle");
     GemmArgs h = hp.g;
     HostMatrix hc(w.m, w.n, w.dtype, Layout::row_major, 0);
     if (!sdd) h.c = hc.view;
@@ -488,7 +505,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     ref.assign(d.begin(), d.end());
     r.reference = "fp64 oracle";
   } else if (const Variant* v = find_variant("cublas_dense")) {
-    progress.update(prefix + "computing the cuBLAS fp32 reference ...");
+    steps.at(prefix + "computing the cuBLAS fp32 reference");
     try {
       DeviceBuffer d_ref(outputs * 4);
       GemmArgs g = args[0];
@@ -536,10 +553,11 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     Row row = make_row(v.name, v.peer, v.why_not(args[0]));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(prefix + "timing " + v.name + " ...");
+      steps.at(prefix + "timing " + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
       row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
       row.median_ms = median(row.times_ms);
@@ -548,6 +566,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       fail(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
 
   // The peers' core calls alone, on data converted beforehand.
@@ -557,10 +576,11 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     Row row = make_row(name, true, v->why_not(args[0]));
     if (row.status != "ok") {
       r.rows.push_back(row);
+      ++steps.done;
       continue;
     }
     try {
-      progress.update(prefix + "timing " + name + " ...");
+      steps.at(prefix + "timing " + name);
       std::unique_ptr<VariantState> st = v->prepare(args[0], o);
       auto* ps = static_cast<peers::PeerState*>(st.get());
       ps->convert(args[0], o.stream);
@@ -574,8 +594,9 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       fail(row, e);
     }
     r.rows.push_back(row);
+    ++steps.done;
   }
-  progress.clear();
+  steps.progress.clear();
   fill_ratios(r);
   return r;
 }
@@ -589,7 +610,46 @@ const std::vector<SpecWorkload>& spec_workloads() {
   return table;
 }
 
+// The serving suite: the shapes users run (decode against block-pruned weights, the N alignment
+// step, mixture-of-experts, structured and skewed patterns), fp16, beside the dense peers.
+std::vector<Workload> serving_workloads(DType dtype) {
+  auto w = [dtype](const char* name, int64_t m, int64_t n, int64_t k, int b, double density, PatternKind p) {
+    Workload x;
+    x.name = name;
+    x.m = m;
+    x.n = n;
+    x.k = k;
+    x.bm = x.bk = b;
+    x.density = density;
+    x.pattern = p;
+    x.dtype = dtype;
+    return x;
+  };
+  const PatternKind fixed = PatternKind::fixed_k;
+  return {w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed),
+          w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed),
+          w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed),
+          w("unaligned N=999", 8256, 999, 8192, 64, 0.125, fixed),
+          w("aligned N=1000", 8256, 1000, 8192, 64, 0.125, fixed),
+          w("8 experts (block-diagonal)", 8192, 8192, 8192, 128, 0.125, PatternKind::block_diagonal),
+          w("banded", 8192, 8192, 8192, 64, 0.125, PatternKind::banded),
+          w("lower-triangular", 8192, 8192, 8192, 64, 0.5, PatternKind::causal),
+          w("power-law rows", 8192, 8192, 8192, 128, 0.125, PatternKind::power_law),
+          w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
+}
+
+// `--op attention` or `--suite attention` selects the attention bench, which has flags of its own.
+bool attention_requested(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--op=attention" || a == "--suite=attention") return true;
+    if ((a == "--op" || a == "--suite") && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
+  }
+  return false;
+}
+
 int bench_main(const std::vector<std::string>& argv) {
+  if (attention_requested(argv)) return bench_attention_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -598,11 +658,17 @@ int bench_main(const std::vector<std::string>& argv) {
                "--op dsd (default): C = op(A)*B, A block-sparse; --op dds: C = A*op(B), B block-sparse (the\n"
                "layer forward y = x*W^T is --op dds --trans); --op sdd: C = A*B on C's blocks only (the weight\n"
                "gradient dW = dy^T*x is --op sdd --a-layout col). With a GPU and no shape flags it runs the\n"
-               "op's workload table: dsd 8192^3 at 128x128, 64x64, 32x32 and 12.5%; 4096^3 64x64 12.5%;\n"
-               "8192^3 128x128 25%; 8192^3 128x32 6.25%. dds: M=4096 N=14336 K=4096 64x64 25%, 8192^3\n"
-               "128x128 12.5%. sdd: M=14336 N=4096 K=4096 64x64 25%, 8192^3 128x128 12.5% (fixed_k, f16).\n"
-               "Without a GPU it runs the CPU backend on 1024^3, 64x64, 12.5% and says so. Exit code 1 when\n"
-               "a variant failed or produced a wrong result.",
+               "op's workload table and reports effective TFLOPS: dsd 8192^3 at 128x128, 64x64, 32x32 and\n"
+               "12.5%; 4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%. dds: M=4096 N=14336\n"
+               "K=4096 64x64 25%, 8192^3 128x128 12.5%. sdd: M=14336 N=4096 K=4096 64x64 25%, 8192^3\n"
+               "128x128 12.5% (fixed_k, f16). Without a GPU it runs the CPU backend on 1024^3, 64x64, 12.5%,\n"
+               "says so, and reports effective GFLOPS. --suite serving runs what serving and training users\n"
+               "run instead (GPU only, DSD): decode with W 14336x4096 at 64x64, 25% and N = 1, 16, 128 (with\n"
+               "the rate at which A's values are read); M 8256, K 8192 at N = 999 and 1000; 8 experts of\n"
+               "1024x1024 (block-diagonal, 128x128); banded and lower-triangular 64x64; power-law and\n"
+               "uniform rows at 128x128, 12.5%. Exit code 1 when a variant failed or produced a wrong\n"
+               "result, or when --compare finds a row more than --threshold percent slower than its\n"
+               "baseline (matched by workload and variant; sparsek's own variants, not the peers).",
                kSpecs);
     return 0;
   }
@@ -622,7 +688,7 @@ int bench_main(const std::vector<std::string>& argv) {
   if (op_name == "dsd") custom.kind = OpKind::dsd;
   else if (op_name == "dds") custom.kind = OpKind::dds;
   else if (op_name == "sdd") custom.kind = OpKind::sdd;
-  else args.bad("--op", "must be one of dsd, dds, sdd");
+  else args.bad("--op", "must be one of dsd, dds, sdd or attention");
   if (args.has("--trans")) {
     if (custom.kind == OpKind::sdd) args.bad("--trans", "sdd has no op (its sparse operand is the output)");
     custom.op = Op::trans;
@@ -641,6 +707,7 @@ int bench_main(const std::vector<std::string>& argv) {
   const bool dtype_given = args.has("--dtype");
   DType dtype = args.dtype("--dtype", DType::f16);
   const uint64_t seed = args.seed("--seed", 1);
+  const int threads = int(args.integer("--threads", 0, 1, 4096));
   std::vector<std::string> only = args.list("--variants");
   for (const std::string& name : only)
     if (!find_variant(name) && name != kDenseGemm && name != kEllSpmm) {
@@ -648,16 +715,49 @@ int bench_main(const std::vector<std::string>& argv) {
       for (const Variant& v : variants()) known += std::string(v.name) + ", ";
       args.bad("--variants", "unknown variant '" + name + "' (known: " + known + kDenseGemm + ", " + kEllSpmm + ")");
     }
-  const std::string json = args.str("--json", "");
-  if (args.has("--json") && json.empty()) args.bad("--json", "needs a file name");
+  const std::string suite = args.str("--suite", "spec");
+  if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
+  if (suite == "serving" && shaped)
+    args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
+  const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
+  if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
+  if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
+  const double threshold = args.real("--threshold", 5.0, 0.0, 1000.0);
+  JsonOutput json(args);
+
+  if (!from.empty()) {  // the gate on recorded results: nothing runs
+    Json results = read_json_file(from, "--from");
+    Json gate;
+    const int rc = bench_gate(results, baseline, threshold, &gate);
+    results["gate"] = gate;
+    json.write(results);
+    json.say_written();
+    return rc;
+  }
 
   const bool gpu = use_gpu(backend);
   const DeviceInfo& info = device_info();
+  if (suite == "serving" && (custom.kind != OpKind::dsd || custom.op == Op::trans || custom.lb == Layout::col_major))
+    args.bad("--suite", "serving runs DSD with op none and row-major B; not with --op " + op_name +
+                            (custom.op == Op::trans ? " --trans" : "") +
+                            (custom.lb == Layout::col_major ? " --b-layout col" : ""));
+  if (suite == "serving" && !gpu)
+    args.bad("--suite", "these workloads are sized for a GPU and none is in use (" +
+                            (backend == Backend::cpu ? std::string("--backend cpu") : info.why_not) + ")");
+  // --variants names rows of one backend: the GPU's (and the peers' core rows) or the CPU's.
+  for (const std::string& name : only) {
+    const Variant* v = find_variant(name);
+    const bool gpu_row = !v || v->backend == Backend::cuda;
+    if (gpu_row && !gpu) {
+      if (backend == Backend::cpu) args.bad("--variants", "'" + name + "' is a GPU row, but --backend cpu");
+      throw Error(Status::no_device, "--variants " + name + ": a GPU row, but no GPU found: " + info.why_not);
+    }
+    if (!gpu_row && gpu)
+      args.bad("--variants", "'" + name + "' runs on the CPU backend; with a GPU add --backend cpu");
+  }
   const int reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
-  std::string cmdline = "sparsek bench";
-  for (const std::string& a : argv) cmdline += " " + a;
   Progress progress(stdout_is_tty());
   std::vector<Result> results;
 
@@ -680,6 +780,8 @@ int bench_main(const std::vector<std::string>& argv) {
     Workload w = fill_dims(custom, 8192);
     w.dtype = dtype;
     table.push_back(w);
+  } else if (suite == "serving") {
+    table = serving_workloads(dtype);
   } else if (custom.kind == OpKind::dsd) {
     for (const SpecWorkload& d : spec_workloads()) {
       Workload w = custom;
@@ -713,13 +815,20 @@ int bench_main(const std::vector<std::string>& argv) {
       table.push_back(w);
     }
   }
+  // Rows to time: the listed ones, else every variant of the backend (+ the two peer core rows).
+  size_t rows_each = 0;
+  for (const Variant& v : variants())
+    rows_each += v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name);
+  if (gpu) rows_each += size_t(wanted(only, kDenseGemm)) + size_t(wanted(only, kEllSpmm));
+  Steps steps{progress, 0, std::max<size_t>(1, rows_each * table.size())};
 
   if (!gpu) {
+    const int t = cpu_threads(threads);
     if (backend == Backend::cpu)
-      std::printf("running the CPU backend (--backend cpu)\n");
+      std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", t);
     else
-      std::printf("no GPU found: %s; running the CPU backend\n", info.why_not.c_str());
-    results.push_back(run_cpu(table[0], reps, warmup, seed, only, progress));
+      std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), t);
+    results.push_back(run_cpu(table[0], reps, warmup, seed, only, threads, steps));
     print_result(results.back(), false);
   } else {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
@@ -728,20 +837,29 @@ int bench_main(const std::vector<std::string>& argv) {
     std::printf("median of %d runs after %d warm-up runs, CUDA events; alpha = 1, beta = 0\n", reps, warmup);
     for (size_t i = 0; i < table.size(); ++i) {
       std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
-      results.push_back(run_gpu(table[i], reps, warmup, seed, only, progress, prefix));
+      results.push_back(run_gpu(table[i], reps, warmup, seed, only, steps, prefix));
       print_result(results.back(), true);
       std::fflush(stdout);
     }
   }
-  if (!json.empty()) {
-    write_json(json, results, gpu, cmdline, reps, warmup, seed);
-    std::printf("\nwrote %s\n", json.c_str());
-  }
   int bad = 0;
   for (const Result& r : results)
     for (const Row& x : r.rows) bad += x.status == "failed" || x.wrong;
+  Json doc = to_json(results, gpu, argv, reps, warmup, seed, cpu_threads(threads));
+  int gate_rc = 0;
+  if (!baseline.empty()) {
+    std::printf("\n");
+    Json gate;
+    gate_rc = bench_gate(doc, baseline, threshold, &gate);
+    doc["gate"] = gate;
+  }
+  if (json.enabled()) {
+    json.write(doc);
+    std::printf("\n");
+    json.say_written();
+  }
   if (bad) std::printf("%d row(s) failed or gave a wrong result\n", bad);
-  return bad ? 1 : 0;
+  return bad || gate_rc ? 1 : 0;
 }
 
 }  // namespace sparsek::cli

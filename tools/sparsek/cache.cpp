@@ -39,16 +39,17 @@ std::string mode_text() {
   }
 }
 
-const char* kUsage = "sparsek cache show|clear";
+const char* kUsage = "sparsek cache show|clear [--json FILE]";
 const char* kAbout =
     "show: the tuning cache's path, state and entries (entries for another GPU, driver or sparsek\n"
-    "build are listed but not used here). clear: removes the cache file.\n"
+    "build are listed but not used here). clear: removes the cache file (when the path is a\n"
+    "symbolic link, the file it names; the link stays).\n"
     "The cache is $SPARSEK_CACHE, else ~/.cache/sparsek/tune.json.";
 
 }  // namespace
 
 int cache_main(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> specs = {};
+  const std::vector<FlagSpec> specs = {{"--json", "FILE", "also write the result (show: the state and entries) as JSON (- for stdout)"}};
   std::string action = argv.empty() ? "" : argv[0];
   std::vector<std::string> rest(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
   if (action == "--help" || action == "-h") {
@@ -62,24 +63,42 @@ int cache_main(const std::vector<std::string>& argv) {
   }
   if (action != "show" && action != "clear")
     throw UsageError(action.empty() ? "needs an action: show or clear" : "unknown action '" + action + "' (show or clear)");
+  JsonOutput json(args);
+  Json doc = json_header("cache", argv);
+  doc["action"] = action;
   const std::string path = tune_cache_path();
   if (path.empty()) {
     std::printf("no tuning cache path: neither $SPARSEK_CACHE nor $HOME is set\n");
+    doc["path"] = nullptr;
+    json.write(doc);
     return action == "show" ? 0 : 1;
   }
   TuneCache cache(path);
   if (action == "clear") {
     size_t n = cache.clear();
     std::printf("removed %s (%zu entr%s)\n", path.c_str(), n, n == 1 ? "y" : "ies");
+    doc["path"] = path;
+    doc["removed_entries"] = n;
+    json.write(doc);
     return 0;
   }
   const std::string state = cache.state();
   const std::vector<TuneEntry> entries = cache.entries();
   std::printf("tuning cache %s: %s, %zu entr%s (SPARSEK_TUNE=%s)\n", path.c_str(), state.c_str(), entries.size(),
               entries.size() == 1 ? "y" : "ies", mode_text().c_str());
+  doc["path"] = path;
+  doc["state"] = state;
+  doc["tune_mode"] = mode_text();
+  doc["entries"] = Json::array();
   for (size_t i = 0; i < entries.size(); ++i) {
     const TuneEntry& e = entries[i];
     std::string foreign = foreign_reason(e.key);
+    Json cands = Json::object();
+    for (const auto& kv : e.candidates) cands[kv.first] = num(kv.second);
+    doc["entries"].push_back({{"key", describe(e.key)}, {"variant", e.variant}, {"time_ms", num(e.time_ms)},
+                              {"default_variant", e.default_variant}, {"default_ms", num(e.default_ms)},
+                              {"candidates_ms", cands}, {"created", e.created},
+                              {"used_here", foreign.empty()}, {"not_used_because", foreign}});
     std::printf("[%zu] %s\n", i + 1, describe(e.key).c_str());
     std::printf("    -> %s %.4f ms", e.variant.c_str(), e.time_ms);
     if (!e.default_variant.empty() && e.default_ms > 0)
@@ -94,6 +113,8 @@ int cache_main(const std::vector<std::string>& argv) {
       std::printf("    candidates (ms): %s\n", c.c_str());
     }
   }
+  json.write(doc);
+  json.say_written();
   return 0;
 }
 

@@ -1,18 +1,25 @@
 // Shared pieces of the `sparsek` CLI: flag parsing (bad flags -> exit code 2 with a message naming
-// the flag and the value), host/device buffers, random data, progress, tables and JSON.
+// the flag and the value), host/device buffers, random data, progress, tables and JSON output.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
 
 namespace sparsek::cli {
+
+// The CLI's JSON documents (nlohmann's ordered_json keeps keys in the order written).
+using Json = nlohmann::ordered_json;
 
 // A command-line mistake: main() prints it with the subcommand's name and exits with code 2.
 struct UsageError : std::runtime_error {
@@ -37,7 +44,7 @@ class Args {
   // the flag and the value.
   int64_t integer(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const;
   double real(const std::string& name, double dflt, double lo_exclusive, double hi_inclusive) const;
-  uint64_t seed(const std::string& name, uint64_t dflt) const;
+  uint64_t seed(const std::string& name, uint64_t dflt) const;  // decimal (a leading 0 is not octal)
   DType dtype(const std::string& name, DType dflt) const;
   PatternKind pattern(const std::string& name, PatternKind dflt) const;
   void block(const std::string& name, int* bm, int* bk) const;  // "BMxBK", each in {16,32,64,128}
@@ -65,12 +72,23 @@ struct SpecWorkload {
 };
 const std::vector<SpecWorkload>& spec_workloads();
 
+// A JSON file read whole (Error(io_error) naming `flag`, the path and the reason, or the parse
+// error with its position).
+Json read_json_file(const std::string& path, const char* flag);
+
+// `bench --compare`: results (bench's JSON) against the baseline at `baseline` (a bench JSON
+// file, or a directory holding one per machine: the one of the results' machine is used). Prints
+// the comparison; fills *report; returns 0 (no sparsek row more than threshold_pct slower), else 1.
+int bench_gate(const Json& results, const std::string& baseline, double threshold_pct, Json* report);
+
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);
+int bench_attention_main(const std::vector<std::string>& argv);  // bench --op attention (bench_attention.cpp)
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
 int tune_main(const std::vector<std::string>& argv);   // tune.cpp
 int cache_main(const std::vector<std::string>& argv);  // cache.cpp
+int profile_main(const std::vector<std::string>& argv);  // profile.cpp
 // doctor's tuning-cache section (cache.cpp); appends problems to `missing`.
 void doctor_tune_cache(std::vector<std::string>& missing);
 
@@ -123,19 +141,32 @@ struct DeviceBuffer {
   void download(void* dst, size_t n) const;
 };
 
+// Host memory a job needs, checked before allocating: Error(invalid_argument) naming `what`, the
+// size and the machine's memory when it cannot fit (instead of std::bad_alloc with no size).
+void check_host_bytes(const std::string& what, double bytes);
+// The same for device memory (against the free memory cudaMemGetInfo reports).
+void check_device_bytes(const std::string& what, double bytes);
+
 // ---- output ----
 // True when stdout is a terminal: only then do long jobs draw a progress line.
 bool stdout_is_tty();
+// One progress line: "[#########...............]  37%  12/32  ETA 0:41  what" (ETA from the
+// elapsed time per finished step; "ETA --:--" before the first).
+std::string progress_line(size_t done, size_t total, double elapsed_s, const std::string& what);
 class Progress {
  public:
-  explicit Progress(bool enabled) : on_(enabled) {}
+  // SPARSEK_PROGRESS=1 forces the line on (=0 off) whatever stdout is.
+  explicit Progress(bool enabled);
   void update(const std::string& text);  // redraws one line
+  // Draws progress_line(done, total, seconds since construction, what).
+  void step(size_t done, size_t total, const std::string& what);
   void clear();
   ~Progress() { clear(); }
 
  private:
   bool on_;
   bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // Left-aligned first column, right-aligned others; widths from the content.
@@ -143,28 +174,38 @@ void print_table(const std::vector<std::string>& header, const std::vector<std::
 std::string fmt(double v, int digits);  // fixed, "-" for NaN
 std::string fmt_sci(double v);          // 1.2e-04, "-" for NaN, "inf"
 
-// Minimal JSON writer (objects, arrays, strings, numbers, booleans).
-class Json {
+// A number that is not finite becomes null in JSON (which has no NaN).
+Json num(double v);
+
+// `--json FILE` of a subcommand, opened before any work so that an unwritable path fails at once
+// (Error(io_error) naming the path and the reason). FILE "-" writes the JSON to stdout and moves
+// the human-readable text to stderr.
+class JsonOutput {
  public:
-  Json& begin_object(const char* key = nullptr);
-  Json& end_object();
-  Json& begin_array(const char* key = nullptr);
-  Json& end_array();
-  Json& kv(const char* key, const std::string& v);
-  Json& kv(const char* key, const char* v) { return kv(key, std::string(v)); }
-  Json& kv(const char* key, double v);
-  Json& kv(const char* key, int64_t v);
-  Json& kv(const char* key, int v) { return kv(key, int64_t(v)); }
-  Json& kv(const char* key, bool v);
-  Json& value(double v);
-  const std::string& str() const { return s_; }
+  JsonOutput() = default;
+  JsonOutput(const Args& args, const char* flag = "--json");
+  bool enabled() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+  void write(const Json& doc);  // pretty-printed; Error(io_error) with the reason
+  // "wrote FILE" for a file, nothing for stdout.
+  void say_written() const;
 
  private:
-  void sep(const char* key);
-  std::string s_;
-  std::vector<bool> first_{true};
+  std::string path_;
+  int fd_ = -1;  // stdout's original descriptor when path_ is "-"
 };
-std::string json_escape(const std::string& s);
+// The header every subcommand's JSON starts with.
+Json json_header(const char* tool, const std::vector<std::string>& argv);
+
+// The "device" object of a bench's JSON: the GPU that answered (or why none did); for a CPU run
+// (gpu false) also the CPU model and the thread count.
+Json device_json(bool gpu, int threads);
+
+// ---- timing ----
+double median(std::vector<double> v);  // NaN when empty
+// Warm-up, then `reps` runs each bracketed by CUDA events on the legacy default stream; run(set)
+// enqueues one run on input set `set` (rotated over `sets`). Returns the per-run times in ms.
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

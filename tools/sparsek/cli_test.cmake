@@ -1,10 +1,12 @@
 # CTest driver for the `sparsek` CLI (cmake -P, so the tests need nothing but CMake).
 #
 #   -DCLI=<sparsek binary> -DARGS=<args separated by |> [-DEXPECT_RC=<code>] [-DREGEX=<regex>]
+#   [-DNOT_REGEX=<regex>] [-DABSENT=<path>]
 #   [-DJSON=<file written by `bench --json`>: parsed and checked]
 #
 # Fails unless the exit code equals EXPECT_RC (default 0), the combined stdout+stderr matches
-# REGEX (when given), and, with JSON, the file parses and holds a measured, correct CPU or GPU row.
+# REGEX and does not match NOT_REGEX (when given), ABSENT does not exist after the run, and, with
+# JSON, the file parses and holds a measured, correct CPU or GPU row.
 string(REPLACE "|" ";" args "${ARGS}")
 if(NOT DEFINED EXPECT_RC)
   set(EXPECT_RC 0)
@@ -21,6 +23,13 @@ endif()
 if(DEFINED REGEX AND NOT all MATCHES "${REGEX}")
   message(FATAL_ERROR "output does not match '${REGEX}'")
 endif()
+if(DEFINED NOT_REGEX AND all MATCHES "${NOT_REGEX}")
+  message(FATAL_ERROR "output matches '${NOT_REGEX}', which it must not")
+endif()
+if(DEFINED ABSENT AND EXISTS "${ABSENT}")
+  file(REMOVE "${ABSENT}")
+  message(FATAL_ERROR "${ABSENT} exists after the run")
+endif()
 
 if(JSON)
   file(READ "${JSON}" doc)
@@ -30,6 +39,12 @@ if(JSON)
     message(FATAL_ERROR "${JSON} does not parse: ${jerr}")
   endif()
   string(JSON available GET "${doc}" device available)
+  string(JSON op ERROR_VARIABLE no_op GET "${doc}" op)
+  if(op STREQUAL "attention")
+    set(err_key max_abs_error_o)
+  else()
+    set(err_key rel_error)
+  endif()
   if(ARGS MATCHES "--backend\\|cpu")
     if(NOT mode STREQUAL "cpu")
       message(FATAL_ERROR "--backend cpu, but bench ran in '${mode}' mode")
@@ -57,13 +72,14 @@ if(JSON)
     if(status STREQUAL "ok")
       string(JSON ms GET "${doc}" workloads 0 variants ${i} median_ms)
       string(JSON tf GET "${doc}" workloads 0 variants ${i} effective_tflops)
-      string(JSON err GET "${doc}" workloads 0 variants ${i} rel_error)
+      # Products report a relative error, attention the max |error| of O (its elements are in [-1, 1]).
+      string(JSON err GET "${doc}" workloads 0 variants ${i} ${err_key})
       string(JSON ntimes LENGTH "${doc}" workloads 0 variants ${i} times_ms)
       if(NOT ms GREATER 0 OR NOT tf GREATER 0 OR NOT ntimes GREATER 0)
         message(FATAL_ERROR "variant ${name}: median_ms=${ms} effective_tflops=${tf} times=${ntimes}")
       endif()
       if(NOT err LESS 1e-3)
-        message(FATAL_ERROR "variant ${name}: rel_error=${err} (expected < 1e-3)")
+        message(FATAL_ERROR "variant ${name}: ${err_key}=${err} (expected < 1e-3)")
       endif()
       math(EXPR ok_rows "${ok_rows} + 1")
     endif()

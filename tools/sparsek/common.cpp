@@ -1,16 +1,22 @@
 // Shared pieces of the CLI (see cli.hpp).
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <limits>
 
 #include "cli.hpp"
 #include "core/device.hpp"
+#include "cuda/peers/peers.hpp"
+#include "sparsek/tune.hpp"
 
 namespace sparsek::cli {
 
@@ -89,8 +95,10 @@ uint64_t Args::seed(const std::string& name, uint64_t dflt) const {
   const std::string& v = values_.at(name);
   errno = 0;
   char* end = nullptr;
-  unsigned long long x = std::strtoull(v.c_str(), &end, 0);
-  if (v.empty() || v[0] == '-' || *end != '\0' || errno == ERANGE) bad(name, "not an unsigned integer");
+  // Base 10: "010" is ten, not eight; "09" is nine.
+  unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0' || errno == ERANGE)
+    bad(name, "not an unsigned decimal integer");
   return x;
 }
 
@@ -221,10 +229,50 @@ void DeviceBuffer::download(void* dst, size_t n) const {
   if (n) check_cuda(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
 }
 
+void check_host_bytes(const std::string& what, double bytes) {
+  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (phys > 0 && bytes > phys)
+    throw Error(Status::invalid_argument, what + " needs " + fmt(bytes / double(1 << 30), 1) +
+                                              " GiB of host memory; this machine has " +
+                                              fmt(phys / double(1 << 30), 1) + " GiB");
+}
+
+void check_device_bytes(const std::string& what, double bytes) {
+  size_t free_b = 0, total_b = 0;
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (bytes > double(free_b))
+    throw Error(Status::invalid_argument, what + " needs " + fmt(bytes / double(1 << 30), 1) +
+                                              " GiB of GPU memory; " + fmt(double(free_b) / double(1 << 30), 1) +
+                                              " GiB of " + fmt(double(total_b) / double(1 << 30), 1) + " GiB are free");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output
 
 bool stdout_is_tty() { return isatty(STDOUT_FILENO) == 1; }
+
+std::string progress_line(size_t done, size_t total, double elapsed_s, const std::string& what) {
+  const size_t width = 24;
+  const size_t fill = total ? std::min(done, total) * width / total : width;
+  const int pct = total ? int(100.0 * double(std::min(done, total)) / double(total)) : 100;
+  char eta[32] = "--:--";
+  if (done > 0 && total >= done) {
+    const long left = std::lround(elapsed_s / double(done) * double(total - done));
+    std::snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
+  }
+  char head[96];
+  std::snprintf(head, sizeof head, "] %3d%%  %zu/%zu  ETA %s", pct, done, total, eta);
+  return "[" + std::string(fill, '#') + std::string(width - fill, '.') + head + (what.empty() ? "" : "  " + what);
+}
+
+Progress::Progress(bool enabled) : on_(enabled) {
+  if (const char* e = std::getenv("SPARSEK_PROGRESS"); e && *e) on_ = std::string(e) != "0";
+}
+
+void Progress::step(size_t done, size_t total, const std::string& what) {
+  update(progress_line(done, total, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+                       what));
+}
 
 void Progress::update(const std::string& text) {
   if (!on_) return;
@@ -285,83 +333,65 @@ std::string fmt_sci(double v) {
   return b;
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      case '\r': o += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          o += b;
-        } else {
-          o += c;
-        }
-    }
+Json num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+JsonOutput::JsonOutput(const Args& args, const char* flag) {
+  if (!args.has(flag)) return;
+  path_ = args.str(flag, "");
+  if (path_.empty()) args.bad(flag, "needs a file name (or - for stdout)");
+  if (path_ == "-") {
+    // The JSON keeps stdout; everything else printed goes to stderr from here on.
+    std::fflush(stdout);
+    fd_ = ::dup(STDOUT_FILENO);
+    if (fd_ < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
+      throw Error(Status::io_error, std::string(flag) + " -: cannot redirect stdout: " + std::strerror(errno));
+    return;
   }
-  return o;
+  // Fail now, not after the work: open for writing without truncating, and remove the file again
+  // if this made it.
+  struct stat st {};
+  const bool existed = ::stat(path_.c_str(), &st) == 0;
+  if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path_ + ": it is a directory");
+  int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path_ + ": " + std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(path_.c_str());
 }
 
-void Json::sep(const char* key) {
-  if (!first_.back()) s_ += ",";
-  first_.back() = false;
-  s_ += "\n" + std::string(2 * (first_.size() - 1), ' ');
-  if (key) s_ += "\"" + json_escape(key) + "\": ";
-}
-Json& Json::begin_object(const char* key) {
-  if (!s_.empty()) sep(key);
-  s_ += "{";
-  first_.push_back(true);
-  return *this;
-}
-Json& Json::end_object() {
-  first_.pop_back();
-  s_ += "\n" + std::string(2 * (first_.size() - 1), ' ') + "}";
-  return *this;
-}
-Json& Json::begin_array(const char* key) {
-  sep(key);
-  s_ += "[";
-  first_.push_back(true);
-  return *this;
-}
-Json& Json::end_array() {
-  first_.pop_back();
-  s_ += "]";
-  return *this;
-}
-Json& Json::kv(const char* key, const std::string& v) {
-  sep(key);
-  s_ += "\"" + json_escape(v) + "\"";
-  return *this;
-}
-Json& Json::kv(const char* key, double v) {
-  sep(key);
-  if (!std::isfinite(v)) {
-    s_ += "null";  // JSON has no NaN/Inf
-  } else {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.10g", v);
-    s_ += b;
+void JsonOutput::write(const Json& doc) {
+  if (!enabled()) return;
+  const std::string text = doc.dump(2) + "\n";
+  int fd = fd_ >= 0 ? fd_ : ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(Status::io_error, "cannot write --json " + path_ + ": " + std::strerror(errno));
+  size_t off = 0;
+  int err = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    off += size_t(n);
   }
-  return *this;
+  if (fd_ < 0 && ::close(fd) != 0 && !err) err = errno;
+  if (err) throw Error(Status::io_error, "cannot write --json " + path_ + ": " + std::strerror(err));
 }
-Json& Json::kv(const char* key, int64_t v) {
-  sep(key);
-  s_ += std::to_string(v);
-  return *this;
+
+void JsonOutput::say_written() const {
+  if (enabled() && fd_ < 0) std::printf("wrote %s\n", path_.c_str());
 }
-Json& Json::kv(const char* key, bool v) {
-  sep(key);
-  s_ += v ? "true" : "false";
-  return *this;
+
+Json json_header(const char* tool, const std::vector<std::string>& argv) {
+  std::string cmdline = std::string("sparsek ") + tool;
+  for (const std::string& a : argv) cmdline += " " + a;
+  Json j;
+  j["tool"] = std::string("sparsek ") + tool;
+  j["sparsek_version"] = version();
+  j["date"] = now_utc_iso8601();
+  j["command"] = cmdline;
+  return j;
 }
-Json& Json::value(double v) { return kv(nullptr, v); }
 
 std::string now_utc_iso8601() {
   std::time_t t = std::time(nullptr);
@@ -373,5 +403,69 @@ std::string now_utc_iso8601() {
 }
 
 std::string block_str(int bm, int bk) { return std::to_string(bm) + "x" + std::to_string(bk); }
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+struct GpuTimer {
+  std::vector<cudaEvent_t> ev;
+  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
+    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  ~GpuTimer() {
+    for (auto& e : ev) cudaEventDestroy(e);
+  }
+};
+}  // namespace
+
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets) {
+  for (int i = 0; i < warmup; ++i) run(i % sets);
+  check_cuda(cudaDeviceSynchronize(), "warm-up");
+  GpuTimer t(reps);
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
+    run((warmup + i) % sets);
+    check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
+  }
+  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
+  std::vector<double> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float x = 0;
+    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
+    ms[size_t(i)] = x;
+  }
+  return ms;
+}
+
+Json device_json(bool gpu, int threads) {
+  const DeviceInfo& d = device_info();
+  Json j;
+  j["available"] = d.available;
+  if (d.available) {
+    j["name"] = d.name;
+    j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    j["sm_count"] = d.sm_count;
+    j["l2_bytes"] = int64_t(d.l2_bytes);
+    j["driver_version"] = d.driver_version;
+    j["runtime_version"] = d.runtime_version;
+    j["cublas"] = peers::cublas_version();
+    j["cusparse"] = peers::cusparse_version();
+  } else {
+    j["why_not"] = d.why_not;
+  }
+  if (!gpu) {
+    j["cpu"] = tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, threads).device;
+    j["threads"] = threads;
+  }
+  return j;
+}
 
 }  // namespace sparsek::cli

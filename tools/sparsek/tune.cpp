@@ -43,7 +43,9 @@ const std::vector<FlagSpec> kSpecs = {
     {"--run-overhead", nullptr, "measure the host time of run(plan) against the bare variant launch and gemm()"},
     {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
     {"--compare", nullptr, "after tuning, re-time the candidates and compare the tuner's pick with the best"},
-    {"--spec-workloads", nullptr, "--compare over SPEC 6's workload table (bench's default list; GPU only)"},
+    {"--spec-workloads", nullptr, "--compare over bench's workload table (its default list on a GPU; GPU only)"},
+    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    {"--json", "FILE", "also write the results as JSON (- for stdout)"},
 };
 
 struct Problem {
@@ -105,12 +107,6 @@ std::unique_ptr<Problem> make_problem(int64_t m, int64_t n, int64_t k, int bm, i
   return p;
 }
 
-std::string bar(size_t done, size_t total) {
-  const size_t width = 24;
-  size_t fill = total ? done * width / total : width;
-  return "[" + std::string(fill, '#') + std::string(width - fill, '.') + "]";
-}
-
 struct Workload {
   int64_t m, n, k;
   int bm, bk;
@@ -136,17 +132,25 @@ double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0 : s / double(v.size());
 }
 
+// Effective rate in the unit of the machine: TFLOPS on a GPU, GFLOPS on the CPU.
+double rate(double flops, double ms, bool gpu) { return ms > 0 ? flops / (ms * 1e-3) / (gpu ? 1e12 : 1e9) : std::nan(""); }
+const char* rate_unit(bool gpu) { return gpu ? "eff TFLOPS" : "eff GFLOPS"; }
+
+Json workload_json(const Workload& w) {
+  return {{"m", w.m}, {"n", w.n}, {"k", w.k}, {"bm", w.bm}, {"bk", w.bk}, {"density", w.density},
+          {"pattern", to_string(w.kind)}, {"dtype", to_string(w.dtype)}};
+}
+
 // Tunes w, prints the candidate table and the winner. *ok = false when storing was asked for and
-// failed.
+// failed. *out gets the same as JSON.
 TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneOptions to, uint64_t seed,
-                          const std::string& where, bool* ok) {
+                          const std::string& where, bool* ok, Json* out) {
   auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, false);
   std::printf("sparsek %s tune: %s (nnzb=%lld) on %s\n", version(), describe(w).c_str(),
               static_cast<long long>(prob->g.sparse.nnzb), where.c_str());
   Progress progress(stdout_is_tty());
   to.progress = [&](size_t done, size_t total, const std::string& name) {
-    progress.update("tuning " + bar(done, total) + " " + std::to_string(done) + "/" + std::to_string(total) +
-                    (name.empty() ? "" : " " + name));
+    progress.step(done, total, name.empty() ? "" : "timing " + name);
   };
   TuneReport r = tune(prob->g, opt, to);
   progress.clear();
@@ -155,15 +159,25 @@ TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneO
   std::printf("reference: %s; each candidate's median of timed runs after %d warm-up run(s)\n\n",
               r.reference.c_str(), std::max(1, to.warmup));
   std::vector<std::vector<std::string>> rows;
+  Json cj = Json::array();
   for (const TuneCandidate& c : r.candidates) {
     std::string mark = c.variant == r.entry.variant ? " <- winner" : "";
     if (c.variant == r.entry.default_variant) mark += " (default)";
     rows.push_back({c.variant, c.correct ? fmt(c.median_ms, 4) : "-",
-                    c.correct && c.median_ms > 0 ? fmt(flops / (c.median_ms * 1e-3) / 1e12, 3) : "-",
+                    c.correct ? fmt(rate(flops, c.median_ms, gpu), 3) : "-",
                     c.correct ? "ok (err " + fmt_sci(c.error) + ")" : (c.ran ? "WRONG" : "failed"),
                     mark.empty() ? (c.correct ? "" : c.note.substr(0, 100)) : mark});
+    cj.push_back({{"variant", c.variant}, {"ran", c.ran}, {"correct", c.correct},
+                  {"median_ms", c.correct ? num(c.median_ms) : Json(nullptr)},
+                  {"effective_tflops", c.correct ? num(rate(flops, c.median_ms, true)) : Json(nullptr)},
+                  {"error", num(c.error)}, {"note", c.note}});
   }
-  print_table({"variant", "median ms", "eff TFLOPS", "check", ""}, rows);
+  print_table({"variant", "median ms", rate_unit(gpu), "check", ""}, rows);
+  *out = {{"workload", workload_json(w)},  {"nnzb", prob->g.sparse.nnzb},
+          {"reference", r.reference},     {"candidates", cj},
+          {"winner", r.entry.variant},    {"winner_ms", num(r.entry.time_ms)},
+          {"default", r.entry.default_variant}, {"default_ms", num(r.entry.default_ms)},
+          {"speedup_over_default", num(r.speedup)}, {"stored", r.stored}, {"store_error", r.store_error}};
 
   const TuneEntry& e = r.entry;
   std::printf("\n");
@@ -206,7 +220,7 @@ TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneO
 // is compared with the fastest correct candidate's. Returns the grep-able line ("" + *pct = NaN
 // when the pick did not run correctly in the second pass).
 std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOptions to, uint64_t seed,
-                         const TuneReport& first, double* pct) {
+                         const TuneReport& first, double* pct, Json* out) {
   auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, false);
   to.store = false;
   to.progress = nullptr;
@@ -227,6 +241,8 @@ std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOp
     return "";
   }
   *pct = 100.0 * (pick->median_ms / best->median_ms - 1.0);
+  *out = {{"pick", pick->variant}, {"pick_ms", num(pick->median_ms)}, {"best", best->variant},
+          {"best_ms", num(best->median_ms)}, {"pick_within_pct_of_best", num(*pct)}};
   char line[512];
   std::snprintf(line, sizeof line, "tuner pick: %s %.4f ms; best: %s %.4f ms; pick within %.1f%% of best",
                 pick->variant.c_str(), pick->median_ms, best->variant.c_str(), best->median_ms, *pct);
@@ -242,7 +258,7 @@ std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOp
 // Calls go in batches, interleaved by kind; on a GPU the stream is synchronized between batches
 // (untimed), so a full launch queue never makes the host wait for kernels.
 int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed, int calls,
-                 const std::string& where) {
+                 const std::string& where, Json* out) {
   auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, true);
   GemmArgs& g = prob->g;
   // Zeros, not garbage (NaN / denormal inputs could slow a CPU kernel).
@@ -309,10 +325,17 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   std::printf("host wall time per call, %d calls of each after %d warm-up calls, in interleaved batches of %d%s:\n",
               calls, warm, batch, gpu ? " (stream synchronized between batches, untimed)" : "");
   std::vector<std::vector<std::string>> rows;
-  for (int kind = 0; kind < 4; ++kind)
-    rows.push_back({names[kind], fmt(median_of(us[kind]), 2), fmt(mean_of(us[kind]), 2),
-                    fmt(*std::min_element(us[kind].begin(), us[kind].end()), 2)});
+  Json calls_j = Json::array();
+  for (int kind = 0; kind < 4; ++kind) {
+    const double mn = *std::min_element(us[kind].begin(), us[kind].end());
+    rows.push_back({names[kind], fmt(median_of(us[kind]), 2), fmt(mean_of(us[kind]), 2), fmt(mn, 2)});
+    calls_j.push_back({{"call", names[kind]}, {"median_us", median_of(us[kind])}, {"mean_us", mean_of(us[kind])},
+                       {"min_us", mn}});
+  }
   print_table({"call", "median us", "mean us", "min us"}, rows);
+  *out = {{"workload", workload_json(w)}, {"variant", p.variant()}, {"calls_each", calls}, {"host_us", calls_j},
+          {"overhead_us_median", median_of(us[0]) - median_of(us[1])},
+          {"overhead_us_mean", mean_of(us[0]) - mean_of(us[1])}};
   std::printf("run() overhead over the bare variant launch: %.2f us (median), %.2f us (mean); target < 5 us\n",
               median_of(us[0]) - median_of(us[1]), mean_of(us[0]) - mean_of(us[1]));
   return 0;
@@ -342,7 +365,7 @@ int tune_main(const std::vector<std::string>& argv) {
   if (int(overhead) + int(compare) + int(args.has("--plan-time")) > 1)
     args.bad(overhead ? "--run-overhead" : "--plan-time", "choose one of --plan-time, --run-overhead, --compare");
   if (spec && !gpu)
-    args.bad("--spec-workloads", "the SPEC 6 table is sized for a GPU (none is used here); use --compare on one workload");
+    args.bad("--spec-workloads", "bench's workload table is sized for a GPU (none is used here); use --compare on one workload");
   const int64_t big = int64_t(1) << 20;
   // --run-overhead: a product small enough that the host calls, not the product, take the time
   // (on the CPU the product runs inside the call, so it must be tiny for a us difference to show).
@@ -358,6 +381,10 @@ int tune_main(const std::vector<std::string>& argv) {
   const DType dtype = args.dtype("--dtype", gpu ? DType::f16 : DType::f32);
   const uint64_t seed = args.seed("--seed", 1);
   const int calls = int(args.integer("--calls", 2000, 1, 10000000));
+  const int threads = int(args.integer("--threads", 0, 1, 4096));
+  JsonOutput json(args);
+  Json doc = json_header("tune", argv);
+  doc["device"] = gpu ? info.name : std::string("cpu");
   TuneOptions to;
   to.warmup = int(args.integer("--warmup", 2, 0, 100000));
   to.max_reps = int(args.integer("--reps", 100, 1, 100000));
@@ -367,14 +394,35 @@ int tune_main(const std::vector<std::string>& argv) {
   to.seed = seed;
   Options opt;
   opt.backend = gpu ? Backend::cuda : Backend::cpu;
+  opt.threads = threads;
+  auto finish = [&](int rc) {
+    if (json.enabled()) {
+      json.write(doc);
+      json.say_written();
+    }
+    return rc;
+  };
 
   const std::string where =
       gpu ? info.name + " (" + std::to_string(info.sm_count) + " SMs, cc " + std::to_string(info.cc_major) + "." +
                 std::to_string(info.cc_minor) + ")"
           : std::string("the CPU backend") + (info.available ? "" : " (no GPU: " + info.why_not + ")");
   const Workload given{m, n, k, bm, bk, density, kind, dtype};
+  {
+    // The tuner's operands (A's stored values, B, C, and the reference's C in doubles), checked
+    // before anything is allocated.
+    const double es = double(dtype_size(dtype)), dm = double(m), dn = double(n), dk = double(k);
+    check_host_bytes("the workload --m " + std::to_string(m) + " --n " + std::to_string(n) + " --k " +
+                         std::to_string(k),
+                     (std::min(1.0, density * 1.01) * dm * dk + dk * dn + 2 * dm * dn) * es + 8 * dm * dn);
+  }
 
-  if (overhead) return run_overhead(given, gpu, opt, seed, calls, where);
+  if (overhead) {
+    Json r;
+    const int rc = run_overhead(given, gpu, opt, seed, calls, where, &r);
+    doc["run_overhead"] = r;
+    return finish(rc);
+  }
 
   if (args.has("--plan-time")) {
     auto prob = make_problem(m, n, k, bm, bk, density, kind, dtype, gpu, seed, true);
@@ -393,7 +441,10 @@ int tune_main(const std::vector<std::string>& argv) {
                 static_cast<long long>(prob->g.sparse.nnzb), where.c_str(), to_string(tune_mode()));
     std::printf("variant %s (%s); %d calls after 3 warm-up calls: median %.1f us, min %.1f us, max %.1f us\n",
                 p.variant().c_str(), p.chosen_by().c_str(), reps, us[us.size() / 2], us.front(), us.back());
-    return 0;
+    doc["plan_time"] = {{"workload", workload_json(given)}, {"variant", p.variant()}, {"chosen_by", p.chosen_by()},
+                        {"calls", reps}, {"median_us", us[us.size() / 2]}, {"min_us", us.front()},
+                        {"max_us", us.back()}};
+    return finish(0);
   }
 
   std::vector<Workload> table;
@@ -406,14 +457,22 @@ int tune_main(const std::vector<std::string>& argv) {
   int rc = 0;
   std::vector<std::string> lines;
   double worst = 0;
+  doc["tuned"] = Json::array();
   for (size_t i = 0; i < table.size(); ++i) {
     if (i) std::printf("\n");
     bool ok = true;
-    TuneReport r = tune_and_print(table[i], gpu, opt, to, seed, where, &ok);
+    Json tj;
+    TuneReport r = tune_and_print(table[i], gpu, opt, to, seed, where, &ok, &tj);
     if (!ok) rc = 1;
-    if (!compare) continue;
+    if (!compare) {
+      doc["tuned"].push_back(tj);
+      continue;
+    }
     double pct = 0;
-    std::string line = compare_pick(table[i], gpu, opt, to, seed, r, &pct);
+    Json cj;
+    std::string line = compare_pick(table[i], gpu, opt, to, seed, r, &pct, &cj);
+    tj["second_pass"] = cj;
+    doc["tuned"].push_back(tj);
     if (line.empty()) {
       rc = 1;
       line = "tuner pick: " + r.entry.variant + " did not run correctly when re-timed";
@@ -430,8 +489,9 @@ int tune_main(const std::vector<std::string>& argv) {
                 lines.size());
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
     std::printf("worst: pick within %.1f%% of best\n", worst);
+    doc["worst_pick_within_pct_of_best"] = worst;
   }
-  return rc;
+  return finish(rc);
 }
 
 }  // namespace sparsek::cli

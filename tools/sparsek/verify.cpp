@@ -43,6 +43,8 @@ const std::vector<FlagSpec> kSpecs = {
      "only these variants (of one backend, which they select); each case is redrawn (seeded) until one of "
      "them supports it"},
     {"--peers", nullptr, "also check the peer variants (cuSPARSE, cuBLAS)"},
+    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    {"--json", "FILE", "also write the summary and every failure as JSON (- for stdout)"},
     {"--verbose", nullptr, "print every case"},
     {"--inject-error", nullptr, "self-test: corrupt one output element of every run (verify must fail)"},
 };
@@ -280,7 +282,7 @@ Check compare(const Problem& p, const std::vector<uint8_t>& got, const std::vect
 }
 
 // Runs `v` on a copy of the problem's output and returns the output bytes.
-std::vector<uint8_t> run_host(const Variant& v, const Problem& p) {
+std::vector<uint8_t> run_host(const Variant& v, const Problem& p, int threads) {
   GemmArgs g = p.g;
   std::vector<uint8_t> out = p.out0;
   if (p.c.kind == OpKind::sdd)
@@ -290,6 +292,7 @@ std::vector<uint8_t> run_host(const Variant& v, const Problem& p) {
   Options o;
   o.backend = Backend::cpu;
   o.variant = v.name;
+  o.threads = threads;
   gemm(g, o);
   return out;
 }
@@ -424,6 +427,8 @@ int verify_main(const std::vector<std::string>& argv) {
   const uint64_t seed = args.seed("--seed", 1);
   const int only_case = int(args.integer("--case", -1, 0, 10000000));
   const bool peers = args.has("--peers"), verbose = args.has("--verbose"), inject = args.has("--inject-error");
+  const int threads = int(args.integer("--threads", 0, 1, 4096));
+  JsonOutput json(args);
 
   std::vector<const Variant*> vs;
   for (const Variant& v : variants())
@@ -442,6 +447,14 @@ int verify_main(const std::vector<std::string>& argv) {
     std::printf("no variant to check\n");
     return 1;
   }
+  Json doc = json_header("verify", argv);
+  doc["backend"] = be == Backend::cpu ? "cpu" : "cuda";
+  doc["device"] = be == Backend::cpu ? "cpu" : info.name;
+  doc["seed"] = int64_t(seed);
+  doc["cases"] = only_case >= 0 ? 1 : cases;
+  if (only_case >= 0) doc["case"] = only_case;
+  doc["variants"] = Json::array();
+  for (const Variant* v : vs) doc["variants"].push_back(v->name);
 
   if (forced) {
     // Whether the listed variants support anything on this machine (hopper on a non-sm_90 GPU
@@ -473,9 +486,7 @@ int verify_main(const std::vector<std::string>& argv) {
   bool aborted = false;
 
   for (int i = first; i < last && !aborted; ++i) {
-    if ((i - first) % 10 == 0)
-      progress.update("[" + std::to_string(i - first) + "/" + std::to_string(last - first) + "] failures " +
-                      std::to_string(failures.size()));
+    progress.step(size_t(i - first), size_t(last - first), "failures " + std::to_string(failures.size()));
     Problem p;
     int draw = 0;
     if (forced) {
@@ -524,7 +535,7 @@ int verify_main(const std::vector<std::string>& argv) {
       ++per_variant[vi];
       Check k;
       try {
-        std::vector<uint8_t> got = dev ? dev->run(*v, p) : run_host(*v, p);
+        std::vector<uint8_t> got = dev ? dev->run(*v, p) : run_host(*v, p, threads);
         if (inject && !got.empty()) {
           // Corrupt the first element that is not padding: the comparison must catch it.
           size_t es = dtype_size(p.c.out), e = 0;
@@ -603,11 +614,30 @@ int verify_main(const std::vector<std::string>& argv) {
     }
   }
   std::printf("%zu failure(s)\n", failures.size());
-  if (runs == 0) {
-    std::printf("nothing was checked\n");
-    return 1;
+  if (runs == 0) std::printf("nothing was checked\n");
+  const bool passed = failures.empty() && !aborted && runs > 0;
+  if (json.enabled()) {
+    doc["runs"] = runs;
+    doc["exact_runs"] = exact_runs;
+    doc["unsupported_cases"] = unsupported_cases;
+    Json pvj = Json::object();
+    for (size_t vi = 0; vi < vs.size(); ++vi) pvj[vs[vi]->name] = per_variant[vi];
+    doc["cases_per_variant"] = pvj;
+    doc["coverage"] = {{"kinds", by_kind}, {"dtypes", by_dtype}, {"patterns", by_pattern},
+                       {"block_shapes", by_block}, {"edges", by_edge}};
+    if (forced) doc["redraws"] = {{"redrawn", redrawn}, {"draws", draws}, {"fit_none", no_fit}};
+    doc["worst_error_over_tolerance"] = num(worst_at.empty() ? std::nan("") : worst);
+    doc["worst_at"] = worst_at;
+    doc["aborted"] = aborted;
+    Json fj = Json::array();
+    for (const Failure& f : failures)
+      fj.push_back({{"case", f.index}, {"variant", f.variant}, {"description", f.desc}, {"why", f.why}});
+    doc["failures"] = fj;
+    doc["passed"] = passed;
+    json.write(doc);
+    json.say_written();
   }
-  return failures.empty() && !aborted ? 0 : 1;
+  return passed ? 0 : 1;
 }
 
 }  // namespace sparsek::cli

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+
 namespace sparsek::dev {
 
 template <class T> __device__ __forceinline__ float to_float(T v);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "sparsek/attention.hpp"
 
 namespace sparsek {
 
@@ -69,6 +70,36 @@ CUtensorMap tma_map_2d(const void* base, DType dtype, uint64_t inner, uint64_t o
   const uint64_t strides[2] = {row_bytes, box_inner * dtype_size(dtype)};
   const uint32_t box[3] = {box_inner, box_outer, box_chunks};
   return tma_map(base, dtype, chunks ? 3 : 2, dims, strides, box, swizzle, what);
+}
+
+CUtensorMap tma_map_bhsd(const Tensor4View& t, int rows, const char* what) {
+  const uint64_t es = dtype_size(t.dtype);
+  // NOTE: an extent-1 dimension's stride is never used, but the TMA still wants a 16-byte multiple.
+  auto stride = [&](int64_t extent, int64_t s) { return extent == 1 ? uint64_t(128) : uint64_t(s) * es; };
+  const uint64_t dims[5] = {64, uint64_t(t.s), uint64_t(t.d / 64), uint64_t(t.h), uint64_t(t.b)};
+  const uint64_t strides[4] = {stride(t.s, t.stride_s), 128, stride(t.h, t.stride_h), stride(t.b, t.stride_b)};
+  const uint32_t box[5] = {64, uint32_t(rows), uint32_t(t.d / 64), 1, 1};
+  return tma_map(t.data, t.dtype, 5, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, what);
+}
+
+std::string tma_why_not_bhsd(const Tensor4View& t, const char* name) {
+  const uint64_t es = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return std::string(name) + " must be 16-byte aligned for TMA (address % 16 = " +
+           std::to_string(reinterpret_cast<uintptr_t>(t.data) % 16) + ")";
+  const int64_t ext[3] = {t.s, t.h, t.b}, str[3] = {t.stride_s, t.stride_h, t.stride_b};
+  const char* sn[3] = {"sequence", "head", "batch"};
+  for (int i = 0; i < 3; ++i) {
+    if (ext[i] == 1) continue;
+    if ((uint64_t(str[i]) * es) % 16 != 0)
+      return std::string(name) + "'s " + sn[i] + " stride must be a multiple of 16 bytes for TMA (stride " +
+             std::to_string(str[i]) + " elements)";
+    if (uint64_t(str[i]) * es >= (uint64_t(1) << 40))
+      return std::string(name) + "'s " + sn[i] + " stride is too large for TMA (" + std::to_string(str[i]) + ")";
+  }
+  if (t.s >= (int64_t(1) << 31) || t.h >= (int64_t(1) << 31) || t.b >= (int64_t(1) << 31))
+    return std::string(name) + "'s extents must be below 2^31 (TMA coordinates are 32-bit)";
+  return "";
 }
 
 }  // namespace sparsek

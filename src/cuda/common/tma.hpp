@@ -9,9 +9,13 @@
 
 #include <cstdint>
 
+#include <string>
+
 #include "sparsek/types.hpp"
 
 namespace sparsek {
+
+struct Tensor4View;  // sparsek/attention.hpp
 
 // The driver entry point (resolved once; throws Error(cuda_error) when the driver lacks it).
 // Call it in plan()/prepare(): the first call must not happen under stream capture.
@@ -34,5 +38,12 @@ CUtensorMap tma_map(const void* base, DType dtype, int rank, const uint64_t* dim
 CUtensorMap tma_map_2d(const void* base, DType dtype, uint64_t inner, uint64_t outer, uint64_t row_bytes,
                        uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle, const char* what,
                        uint64_t chunks = 0, uint32_t box_chunks = 1);
+
+// Attention tensors [B, H, S, D] (D contiguous, 64 or 128) as (64 of D, S, D / 64 chunks, H, B):
+// one box of (64, rows, D / 64, 1, 1) is a whole [chunk][row][64] tile, 128B-swizzled. Rows past S
+// read as zeros and are not written.
+CUtensorMap tma_map_bhsd(const Tensor4View& t, int rows, const char* what);
+// "" when tma_map_bhsd can describe t (16-byte aligned base and strides, 32-bit extents), else why.
+std::string tma_why_not_bhsd(const Tensor4View& t, const char* name);
 
 }  // namespace sparsek

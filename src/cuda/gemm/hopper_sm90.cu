@@ -887,20 +887,25 @@ std::string dsd_why_not(const GemmArgs& args) {
   return "";
 }
 
-std::string hopper_why_not(const GemmArgs& g) {
+std::string why_not_hopper(const GemmArgs& g) {
   const BsrView& s = g.sparse;
   const DType in = g.kind == OpKind::sdd ? g.a.dtype : s.dtype;
   if (in != DType::f16 && in != DType::bf16) return std::string("needs f16 or bf16 inputs, got ") + to_string(in);
   if (s.bm != 32 && s.bm != 64 && s.bm != 128) return "bm=" + std::to_string(s.bm) + " not in {32, 64, 128}";
   if (s.bk != 32 && s.bk != 64 && s.bk != 128) return "bk=" + std::to_string(s.bk) + " not in {32, 64, 128}";
-  if (s.memory != Memory::device) return "operands must be in device memory";
   const bool sdd = g.kind == OpKind::sdd;
+  const bool dense_on_device = (g.kind == OpKind::dsd || g.a.memory == Memory::device) &&
+                               (g.kind == OpKind::dds || g.b.memory == Memory::device) &&
+                               (sdd || g.c.memory == Memory::device);
+  if (s.memory != Memory::device || !dense_on_device) return "operands must be in device memory";
   const std::string why = sdd ? hopper_sdd_why_not(g) : dsd_why_not(g);
   if (!why.empty()) return why;
   const DeviceInfo& d = device_info();
   if (!d.available) return "no CUDA device (" + d.why_not + ")";
   if (d.cc_major != 9 || d.cc_minor != 0)
-    return "needs an sm_90 GPU, found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+    return "needs an sm_90 GPU (sm_90a code only), found sm_" + std::to_string(d.cc_major) +
+           std::to_string(d.cc_minor) + ": the portable variant runs there" +
+           (d.cc_major > 9 ? " (JIT-compiled from PTX)" : "");
   if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
   const int smem = sdd ? hopper_sdd_smem(g) : pick(dsd_shape(g)).smem;
   if (d.smem_per_block_optin < size_t(smem))
@@ -923,7 +928,7 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   bytes += v.size() * sizeof(T);
 }
 
-std::unique_ptr<VariantState> hopper_prepare(const GemmArgs& args, const Options&) {
+std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options&) {
   if (args.kind == OpKind::sdd) return hopper_sdd_prepare(args);
   const DsdShape d = dsd_shape(args);
   const BsrView& a = d.g.sparse;
@@ -969,8 +974,14 @@ std::unique_ptr<VariantState> hopper_prepare(const GemmArgs& args, const Options
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
+  // Skewed rows at bm = 128: one N tile's slice of B is 4-8 MB there, so the few tiles L2 holds
+  // must not be outrun by long rows started tiles ahead; their items are cut to at most 3 tiles'
+  // worth of a CTA's time (docs/KERNELS.md, "Skewed rows at 128-row blocks").
+  // SPARSEK_HOPPER_WINDOW = <tiles> | off overrides (any block height).
+  const std::string win = env_or("SPARSEK_HOPPER_WINDOW", "");
+  const double window = win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : d.bm == 128 ? 3.0 : 0.0;
   const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, d.bk / stage_k(d.bk), std::max(1, lists), order,
-                                    split_stages);
+                                    split_stages, window);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
     std::fprintf(stderr, "hopper: bm=%d bk=%d%s cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", d.bm,
                  d.bk, d.trans ? " (op T)" : "", k.cluster, int(s.cta_items.size()) - 1, s.items.size(),
@@ -996,7 +1007,7 @@ std::unique_ptr<VariantState> hopper_prepare(const GemmArgs& args, const Options
   return st;
 }
 
-void hopper_run(const GemmArgs& args, const Options& o, VariantState* state) {
+void run_hopper(const GemmArgs& args, const Options& o, VariantState* state) {
   if (args.kind == OpKind::sdd) return hopper_sdd_run(args, o.stream, state);
   auto* st = dynamic_cast<HopperState*>(state);
   const DsdShape d = dsd_shape(args);
@@ -1022,7 +1033,7 @@ std::string hopper_tma_operand_why_not(const DenseView& d, const char* name) {
 }
 
 std::vector<Variant> hopper_variants() {
-  return {Variant{"hopper", Backend::cuda, false, &hopper_why_not, &hopper_prepare, &hopper_run}};
+  return {Variant{"hopper", Backend::cuda, false, &why_not_hopper, &prepare_hopper, &run_hopper}};
 }
 
 }  // namespace sparsek

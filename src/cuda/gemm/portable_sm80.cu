@@ -722,6 +722,20 @@ void run_portable(const GemmArgs& g, const Options& o, VariantState* state) {
   dispatch<false>(s.dtype, !trans, B.layout == Layout::col_major, bm_eff, p, unsigned(mb_eff), C.cols, stream);
 }
 
+// Whether the current GPU can run this file's kernels: SASS built for it, or PTX (compute_80 by
+// default) that the driver JIT-compiles on a GPU newer than every SASS target.
+bool has_code_for_device() {
+  static const bool yes = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, &portable_kernel<64, __half, false, false, false>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return true;
+  }();
+  return yes;
+}
+
 std::string why_not_portable(const GemmArgs& g) {
   const BsrView& s = g.sparse;
   if (s.memory != Memory::device) return "operands are in host memory (the portable kernel runs on the GPU)";
@@ -742,6 +756,9 @@ std::string why_not_portable(const GemmArgs& g) {
   if (d.cc_major < 8)
     return "needs compute capability 8.0+ (device " + d.name + " is " + std::to_string(d.cc_major) + "." +
            std::to_string(d.cc_minor) + ")";
+  if (!has_code_for_device())
+    return "this build holds no code for compute capability " + std::to_string(d.cc_major) + "." +
+           std::to_string(d.cc_minor) + " (no SASS for it and no PTX: configure with -DSPARSEK_CUDA_PTX=80)";
   return "";
 }
 

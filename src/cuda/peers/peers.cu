@@ -82,14 +82,16 @@ __global__ void place_blocks(const uint4* __restrict__ vals, uint4* __restrict__
   }
 }
 
+// NOTE: inline: for an explicit specialization of a __device__ template, nvcc's host pass emits
+// a stub with default visibility, which libsparsek would export.
 template <typename T> __device__ float to_f(T v);
-template <> __device__ float to_f<float>(float v) { return v; }
-template <> __device__ float to_f<__half>(__half v) { return __half2float(v); }
-template <> __device__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ inline float to_f<float>(float v) { return v; }
+template <> __device__ inline float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ inline float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ T from_f(float v);
-template <> __device__ float from_f<float>(float v) { return v; }
-template <> __device__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ inline float from_f<float>(float v) { return v; }
+template <> __device__ inline __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // C = beta * C over a (major x minor) array with leading dimension ld; beta = 0 never reads C.
 template <typename T>

@@ -1,5 +1,6 @@
 // PTX wrappers (sm_90): shared-memory barriers (mbarrier), the bulk tensor copy engine (TMA),
-// proxy fences and register reallocation. The ONLY place besides wgmma.cuh with inline PTX.
+// proxy fences, register reallocation and the SFU's exp2. The ONLY place besides wgmma.cuh with
+// inline PTX.
 //
 // Every wrapper takes shared-memory addresses as 32-bit shared-window addresses (smem_addr()).
 // Callers must guard their use so that only sm_90a code paths instantiate them.
@@ -82,6 +83,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// 5-D tile load (c0 innermost), e.g. attention tiles [batch][head][D chunk][rows][64 of D].
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, "
+      "%7}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
 // The same, multicast: the box lands at the same shared offset in every CTA of the cluster named
 // in `cta_mask`, completing bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tensor_map, uint32_t bar, int c0,
@@ -120,6 +130,27 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
+// Plain (non-tensor) bulk copy global -> shared of `bytes` contiguous bytes (a multiple of 16, both
+// addresses 16-byte aligned), completing on mbarrier `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// Bulk element-wise add of `bytes` contiguous bytes of shared memory into global memory (bulk async
+// group; performed in L2, each element atomically). f32 and f64 elements.
+__device__ __forceinline__ void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add_f64(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
 // 2-D tile store shared -> global (bulk async group). Parts of the box outside the tensor are not
 // written. The shared source must stay untouched until bulk_wait_group_read says it was read.
 __device__ __forceinline__ void tma_store_2d(const void* tensor_map, uint32_t src, int c0, int c1) {
@@ -134,6 +165,15 @@ __device__ __forceinline__ void tma_store_2d_hint(const void* tensor_map, uint32
                    reinterpret_cast<uint64_t>(tensor_map)),
                "r"(src), "r"(c0), "r"(c1), "l"(policy)
                : "memory");
+}
+// 5-D tile store shared -> global (bulk async group); parts outside the tensor are not written.
+__device__ __forceinline__ void tma_store_5d(const void* tensor_map, uint32_t src, int c0, int c1, int c2, int c3,
+                                             int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(tensor_map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N committed bulk groups still read their shared-memory source.
@@ -201,6 +241,24 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- plain shared-memory accesses by shared-window address (small info words beside the tiles) ----
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, int x, int y) {
+  asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
+}
+__device__ __forceinline__ int2 ld_shared_v2(uint32_t addr) {
+  int2 v;
+  asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+// ---- fast math ----
+// 2^x with the SFU's approximation (flushes denormals): the softmax exponentials.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace sparsek::ptx

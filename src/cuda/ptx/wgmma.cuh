@@ -1,5 +1,5 @@
 // PTX wrappers (sm_90a): warpgroup matrix multiply-accumulate (wgmma.mma_async) with both
-// operands in shared memory, and the shared-memory matrix descriptors it reads them through.
+// operands in shared memory or A in registers, and the shared-memory matrix descriptors.
 #pragma once
 #include <cstdint>
 
@@ -43,6 +43,8 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 #define SK_D64(i) SK_D16(i), SK_D16(i + 16), SK_D16(i + 32), SK_D16(i + 48)
 
 #define SK_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define SK_REGS32 \
+  SK_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define SK_REGS64                                                                      \
   SK_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
             "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -68,12 +70,17 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 template <int N, bool BF16, int TA, int TB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                              int scale_d) {
-  static_assert(N == 32 || N == 128 || N == 256, "wgmma_m64k16: wrapped shapes are n32, n128, n256");
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma_m64k16: wrapped shapes are n32, n64, n128, n256");
   if constexpr (N == 32) {
     if constexpr (BF16)
       SK_WGMMA("m64n32k16", "bf16", SK_REGS16, "16", "17", "18", "19", "20", SK_D16(0));
     else
       SK_WGMMA("m64n32k16", "f16", SK_REGS16, "16", "17", "18", "19", "20", SK_D16(0));
+  } else if constexpr (N == 64) {
+    if constexpr (BF16)
+      SK_WGMMA("m64n64k16", "bf16", SK_REGS32, "32", "33", "34", "35", "36", SK_D16(0), SK_D16(16));
+    else
+      SK_WGMMA("m64n64k16", "f16", SK_REGS32, "32", "33", "34", "35", "36", SK_D16(0), SK_D16(16));
   } else if constexpr (N == 128) {
     if constexpr (BF16)
       SK_WGMMA("m64n128k16", "bf16", SK_REGS64, "64", "65", "66", "67", "68", SK_D64(0));
@@ -87,9 +94,45 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a,
   }
 }
 
+// ---- the same with A from registers (wgmma ...RS): four 32-bit registers per thread, each two
+// 16-bit elements, in the m64k16 A fragment layout: warp w of the warpgroup holds rows 16w..16w+15;
+// with g = lane / 4 and t = lane % 4, a[0] = (row g, cols 2t, 2t+1), a[1] = (row g+8, same cols),
+// a[2] = (row g, cols 8+2t, 9+2t), a[3] = (row g+8, cols 8+2t, 9+2t). That is exactly how an fp32
+// accumulator fragment's registers 8k..8k+7 pair up for k16 step k (attention: P = softmax(S) is
+// fed back as A without leaving the registers). B from shared memory, TB: 0 K-major, 1 MN-major.
+// ARGS: the operand numbers of the four A registers, descB, scale_d, TB.
+#define SK_WGMMA_RS(SHAPE, TY, REGS, A0, A1, A2, A3, B, S, TB_, ...)                                  \
+  asm volatile("{\n"                                                                                 \
+               ".reg .pred p;\n"                                                                     \
+               "setp.ne.b32 p, %" S ", 0;\n"                                                         \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" REGS "}, {%" A0 ", %" A1 \
+               ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, %" TB_ ";\n"                                   \
+               "}\n"                                                                                 \
+               : __VA_ARGS__                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB))
+
+template <int N, bool BF16, int TB>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                                int scale_d) {
+  static_assert(N == 64 || N == 128, "wgmma_m64k16_rs: wrapped shapes are n64, n128");
+  if constexpr (N == 64) {
+    if constexpr (BF16)
+      SK_WGMMA_RS("m64n64k16", "bf16", SK_REGS32, "32", "33", "34", "35", "36", "37", "38", SK_D16(0), SK_D16(16));
+    else
+      SK_WGMMA_RS("m64n64k16", "f16", SK_REGS32, "32", "33", "34", "35", "36", "37", "38", SK_D16(0), SK_D16(16));
+  } else {
+    if constexpr (BF16)
+      SK_WGMMA_RS("m64n128k16", "bf16", SK_REGS64, "64", "65", "66", "67", "68", "69", "70", SK_D64(0));
+    else
+      SK_WGMMA_RS("m64n128k16", "f16", SK_REGS64, "64", "65", "66", "67", "68", "69", "70", SK_D64(0));
+  }
+}
+
+#undef SK_WGMMA_RS
 #undef SK_WGMMA
 #undef SK_REGS128
 #undef SK_REGS64
+#undef SK_REGS32
 #undef SK_REGS16
 #undef SK_D64
 #undef SK_D16

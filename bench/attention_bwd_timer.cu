@@ -1,0 +1,408 @@
+// Checks and times the "hopper" attention backward variant directly (not part of CMake; built on
+// the GPU machine against a build of the library, like attention_timer.cu):
+//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
+//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o attention_bwd_timer
+//   ./attention_bwd_timer check [filter]   # edge cases: every element of dq, dk, dv against an fp64
+//                                          # host reference; deterministic runs repeated bit-identical
+//   ./attention_bwd_timer time [filter]    # the target workloads: median of CUDA-event timings
+// The forward (the "hopper" attention variant) makes O and LSE; dO is uniform in [-1, 1) like the
+// inputs; dq, dk, dv are poisoned (NaN) before every run. Effective FLOPs of the backward = 2.5 x
+// those of the forward (FlashAttention's convention: 4 * D * unmasked score elements, x 2.5).
+#include <functional>
+
+#include "attention_problem.cuh"
+
+const AttentionVariant& forward() {
+  static std::vector<AttentionVariant> v = hopper_attention_variants();
+  return v.at(0);
+}
+const AttentionBackwardVariant& backward() {
+  static std::vector<AttentionBackwardVariant> v = hopper_attention_backward_variants();
+  return v.at(0);
+}
+
+// A forward problem (q, k, v, O, LSE on the device; O and LSE from the forward kernel) plus dO and
+// the gradient outputs.
+struct BwdProblem {
+  Problem P;
+  uint16_t *g_o = nullptr, *g_q = nullptr, *g_k = nullptr, *g_v = nullptr;
+  int64_t nq = 0, nk = 0;
+  AttentionBackwardArgs args;
+};
+
+BwdProblem make_bwd(const Case& c, uint32_t seed, bool deterministic) {
+  BwdProblem B;
+  B.P = make_problem(c, seed);
+  B.nq = int64_t(c.b) * c.hq * c.sq * c.d;
+  B.nk = int64_t(c.b) * c.hkv * c.skv * c.d;
+  CK(cudaMalloc(&B.g_o, std::max<int64_t>(B.nq, 1) * 2));
+  CK(cudaMalloc(&B.g_q, std::max<int64_t>(B.nq, 1) * 2));
+  CK(cudaMalloc(&B.g_k, std::max<int64_t>(B.nk, 1) * 2));
+  CK(cudaMalloc(&B.g_v, std::max<int64_t>(B.nk, 1) * 2));
+  fill_uniform<<<1024, 256>>>(B.g_o, B.nq, seed * 3 + 4, c.bf16);
+  CK(cudaGetLastError());
+  const DType dt = c.bf16 ? DType::bf16 : DType::f16;
+  AttentionBackwardArgs& a = B.args;
+  a.forward = B.P.args;
+  a.dout = Tensor4View::packed(B.g_o, dt, Memory::device, c.b, c.hq, c.sq, c.d);
+  a.dq = Tensor4View::packed(B.g_q, dt, Memory::device, c.b, c.hq, c.sq, c.d);
+  a.dk = Tensor4View::packed(B.g_k, dt, Memory::device, c.b, c.hkv, c.skv, c.d);
+  a.dv = Tensor4View::packed(B.g_v, dt, Memory::device, c.b, c.hkv, c.skv, c.d);
+  a.deterministic = deterministic;
+  return B;
+}
+
+void free_bwd(BwdProblem& B) {
+  for (void* p :
+       {static_cast<void*>(B.g_o), static_cast<void*>(B.g_q), static_cast<void*>(B.g_k), static_cast<void*>(B.g_v)})
+    cudaFree(p);
+  free_problem(B.P);
+}
+
+// "" when both variants can run the problem, else the reason.
+std::string why_not(const BwdProblem& B) {
+  std::string why = forward().why_not(B.P.args);
+  if (why.empty()) why = backward().why_not(B.args);
+  return why;
+}
+
+void run_forward(const BwdProblem& B) {
+  Options o;
+  auto state = forward().prepare(B.P.args, o);
+  forward().run(B.P.args, o, state.get());
+  CK(cudaDeviceSynchronize());
+}
+
+std::vector<uint16_t> download(const uint16_t* d, int64_t n) {
+  std::vector<uint16_t> h(size_t(std::max<int64_t>(n, 0)));
+  if (n > 0) CK(cudaMemcpy(h.data(), d, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// The fp64 reference: exact softmax of the attended elements (the forward's masks), then
+//   dV_j += p_j dO, dP_j = dO . v_j, Delta = sum p_j dP_j, dS_j = p_j (dP_j - Delta),
+//   dQ = scale sum dS_j k_j, dK_j += scale dS_j q  (dK, dV of a key/value head sum over its group).
+struct Reference {
+  std::vector<double> dq, dk, dv;
+  std::vector<char> q_attends, k_attended;  // per query row / per key row of a kv head
+};
+Reference reference(const BwdProblem& B, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                    const std::vector<uint16_t>& v, const std::vector<uint16_t>& g) {
+  const Case& c = B.P.c;
+  Reference R;
+  R.dq.assign(size_t(B.nq), 0.0);
+  R.dk.assign(size_t(B.nk), 0.0);
+  R.dv.assign(size_t(B.nk), 0.0);
+  R.q_attends.assign(size_t(int64_t(c.b) * c.hq * c.sq), 0);
+  R.k_attended.assign(size_t(int64_t(c.b) * c.hkv * c.skv), 0);
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.d));
+  const int G = c.hq / c.hkv;
+  auto f = [&](const std::vector<uint16_t>& t, int64_t i) { return double(to_f(t[size_t(i)], c.bf16)); };
+  std::vector<std::pair<int, bool>> blocks;
+  std::vector<int> keys;
+  std::vector<double> s, dp;
+  for (int b = 0; b < c.b; ++b)
+    for (int h = 0; h < c.hq; ++h)
+      for (int i = 0; i < B.P.L.mq; ++i) {
+        row_blocks(B.P, b, h, i, blocks);
+        for (int qi = i * c.block; qi < std::min(c.sq, (i + 1) * c.block); ++qi) {
+          const int64_t qo = ((int64_t(b) * c.hq + h) * c.sq + qi) * c.d;
+          const int64_t kv_head = int64_t(b) * c.hkv + h / G;
+          keys.clear();
+          s.clear();
+          double mx = -INFINITY;
+          for (auto [j, full] : blocks)
+            for (int kj = j * c.block; kj < std::min(c.skv, (j + 1) * c.block); ++kj) {
+              if (c.causal && !full && kj > qi) continue;
+              const int64_t ko = (kv_head * c.skv + kj) * c.d;
+              double dot = 0;
+              for (int e = 0; e < c.d; ++e) dot += f(q, qo + e) * f(k, ko + e);
+              keys.push_back(kj);
+              s.push_back(dot * scale);
+              mx = std::max(mx, dot * scale);
+            }
+          if (keys.empty()) continue;
+          R.q_attends[size_t(qo / c.d)] = 1;
+          double sum = 0;
+          for (double& x : s) sum += (x = std::exp(x - mx));
+          dp.assign(keys.size(), 0.0);
+          double delta = 0;
+          for (size_t t = 0; t < keys.size(); ++t) {
+            s[t] /= sum;  // p
+            const int64_t vo = (kv_head * c.skv + keys[t]) * c.d;
+            for (int e = 0; e < c.d; ++e) dp[t] += f(g, qo + e) * f(v, vo + e);
+            delta += s[t] * dp[t];
+          }
+          for (size_t t = 0; t < keys.size(); ++t) {
+            const int64_t ko = (kv_head * c.skv + keys[t]) * c.d;
+            R.k_attended[size_t(ko / c.d)] = 1;
+            const double ds = s[t] * (dp[t] - delta);
+            for (int e = 0; e < c.d; ++e) {
+              R.dq[size_t(qo + e)] += scale * ds * f(k, ko + e);
+              R.dk[size_t(ko + e)] += scale * ds * f(q, qo + e);
+              R.dv[size_t(ko + e)] += s[t] * f(g, qo + e);
+            }
+          }
+        }
+      }
+  return R;
+}
+
+// Every element: |got - ref| <= tol * (|ref| + rms(ref)); rows that attend nothing / keys nobody
+// attends must be exactly 0. Returns the failures; reports the largest error over rms.
+int compare(const char* case_name, const char* what, const std::vector<uint16_t>& got, const std::vector<double>& ref,
+            const std::vector<char>& live_rows, int d, bool bf16, double& worst) {
+  double ss = 0;
+  for (double r : ref) ss += r * r;
+  const double rms = ref.empty() ? 0 : std::sqrt(ss / double(ref.size()));
+  const double tol = bf16 ? 2e-2 : 1e-2;
+  int fails = 0;
+  worst = 0;
+  for (size_t x = 0; x < ref.size(); ++x) {
+    const double gv = double(to_f(got[x], bf16));
+    const bool live = live_rows[x / size_t(d)] != 0;
+    const double err = std::fabs(gv - ref[x]);
+    const bool ok = live ? err <= tol * (std::fabs(ref[x]) + rms) : gv == 0.0;  // NaN fails both
+    if (live && rms > 0 && err == err) worst = std::max(worst, err / rms);
+    if (!ok) {
+      if (fails < 4)
+        std::printf("%-36s FAIL: %s[%zu] (row %zu, col %zu%s) = %g, reference %g\n", case_name, what, x, x / size_t(d),
+                    x % size_t(d), live ? "" : ", must be exactly 0", gv, ref[x]);
+      ++fails;
+    }
+  }
+  return fails;
+}
+
+int check(const Case& c, uint32_t seed, bool deterministic) {
+  const std::string name = c.name + (deterministic ? "" : " [atomic]");
+  BwdProblem B = make_bwd(c, seed, deterministic);
+  const std::string why = why_not(B);
+  if (!why.empty()) {
+    std::printf("%-36s UNSUPPORTED: %s\n", name.c_str(), why.c_str());
+    free_bwd(B);
+    return 1;
+  }
+  run_forward(B);
+  Options o;
+  auto state = backward().prepare(B.args, o);
+  std::vector<uint16_t> gq, gk, gv, fq, fk, fv;
+  int fails = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    CK(cudaMemset(B.g_q, 0xff, size_t(std::max<int64_t>(B.nq, 1)) * 2));  // NaN poison
+    CK(cudaMemset(B.g_k, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
+    CK(cudaMemset(B.g_v, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
+    backward().run(B.args, o, state.get());
+    CK(cudaDeviceSynchronize());
+    gq = download(B.g_q, B.nq);
+    gk = download(B.g_k, B.nk);
+    gv = download(B.g_v, B.nk);
+    if (rep == 0) {
+      fq = gq, fk = gk, fv = gv;
+    } else if (deterministic && (fq != gq || fk != gk || fv != gv)) {
+      std::printf("%-36s FAIL: repeated run differs (dq %s, dk %s, dv %s)\n", name.c_str(),
+                  fq == gq ? "same" : "DIFFERS", fk == gk ? "same" : "DIFFERS", fv == gv ? "same" : "DIFFERS");
+      ++fails;
+    }
+  }
+  const Reference R =
+      reference(B, download(B.P.dq, B.nq), download(B.P.dk, B.nk), download(B.P.dv, B.nk), download(B.g_o, B.nq));
+  double wq = 0, wk = 0, wv = 0;
+  fails += compare(name.c_str(), "dq", gq, R.dq, R.q_attends, c.d, c.bf16, wq);
+  fails += compare(name.c_str(), "dk", gk, R.dk, R.k_attended, c.d, c.bf16, wk);
+  fails += compare(name.c_str(), "dv", gv, R.dv, R.k_attended, c.d, c.bf16, wv);
+  int empty_q = 0, empty_k = 0;
+  for (char x : R.q_attends) empty_q += !x;
+  for (char x : R.k_attended) empty_k += !x;
+  std::printf("%-36s %s (max err / rms: dq %.1e dk %.1e dv %.1e; empty rows %d, empty keys %d)\n", name.c_str(),
+              fails ? "FAIL" : "ok", wq, wk, wv, empty_q, empty_k);
+  free_bwd(B);
+  return fails ? 1 : 0;
+}
+
+float median_ms(const std::function<void()>& fn) {
+  for (int i = 0; i < 5; ++i) fn();
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 30; ++i) {
+    CK(cudaEventRecord(e0));
+    fn();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void time_case(const Case& c, bool deterministic) {
+  const std::string name = c.name + (deterministic ? "" : " [atomic]");
+  BwdProblem B = make_bwd(c, 7, deterministic);
+  const std::string why = why_not(B);
+  if (!why.empty()) {
+    std::printf("%-44s UNSUPPORTED: %s\n", name.c_str(), why.c_str());
+    free_bwd(B);
+    return;
+  }
+  Options o;
+  auto fstate = forward().prepare(B.P.args, o);
+  auto bstate = backward().prepare(B.args, o);
+  const float fwd = median_ms([&] { forward().run(B.P.args, o, fstate.get()); });
+  const float bwd = median_ms([&] { backward().run(B.args, o, bstate.get()); });
+  const double flops = 2.5 * B.P.flops;
+  std::printf("%-44s bwd %8.3f ms %7.1f eff TFLOPS | fwd %.3f ms, fwd+bwd %.3f ms\n", name.c_str(), bwd,
+              flops / (bwd * 1e9), fwd, fwd + bwd);
+  free_bwd(B);
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  const std::string filter = argc > 2 ? argv[2] : "";
+  auto matches = [&](const Case& c) { return filter.empty() || c.name.find(filter) != std::string::npos; };
+  std::vector<std::pair<Case, bool>> cases;  // (case, deterministic)
+  if (mode == "check") {
+    auto add = [&](const char* name, auto edit, bool det = true) {
+      Case c;
+      c.name = name;
+      edit(c);
+      cases.push_back({c, det});
+    };
+    add("d128 b128 bf16 50%", [](Case&) {});
+    add("d128 b128 fp16 50%", [](Case& c) { c.bf16 = false; });
+    add("d64 b128 bf16", [](Case& c) { c.d = 64; });
+    add("d128 b64 bf16", [](Case& c) { c.block = 64; });
+    add("d64 b64 fp16", [](Case& c) {
+      c.d = 64;
+      c.block = 64;
+      c.bf16 = false;
+    });
+    add("dense layout", [](Case& c) { c.density = 1.0; });
+    add("causal", [](Case& c) {
+      c.causal = true;
+      c.density = 0.7;
+      c.sq = c.skv = 512;
+    });
+    add("causal + full blocks", [](Case& c) {
+      c.causal = true;
+      c.full = true;
+      c.density = 1.0;
+      c.sq = c.skv = 512;
+    });
+    add("full blocks, not causal", [](Case& c) { c.full = true; });
+    add("tails sq=300 skv=200", [](Case& c) {
+      c.sq = 300;
+      c.skv = 200;
+      c.density = 1.0;
+    });
+    add("tails causal sq=skv=333", [](Case& c) {
+      c.sq = c.skv = 333;
+      c.causal = true;
+      c.density = 1.0;
+    });
+    add("tails b64 d64 sq=97 skv=150", [](Case& c) {
+      c.sq = 97;
+      c.skv = 150;
+      c.block = 64;
+      c.d = 64;
+    });
+    add("empty rows + kmax extra", [](Case& c) {
+      c.empty_rows = true;
+      c.kmax_extra = 3;
+      c.sq = c.skv = 640;
+    });
+    add("empty key columns", [](Case& c) {
+      c.sq = 128;
+      c.skv = 1024;
+      c.density = 0.25;
+    });
+    add("GQA 4/2, layout per q head", [](Case& c) {
+      c.hq = 4;
+      c.hkv = 2;
+    });
+    add("GQA 8/2, layout per kv head", [](Case& c) {
+      c.hq = 8;
+      c.hkv = 2;
+      c.layout_heads = 2;
+    });
+    add("GQA 8/2 d64 b64 causal", [](Case& c) {
+      c.hq = 8;
+      c.hkv = 2;
+      c.d = 64;
+      c.block = 64;
+      c.causal = true;
+      c.density = 0.6;
+    });
+    add("MQA 4/1, broadcast layout", [](Case& c) {
+      c.hq = 4;
+      c.hkv = 1;
+      c.layout_heads = 1;
+      c.layout_batch = 1;
+      c.b = 2;
+    });
+    add("batch 3, scale 0.3", [](Case& c) {
+      c.b = 3;
+      c.scale = 0.3f;
+    });
+    add("long columns 4096 queries", [](Case& c) {
+      c.sq = 4096;
+      c.skv = 256;
+      c.density = 1.0;
+      c.hq = c.hkv = 1;
+    });
+    add("long rows 4096 keys", [](Case& c) {
+      c.sq = 256;
+      c.skv = 4096;
+      c.density = 1.0;
+      c.hq = c.hkv = 1;
+    });
+    add("no keys at all (density 0)", [](Case& c) { c.density = 0.0; });
+    add(
+        "d128 b128 bf16 50%", [](Case&) {}, false);
+    add(
+        "GQA 8/2, layout per kv head",
+        [](Case& c) {
+          c.hq = 8;
+          c.hkv = 2;
+          c.layout_heads = 2;
+        },
+        false);
+    add(
+        "d64 b128 bf16", [](Case& c) { c.d = 64; }, false);
+    int fails = 0;
+    for (const auto& [c, det] : cases)
+      if (matches(c)) fails += check(c, 11, det);
+    std::printf("%d failure(s)\n", fails);
+    return fails ? 1 : 0;
+  }
+  auto add = [&](const char* name, auto edit, bool det = true) {
+    Case c;
+    c.name = name;
+    c.b = 1, c.hq = c.hkv = 16, c.sq = c.skv = 16384, c.d = 128, c.density = 0.125;
+    edit(c);
+    cases.push_back({c, det});
+  };
+  add("bwd D128 12.5%", [](Case&) {});
+  add(
+      "bwd D128 12.5%", [](Case&) {}, false);
+  add("bwd D128 dense layout", [](Case& c) { c.density = 1.0; });
+  add("bwd D64 12.5%", [](Case& c) { c.d = 64; });
+  add("bwd D128 25%", [](Case& c) { c.density = 0.25; });
+  add("bwd D128 causal top-k 12.5%", [](Case& c) {
+    c.causal = true;
+    c.density = 0.125 * 2;
+  });
+  add("bwd GQA 16/2 12.5%", [](Case& c) { c.hkv = 2; });
+  add("bwd D128 12.5% fp16", [](Case& c) { c.bf16 = false; });
+  add("bwd D128 64x64 blocks 12.5%", [](Case& c) { c.block = 64; });
+  for (const auto& [c, det] : cases)
+    if (matches(c)) time_case(c, det);
+  return 0;
+}

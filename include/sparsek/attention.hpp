@@ -1,0 +1,199 @@
+// sparsek — block-sparse attention and its top-k block gate.
+//
+//   O   = softmax(scale * Q K^T restricted to a block layout) V        per (batch, query head)
+//   LSE = log(sum over the attended keys of exp(scale * q . k))         per query row (natural log)
+//
+// Tensors are [B, H, S, D] with D contiguous (stride 1) and any strides for B, H and S. Query
+// heads Hq are a multiple of the key/value heads Hkv (GQA / MQA): query head h reads key/value head
+// h / (Hq / Hkv). D is 64 or 128; q, k, v and o share one dtype (f16 or bf16 on the GPU; f32 too on
+// the CPU); LSE is f32 [B, Hq, Sq], contiguous.
+//
+// The layout follows FlexAttention's BlockMask: query block i (rows i*block_q ..) of batch b and
+// head h attends the key/value blocks
+//     kv_indices[b', h', i, 0 : kv_num_blocks[b', h', i]]                 (element masks applied)
+//   + full_kv_indices[b', h', i, 0 : full_kv_num_blocks[b', h', i]]       (no element mask; optional)
+// where b' = b when the layout's batch extent is B and 0 when it is 1, and h' = h (extent Hq), h / G
+// (extent Hkv: one row per group of query heads sharing a key/value head), or 0 (extent 1).
+// Indices of one row are sorted, unique, in [0, ceil(Skv / block_kv)), and no block is in both
+// lists; entries past a row's count are ignored.
+//
+// Element masks: keys past Skv are never attended (sequence lengths need not be block multiples);
+// with causal, key j is masked for query i when j > i (FlexAttention's q_idx >= kv_idx) inside the
+// blocks of kv_indices — blocks in full_kv_indices are attended whole, as FlexAttention does.
+// A query row with no attended key (no block, or all masked) gets O = 0 and LSE = -inf.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sparsek/gemm.hpp"  // Options
+#include "sparsek/types.hpp"
+
+// Exported from libsparsek (the build hides every other symbol).
+#pragma GCC visibility push(default)
+
+namespace sparsek {
+
+// Non-owning view of a [B, H, S, D] tensor; strides in elements, D contiguous.
+struct Tensor4View {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  Memory memory = Memory::device;
+  int64_t b = 0, h = 0, s = 0, d = 0;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0;
+
+  int64_t index(int64_t ib, int64_t ih, int64_t is, int64_t id) const {
+    return ib * stride_b + ih * stride_h + is * stride_s + id;
+  }
+  // A densely packed [b, h, s, d] tensor.
+  static Tensor4View packed(void* data, DType dtype, Memory memory, int64_t b, int64_t h, int64_t s, int64_t d) {
+    Tensor4View t;
+    t.data = data;
+    t.dtype = dtype;
+    t.memory = memory;
+    t.b = b, t.h = h, t.s = s, t.d = d;
+    t.stride_s = d, t.stride_h = s * d, t.stride_b = h * s * d;
+    return t;
+  }
+};
+
+// A block layout (FlexAttention BlockMask); the arrays are int32, contiguous.
+struct AttentionLayout {
+  const int32_t* kv_num_blocks = nullptr;       // [batch, heads, q_blocks]
+  const int32_t* kv_indices = nullptr;          // [batch, heads, q_blocks, kmax]
+  const int32_t* full_kv_num_blocks = nullptr;  // optional (both or neither), [batch, heads, q_blocks]
+  const int32_t* full_kv_indices = nullptr;     // [batch, heads, q_blocks, full_kmax]
+  int64_t batch = 1;     // 1 or B
+  int64_t heads = 1;     // 1, Hq or Hkv
+  int64_t q_blocks = 0;  // ceil(Sq / block_q)
+  int64_t kmax = 0, full_kmax = 0;
+  int block_q = 128, block_kv = 128;  // 128x128 or 64x64
+  Memory memory = Memory::device;
+
+  bool has_full() const { return full_kv_num_blocks != nullptr; }
+};
+
+struct AttentionArgs {
+  Tensor4View q, k, v;   // q [B, Hq, Sq, D]; k, v [B, Hkv, Skv, D]
+  Tensor4View o;         // output [B, Hq, Sq, D], q's dtype
+  float* lse = nullptr;  // output [B, Hq, Sq] f32 contiguous; nullptr: not written
+  AttentionLayout layout;
+  bool causal = false;
+  float scale = 0.f;     // 0: 1 / sqrt(D)
+
+  float softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(q.d > 0 ? q.d : 1)); }
+};
+
+// Checks shapes, dtypes, strides, memory kinds, pointers and the layout's extents; with
+// check_indices also the layout's contents (counts in [0, kmax], indices sorted, unique, in range,
+// no block in both lists) — device layouts are copied to the host for that. Errors name the
+// tensor, the index and the value, e.g. "kv_indices[0, 3, 17, 2] = 140 is out of range [0, 128)".
+void validate(const AttentionArgs& args, bool check_indices = true);
+
+// Effective FLOPs: 4 * D * (number of unmasked score elements), summed over batch and heads
+// (validates args, layout contents included, then reads the layout; a device layout is copied to
+// the host).
+double effective_flops(const AttentionArgs& args);
+
+// Plan once for a problem's shapes, strides, dtypes, layout extents, causal and scale; run with
+// any data pointers and any layout contents of those extents (the gate makes a new layout every
+// step). run() allocates nothing and may be captured in a CUDA graph; it does not check the
+// layout's contents (a malformed layout cannot crash or hang it, but gives undefined values):
+// validate(args, true) or the one-shot attention() with Options::check_indices does.
+class AttentionPlan {
+ public:
+  AttentionPlan();
+  ~AttentionPlan();
+  AttentionPlan(const AttentionPlan&);
+  AttentionPlan& operator=(const AttentionPlan&);
+  AttentionPlan(AttentionPlan&&) noexcept;
+  AttentionPlan& operator=(AttentionPlan&&) noexcept;
+
+  explicit operator bool() const { return impl_ != nullptr; }
+  const std::string& variant() const;
+  Backend backend() const;
+  size_t workspace_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  friend AttentionPlan plan(const AttentionArgs&, const Options&);
+  friend void run(const AttentionPlan&, const AttentionArgs&, void*);
+};
+
+AttentionPlan plan(const AttentionArgs& problem, const Options& options = {});
+void run(const AttentionPlan& plan, const AttentionArgs& args, void* stream = nullptr);
+
+// One shot: validate (the layout's contents too when options.check_indices), plan, run. The last
+// 16 plans are kept, keyed by everything a plan is made for plus the pointers' alignment and the
+// planning options (and, on the GPU, the stream and the device).
+void attention(const AttentionArgs& args, const Options& options = {});
+
+std::vector<std::string> supported_variants(const AttentionArgs& args);
+std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
+
+// ---- the backward ----
+//
+// Gradients of attention() for an upstream gradient dO of O:
+//   dV = P^T dO,   dS = P o (dP - Delta) with dP = dO V^T and Delta = rowsum(dO o O),
+//   dQ = scale * dS K,   dK = scale * dS^T Q,
+// where P = exp(scale * Q K^T - LSE) on the attended elements of the layout (the forward's masks)
+// and 0 elsewhere. forward.o and forward.lse are the forward's outputs (both required). For GQA
+// dK and dV of a key/value head sum over the query heads that share it. A query row that attends
+// nothing gets dQ = 0; a key that no query attends gets dK = dV = 0 (written, like every element
+// of dq, dk and dv).
+//
+// Same inputs, same GPU -> bit-identical dq, dk, dv by default: the partial sums of dQ are rounded
+// to a grid of 2^-34 * ||dO row|| and added in fp64, where sums of such values are exact and so do
+// not depend on the order they arrive in (guaranteed while max|K| * max||V|| < 2.6e5; beyond that
+// dQ is still summed in fp64). deterministic = false adds fp32 partial sums in arrival order
+// (faster; the last bits of dq vary between runs).
+struct AttentionBackwardArgs {
+  AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
+  Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype
+  Tensor4View dq;               // outputs: dq like q, dk and dv like k
+  Tensor4View dk, dv;
+  bool deterministic = true;
+};
+
+// ---- the top-k block gate ----
+//
+// Scores a block layout from the content: Q and K are mean-pooled per block (rows past Sq / Skv
+// excluded; for GQA the query heads of a group are pooled together), scores[b, g, i, j] =
+// scale * pooled_q[b, g, i] . pooled_k[b, g, j] per key/value head g, and each query block keeps
+//   - sink: key blocks 0 .. sink-1,
+//   - local: key blocks i-local+1 .. i (the diagonal block and those before it),
+//   - the topk best-scoring other blocks (ties: the lower index),
+// all limited to the allowed blocks: with causal, blocks j with j*block <= the block's last query
+// row; with a candidate layout, only that layout's blocks (its full and partial lists together).
+// The result is a layout with heads = Hkv, q_blocks = ceil(Sq / block), indices ascending; entries
+// past a row's count are 0. There is no gradient through the selection.
+struct GateArgs {
+  Tensor4View q, k;  // q [B, Hq, Sq, D], k [B, Hkv, Skv, D]
+  int topk = 0;
+  int block = 128;   // 64 or 128: block_q = block_kv
+  bool causal = false;
+  int sink = 1, local = 1;
+  float scale = 0.f;  // 0: 1 / sqrt(D)
+  // Optional: select among these blocks only (block size `block`, heads 1, Hq or Hkv; batch 1 or B).
+  const AttentionLayout* candidates = nullptr;
+  // Optional: scores given by the caller (a learned scorer), f32 [B, Hkv, Mq, Nk] contiguous; the
+  // gate then only selects (q and k are used for their shapes alone).
+  const float* given_scores = nullptr;
+  // Outputs: [B, Hkv, Mq] and [B, Hkv, Mq, kmax] (kmax >= min(Nk, topk + sink + local)), and
+  // optionally the scores [B, Hkv, Mq, Nk] f32 (not-allowed blocks -inf).
+  int32_t* kv_num_blocks = nullptr;
+  int32_t* kv_indices = nullptr;
+  int64_t kmax = 0;
+  float* scores = nullptr;
+  // Device scratch of gate_workspace_bytes(args) bytes (device memory only; nullptr on the host).
+  void* workspace = nullptr;
+};
+size_t gate_workspace_bytes(const GateArgs& args);
+void gate(const GateArgs& args, const Options& options = {});
+
+}  // namespace sparsek
+#pragma GCC visibility pop

@@ -1,0 +1,218 @@
+"""torch modules: ``BlockSparseLinear``, a linear layer whose weight is block-sparse.
+
+    import torch, sparsek.nn
+    layer = sparsek.nn.BlockSparseLinear(4096, 14336, block=(64, 64), density=0.25,
+                                         device="cuda", dtype=torch.bfloat16)
+    y = layer(x)                                   # x: (..., 4096) -> y: (..., 14336)
+    layer = sparsek.nn.BlockSparseLinear.from_dense(dense_linear, block=(64, 64), density=0.25)
+
+The weight (out_features x in_features) stores only its chosen blocks: ``values`` is one
+``nn.Parameter`` of shape (nnzb, bm, bk), the pattern (``row_ptr``, ``col_idx``, int32) is a pair of
+buffers, so optimizers, ``state_dict``, ``.to()``, DDP and ``torch.compile`` see a plain module.
+Importing this module imports torch.
+"""
+import math
+import statistics
+
+import torch
+from torch import nn
+
+from . import _arrays as A
+from . import _sparsek as _ext
+from ._bsr import BSRMatrix
+from ._ops import bsr_mm, dense_bsr_mm
+
+A.torch_loaded()
+
+METHODS = ("auto", "dds", "dsd")
+
+
+def _mask_pattern(mask):
+    """row_ptr, col_idx (int32, CPU) of a (mb, kb) boolean mask, row-major order."""
+    r, c = torch.nonzero(mask, as_tuple=True)
+    row_ptr = torch.zeros(mask.shape[0] + 1, dtype=torch.int32)
+    row_ptr[1:] = torch.cumsum(mask.sum(1), 0)
+    return row_ptr, c.to(torch.int32)
+
+
+def _density(density):
+    d = A.scalar(density, "density")
+    if not 0 < d <= 1:
+        raise ValueError(f"density must be in (0, 1], got {density!r}")
+    return d
+
+
+class BlockSparseLinear(nn.Module):
+    """``y = x @ W.T + bias`` with W (out_features x in_features) stored as (bm x bk) blocks.
+
+    Give the pattern as ``density=`` (every block row keeps the same number of random blocks,
+    ``round(density * in_features / bk)``, at least one; seeded by ``generator``) or ``mask=``
+    (a boolean (out_features/bm, in_features/bk) array of the blocks to store).
+
+    ``method`` chooses how the product runs: ``"dds"`` (``x @ W.T`` with W sparse, op = transpose),
+    ``"dsd"`` (``(W @ x.T).T``, which can use a faster sparse x dense kernel at the cost of
+    transposing x), or ``"auto"`` (default): on the first forward on a CUDA device outside
+    torch.compile, both are timed on that input (forward, plus backward in training) and the faster
+    one is kept (``layer.method`` then says which); on the CPU and when never measured, ``"dds"``.
+
+    Under ``torch.autocast`` the product runs in the autocast dtype (float16/bfloat16) with the
+    float32 parameters cast per call, as ``nn.Linear`` does. On a CUDA device the weights and
+    inputs must be float16 or bfloat16 (the GPU kernels are tensor-core kernels), or autocast on.
+    """
+
+    def __init__(self, in_features, out_features, block=(64, 64), *, density=None, mask=None,
+                 bias=True, device=None, dtype=None, generator=None, method="auto"):
+        super().__init__()
+        self.in_features = A.dim(in_features, "in_features")
+        self.out_features = A.dim(out_features, "out_features")
+        self.block = A.pair(block, "block")
+        bm, bk = self.block
+        _ext.check_block_shape(self.out_features, self.in_features, bm, bk)
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        self.method = method
+        mb, kb = self.out_features // bm, self.in_features // bk
+        if (density is None) == (mask is None):
+            raise ValueError("give exactly one of density= or mask= (the stored blocks)")
+        if mask is None:
+            d = _density(density)
+            k = min(kb, max(1, round(d * kb)))
+            cols = torch.rand(mb, kb, generator=generator).argsort(dim=1)[:, :k]
+            mask = torch.zeros(mb, kb, dtype=torch.bool)
+            mask.scatter_(1, cols, True)
+        else:
+            mask = torch.as_tensor(mask, device="cpu")
+            if tuple(mask.shape) != (mb, kb):
+                raise ValueError(f"mask must have shape (out_features/bm, in_features/bk)=({mb}, {kb}), "
+                                 f"got {tuple(mask.shape)}")
+            mask = mask != 0
+        row_ptr, col_idx = _mask_pattern(mask)
+        self.register_buffer("row_ptr", row_ptr.to(device))
+        self.register_buffer("col_idx", col_idx.to(device))
+        self.values = nn.Parameter(torch.empty((col_idx.numel(), bm, bk), device=device, dtype=dtype))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Uniform in +-1/sqrt(fan_in), fan_in = the stored inputs per output (as nn.Linear's
+        default, counting only stored blocks)."""
+        mb = self.out_features // self.block[0]
+        fan_in = self.values.shape[0] * self.block[1] / max(mb, 1)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        with torch.no_grad():
+            self.values.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    @classmethod
+    def from_dense(cls, linear, block, density=None, *, mask=None, per_row=True, method="auto"):
+        """A BlockSparseLinear keeping the blocks of ``linear.weight`` with the largest magnitude
+        (Frobenius norm): ``round(density * in/bk)`` per block row (``per_row=True``, balanced rows)
+        or ``round(density * all blocks)`` over the whole matrix (``per_row=False``); or exactly
+        the blocks of ``mask``. The kept blocks and the bias are copied."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_dense expects a torch.nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        out_f, in_f = w.shape
+        bm, bk = A.pair(block, "block")
+        _ext.check_block_shape(out_f, in_f, bm, bk)
+        mb, kb = out_f // bm, in_f // bk
+        blocks = w.reshape(mb, bm, kb, bk).permute(0, 2, 1, 3)  # (mb, kb, bm, bk)
+        if mask is None:
+            if density is None:
+                raise ValueError("give density= or mask= (the blocks to keep)")
+            d = _density(density)
+            norms = blocks.float().pow(2).sum((2, 3)).cpu()
+            keep = torch.zeros(mb, kb, dtype=torch.bool)
+            if per_row:
+                k = min(kb, max(1, round(d * kb)))
+                keep.scatter_(1, norms.topk(k, dim=1).indices, True)
+            else:
+                k = min(mb * kb, max(1, round(d * mb * kb)))
+                keep.view(-1)[norms.view(-1).topk(k).indices] = True
+            mask = keep
+        layer = cls(in_f, out_f, (bm, bk), mask=mask, bias=linear.bias is not None, device=w.device,
+                    dtype=w.dtype, method=method)
+        with torch.no_grad():
+            layer.values.copy_(blocks[torch.as_tensor(mask, device=w.device) != 0])
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    @property
+    def weight(self):
+        """The weight as a sparsek.BSRMatrix over this layer's tensors (no copy)."""
+        return BSRMatrix(self.row_ptr, self.col_idx, self.values, (self.out_features, self.in_features),
+                         check=False)
+
+    @property
+    def density(self):
+        return self.weight.density
+
+    def to_dense(self):
+        """The dense weight (out_features x in_features)."""
+        return self.weight.to_dense()
+
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input must be a torch tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"input must have in_features={self.in_features} as its last dimension, "
+                             f"got shape {tuple(x.shape)}")
+        values = self.values
+        if torch.is_autocast_enabled(x.device.type):
+            dt = torch.get_autocast_dtype(x.device.type)
+            x, values = x.to(dt), values.to(dt)
+        x2 = x.reshape(-1, self.in_features)
+        w = BSRMatrix(self.row_ptr, self.col_idx, values, (self.out_features, self.in_features),
+                      check=False)
+        method = self.method
+        if method == "auto":
+            method = "dds"
+            if x.is_cuda and not torch.compiler.is_compiling():
+                method = self.method = self._measure(x2, w)
+        y = _product(method, x2, w)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _measure(self, x2, w, reps=5):
+        """The faster of "dds" and "dsd" on this input (median of `reps` timings after a warm-up
+        call that also plans), forward plus backward when the layer trains."""
+        train = torch.is_grad_enabled() and (self.values.requires_grad or x2.requires_grad)
+        x = x2.detach().requires_grad_(train)
+        v = w.values.detach().requires_grad_(train)
+        wd = BSRMatrix(w.row_ptr, w.col_idx, v, w.shape, check=False)
+        times = {}
+        for m in ("dds", "dsd"):
+            def step():
+                y = _product(m, x, wd)
+                if train:
+                    torch.autograd.grad(y, (x, v), torch.ones_like(y))
+            step()
+            samples = []
+            for _ in range(reps):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                stop.record()
+                stop.synchronize()
+                samples.append(start.elapsed_time(stop))
+            times[m] = statistics.median(samples)
+        self.measured_ms = times
+        return min(times, key=times.get)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"block={self.block}, nnzb={self.values.shape[0]}, density={self.density:.4g}, "
+                f"bias={self.bias is not None}, method={self.method!r}")
+
+
+def _product(method, x2, w):
+    """x2 @ w.T by one of the two formulations."""
+    if method == "dsd":
+        return bsr_mm(w, x2.mT.contiguous()).mT
+    return dense_bsr_mm(x2, w.T)

@@ -1,0 +1,136 @@
+//! Raw declarations of sparsek's C API (`include/sparsek/sparsek.h`), written by hand and kept in
+//! step with that header. Every function returns a [`sparsek_status`]; on failure
+//! [`sparsek_last_error`] holds this thread's message, naming the argument and the offending value.
+//!
+//! Use the `sparsek` crate for a safe API. Enumerations are plain integers here (as in C), so that
+//! an out-of-range value coming back from the library can never be undefined behaviour.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_float, c_int, c_void};
+
+pub type sparsek_status = c_int;
+pub const SPARSEK_OK: sparsek_status = 0;
+pub const SPARSEK_INVALID_ARGUMENT: sparsek_status = 1;
+pub const SPARSEK_UNSUPPORTED: sparsek_status = 2;
+pub const SPARSEK_CUDA_ERROR: sparsek_status = 3;
+pub const SPARSEK_NO_DEVICE: sparsek_status = 4;
+pub const SPARSEK_IO_ERROR: sparsek_status = 5;
+pub const SPARSEK_INTERNAL: sparsek_status = 6;
+
+pub type sparsek_dtype = c_int;
+pub const SPARSEK_F32: sparsek_dtype = 0;
+pub const SPARSEK_F16: sparsek_dtype = 1;
+pub const SPARSEK_BF16: sparsek_dtype = 2;
+
+pub type sparsek_layout = c_int;
+pub const SPARSEK_ROW_MAJOR: sparsek_layout = 0;
+pub const SPARSEK_COL_MAJOR: sparsek_layout = 1;
+
+pub type sparsek_op = c_int;
+pub const SPARSEK_OP_NONE: sparsek_op = 0;
+pub const SPARSEK_OP_TRANS: sparsek_op = 1;
+
+pub type sparsek_memory = c_int;
+pub const SPARSEK_HOST: sparsek_memory = 0;
+pub const SPARSEK_DEVICE: sparsek_memory = 1;
+
+pub type sparsek_kind = c_int;
+pub const SPARSEK_DSD: sparsek_kind = 0;
+pub const SPARSEK_DDS: sparsek_kind = 1;
+pub const SPARSEK_SDD: sparsek_kind = 2;
+
+/// A BSR matrix: `row_ptr[rows/bm + 1]`, `col_idx[nnzb]`, `values[nnzb][bm][bk]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_bsr {
+    pub rows: i64,
+    pub cols: i64,
+    pub bm: i32,
+    pub bk: i32,
+    pub nnzb: i64,
+    pub row_ptr: *const i32,
+    pub col_idx: *const i32,
+    pub values: *mut c_void,
+    pub dtype: sparsek_dtype,
+    pub memory: sparsek_memory,
+}
+
+/// A dense matrix of `rows x cols` as stored, with leading dimension `ld`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_dense {
+    pub data: *mut c_void,
+    pub rows: i64,
+    pub cols: i64,
+    pub ld: i64,
+    pub layout: sparsek_layout,
+    pub dtype: sparsek_dtype,
+    pub memory: sparsek_memory,
+}
+
+/// One product for the plan entry points. Slots by kind: DSD `sparse`=A, `b`, `c`;
+/// DDS `a`, `sparse`=B, `c`; SDD `a`, `b`, `sparse`=C (its values are the output).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_gemm_args {
+    pub kind: sparsek_kind,
+    pub op: sparsek_op,
+    pub alpha: c_float,
+    pub beta: c_float,
+    pub sparse: sparsek_bsr,
+    pub a: sparsek_dense,
+    pub b: sparsek_dense,
+    pub c: sparsek_dense,
+}
+
+/// Opaque plan (`struct sparsek_plan_s`).
+#[repr(C)]
+pub struct sparsek_plan_s {
+    _private: [u8; 0],
+}
+pub type sparsek_plan = *mut sparsek_plan_s;
+
+extern "C" {
+    pub fn sparsek_last_error() -> *const c_char;
+    pub fn sparsek_status_string(s: sparsek_status) -> *const c_char;
+    pub fn sparsek_version() -> *const c_char;
+    pub fn sparsek_has_cuda() -> c_int;
+
+    pub fn sparsek_dsd(
+        op_a: sparsek_op,
+        alpha: c_float,
+        a: *const sparsek_bsr,
+        b: *const sparsek_dense,
+        beta: c_float,
+        c: *mut sparsek_dense,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_dds(
+        op_b: sparsek_op,
+        alpha: c_float,
+        a: *const sparsek_dense,
+        b: *const sparsek_bsr,
+        beta: c_float,
+        c: *mut sparsek_dense,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_sdd(
+        alpha: c_float,
+        a: *const sparsek_dense,
+        b: *const sparsek_dense,
+        beta: c_float,
+        c: *mut sparsek_bsr,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_bsr_validate(a: *const sparsek_bsr) -> sparsek_status;
+
+    pub fn sparsek_plan_create(
+        plan: *mut sparsek_plan,
+        problem: *const sparsek_gemm_args,
+        variant: *const c_char,
+    ) -> sparsek_status;
+    pub fn sparsek_plan_run(plan: sparsek_plan, args: *const sparsek_gemm_args, stream: *mut c_void) -> sparsek_status;
+    pub fn sparsek_plan_destroy(plan: sparsek_plan) -> sparsek_status;
+    pub fn sparsek_plan_variant(plan: sparsek_plan) -> *const c_char;
+    pub fn sparsek_plan_workspace_bytes(plan: sparsek_plan, bytes: *mut u64) -> sparsek_status;
+}

@@ -1,0 +1,109 @@
+// The C API's attention entry points: the one-shot call and an opaque handle around
+// sparsek::AttentionPlan.
+#include <memory>
+#include <string>
+
+#include "capi/capi_internal.hpp"
+#include "sparsek/attention.hpp"
+#include "sparsek/sparsek.h"
+
+struct sparsek_attention_plan_s {
+  sparsek::AttentionPlan plan;
+};
+
+namespace {
+
+using namespace sparsek;
+using namespace sparsek::capi;
+
+Tensor4View to_view(const sparsek_tensor4& t) {
+  Tensor4View v;
+  v.data = t.data;
+  v.dtype = static_cast<DType>(enum_value(t.dtype));
+  v.memory = static_cast<Memory>(enum_value(t.memory));
+  v.b = t.b, v.h = t.h, v.s = t.s, v.d = t.d;
+  v.stride_b = t.stride_b, v.stride_h = t.stride_h, v.stride_s = t.stride_s;
+  return v;
+}
+
+// Out-of-range enum values are rejected by validation with their value.
+AttentionArgs to_args(const sparsek_attention_args& c) {
+  if (c.causal != 0 && c.causal != 1)
+    throw Error(Status::invalid_argument, "causal = " + std::to_string(c.causal) + " is not 0 or 1");
+  AttentionArgs a;
+  a.q = to_view(c.q);
+  a.k = to_view(c.k);
+  a.v = to_view(c.v);
+  a.o = to_view(c.o);
+  a.lse = c.lse;
+  const sparsek_attention_layout& l = c.layout;
+  a.layout.kv_num_blocks = l.kv_num_blocks;
+  a.layout.kv_indices = l.kv_indices;
+  a.layout.full_kv_num_blocks = l.full_kv_num_blocks;
+  a.layout.full_kv_indices = l.full_kv_indices;
+  a.layout.batch = l.batch;
+  a.layout.heads = l.heads;
+  a.layout.q_blocks = l.q_blocks;
+  a.layout.kmax = l.kmax;
+  a.layout.full_kmax = l.full_kmax;
+  a.layout.block_q = l.block_q;
+  a.layout.block_kv = l.block_kv;
+  a.layout.memory = static_cast<Memory>(enum_value(l.memory));
+  a.causal = c.causal == 1;
+  a.scale = c.scale;
+  return a;
+}
+
+}  // namespace
+
+extern "C" {
+
+sparsek_status sparsek_attention(const sparsek_attention_args* args, void* stream) {
+  return guarded("sparsek_attention", [&] {
+    if (!args) null_arg("args");
+    Options o;
+    o.stream = stream;
+    attention(to_args(*args), o);
+  });
+}
+
+sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* out, const sparsek_attention_args* problem,
+                                             const char* variant) {
+  if (out) *out = nullptr;
+  return guarded("sparsek_attention_plan_create", [&] {
+    if (!out) null_arg("plan");
+    if (!problem) null_arg("problem");
+    Options o;
+    if (variant) o.variant = variant;
+    auto h = std::make_unique<sparsek_attention_plan_s>();
+    h->plan = plan(to_args(*problem), o);
+    *out = h.release();
+  });
+}
+
+sparsek_status sparsek_attention_plan_run(sparsek_attention_plan p, const sparsek_attention_args* args, void* stream) {
+  return guarded("sparsek_attention_plan_run", [&] {
+    if (!p) null_arg("plan");
+    if (!args) null_arg("args");
+    run(p->plan, to_args(*args), stream);
+  });
+}
+
+sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan p) {
+  return guarded("sparsek_attention_plan_destroy", [&] { delete p; });
+}
+
+const char* sparsek_attention_plan_variant(sparsek_attention_plan p) {
+  if (!p || !p->plan) return "";
+  return p->plan.variant().c_str();
+}
+
+sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan p, uint64_t* bytes) {
+  return guarded("sparsek_attention_plan_workspace_bytes", [&] {
+    if (!p) null_arg("plan");
+    if (!bytes) null_arg("bytes");
+    *bytes = p->plan.workspace_bytes();
+  });
+}
+
+}  // extern "C"

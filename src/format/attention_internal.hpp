@@ -1,0 +1,68 @@
+// Internal: what the attention layers share about a layout (format/attention_layout.cpp): its
+// host copy, the row a (batch, head, query block) reads, the O(layout) content checks, and a
+// seeded random layout for tests and benchmarks (format/patterns.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "sparsek/attention.hpp"
+
+namespace sparsek {
+
+// The layout's arrays readable on the host: views of host memory, or copies of device memory.
+struct HostLayout {
+  const int32_t* num = nullptr;       // kv_num_blocks       [batch, heads, q_blocks]
+  const int32_t* idx = nullptr;       // kv_indices          [batch, heads, q_blocks, kmax]
+  const int32_t* full_num = nullptr;  // full_kv_num_blocks  (nullptr: no full lists)
+  const int32_t* full_idx = nullptr;  // full_kv_indices     [batch, heads, q_blocks, full_kmax]
+  std::vector<int32_t> copies[4];
+};
+// l passed validate()'s cheap checks. Device arrays are copied synchronously, after waiting for
+// `stream` (a cudaStream_t, may be null: the caller may have written the layout there).
+HostLayout host_layout(const AttentionLayout& l, void* stream = nullptr);
+
+// The layout row (an index into kv_num_blocks) that query block i of batch b and query head h
+// reads: the layout's batch and head extents broadcast (1), match (B, Hq) or, for heads, name
+// one row per key/value head (Hkv).
+inline int64_t layout_row(const AttentionLayout& l, int64_t hq, int64_t hkv, int64_t b, int64_t h, int64_t i) {
+  const int64_t lb = l.batch == 1 ? 0 : b;
+  const int64_t lh = l.heads == hq ? h : l.heads == hkv ? h / (hq / hkv) : 0;
+  return (lb * l.heads + lh) * l.q_blocks + i;
+}
+
+// The content checks of validate(args, true) on a host view of args.layout: counts in [0, kmax],
+// indices sorted, unique and in range, no block in both lists. Errors name the array, the
+// index and the value.
+void validate_layout_contents(const AttentionArgs& args, const HostLayout& hl);
+
+// Effective FLOPs of args read through hl (4 * D * unmasked score elements).
+double effective_flops(const AttentionArgs& args, const HostLayout& hl);
+
+// ---- a random layout (host arrays), for tests and benchmarks ----
+
+enum class LayoutKind { topk, dense, causal };
+
+struct LayoutArrays {
+  int64_t batch = 1, heads = 1, q_blocks = 0, kmax = 0, full_kmax = 0;
+  int block = 128;
+  std::vector<int32_t> num, idx;            // kv_num_blocks, kv_indices
+  std::vector<int32_t> full_num, full_idx;  // both empty: no full lists
+  // A host view (block_q = block_kv = block).
+  AttentionLayout view() const;
+};
+
+// One row per (batch, head) and query block i over nk = ceil(skv / block) key blocks:
+//   topk   - round(density * nk) blocks (at least 1) drawn at random;
+//   dense  - every block;
+//   causal - every block that holds a key <= the block's last query row (as topk/dense with
+//            causal; `causal` is implied).
+// With causal, blocks holding only later keys are never kept, the diagonal block (j = i) always
+// is when it exists, and blocks with no key past the block's first query row go to the full
+// lists (they need no element mask); the rest stay in kv_indices. kmax and full_kmax are the
+// longest rows; entries past a row's count are -1. Seeded: the same arguments give the same
+// layout everywhere.
+LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t heads, int64_t sq, int64_t skv,
+                                     int block, double density, bool causal, uint64_t seed);
+const char* to_string(LayoutKind k);
+
+}  // namespace sparsek

@@ -1,0 +1,292 @@
+// Attention argument validation and what is read off a layout (its host copy, the content
+// checks, effective FLOPs). Every message names the tensor or array, the index and the value.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "core/device.hpp"
+#include "format/attention_internal.hpp"
+
+namespace sparsek {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
+std::string s(int64_t v) { return std::to_string(v); }
+
+std::string at(const char* name, int64_t b, int64_t h, int64_t i) {
+  return std::string(name) + "[" + s(b) + ", " + s(h) + ", " + s(i) + "]";
+}
+std::string at(const char* name, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return std::string(name) + "[" + s(b) + ", " + s(h) + ", " + s(i) + ", " + s(j) + "]";
+}
+
+// a * b + c without int64 overflow (all >= 0); false when it would overflow.
+bool mul_add(int64_t a, int64_t b, int64_t c, int64_t* out) {
+  int64_t p;
+  return !__builtin_mul_overflow(a, b, &p) && !__builtin_add_overflow(p, c, out);
+}
+
+// [begin, end) of the bytes a tensor or array may touch (empty when begin == end).
+struct Bytes {
+  uintptr_t begin = 0, end = 0;
+  bool overlaps(const Bytes& o) const { return begin < o.end && o.begin < end; }
+};
+Bytes bytes_of(const void* p, int64_t n) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  return p && n > 0 ? Bytes{b, b + uintptr_t(n)} : Bytes{};
+}
+
+const char* kDtypes = "f32 (0), f16 (1) or bf16 (2)";
+const char* kMemories = "host (0) or device (1)";
+
+// One tensor on its own: enums, extents, strides, pointer, and the byte extent (returned).
+int64_t check_tensor(const Tensor4View& t, const char* name) {
+  const std::string n(name);
+  if (int(t.dtype) < 0 || int(t.dtype) > 2) bad(n + " dtype " + s(int(t.dtype)) + " is not " + kDtypes);
+  if (int(t.memory) < 0 || int(t.memory) > 1) bad(n + " memory " + s(int(t.memory)) + " is not " + kMemories);
+  const int64_t ext[4] = {t.b, t.h, t.s, t.d};
+  const char* ext_name[4] = {".b", ".h", ".s", ".d"};
+  for (int e = 0; e < 4; ++e)
+    if (ext[e] < 1) bad(n + ext_name[e] + " = " + s(ext[e]) + " must be at least 1");
+  const int64_t str[3] = {t.stride_b, t.stride_h, t.stride_s};
+  const char* str_name[3] = {".stride_b", ".stride_h", ".stride_s"};
+  for (int e = 0; e < 3; ++e)
+    if (str[e] < 0) bad(n + str_name[e] + " = " + s(str[e]) + " is negative");
+  if (!t.data) bad(n + ".data is null");
+  // Last element's offset + 1, in bytes, without overflow.
+  int64_t span = t.d;
+  for (int e = 0; e < 3; ++e)
+    if (!mul_add(ext[e] - 1, str[e], span, &span))
+      bad(n + ": the extent of a [" + s(t.b) + ", " + s(t.h) + ", " + s(t.s) + ", " + s(t.d) +
+          "] tensor with these strides overflows 64-bit offsets");
+  int64_t bytes;
+  if (!mul_add(span, int64_t(dtype_size(t.dtype)), 0, &bytes))
+    bad(n + ": the byte extent of the tensor overflows 64 bits");
+  return bytes;
+}
+
+// An output must give every (b, h, s, d) its own element: sorted by stride, each dimension's
+// stride must step past everything the smaller ones span (d is contiguous, stride 1).
+void check_no_self_overlap(const Tensor4View& t, const char* name) {
+  struct Dim {
+    int64_t extent, stride;
+  };
+  Dim dims[3] = {{t.b, t.stride_b}, {t.h, t.stride_h}, {t.s, t.stride_s}};
+  std::sort(dims, dims + 3, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  int64_t span = t.d;  // elements spanned by the dimensions below (mul_add checked in check_tensor)
+  for (const Dim& d : dims) {
+    if (d.extent == 1) continue;
+    if (d.stride < span)
+      bad(std::string(name) + " strides (stride_b = " + s(t.stride_b) + ", stride_h = " + s(t.stride_h) +
+          ", stride_s = " + s(t.stride_s) + ", d = " + s(t.d) +
+          ") give two positions the same element; an output needs an element per position");
+    span = (d.extent - 1) * d.stride + span;
+  }
+}
+
+std::string range_str(const Bytes& r) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%#" PRIxPTR ", %#" PRIxPTR ")", r.begin, r.end);
+  return buf;
+}
+
+}  // namespace
+
+void validate(const AttentionArgs& a, bool check_indices) {
+  const int64_t q_bytes = check_tensor(a.q, "q");
+  const int64_t k_bytes = check_tensor(a.k, "k");
+  const int64_t v_bytes = check_tensor(a.v, "v");
+  const int64_t o_bytes = check_tensor(a.o, "o");
+  const int64_t B = a.q.b, Hq = a.q.h, Sq = a.q.s, D = a.q.d, Hkv = a.k.h, Skv = a.k.s;
+  // Shapes: q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D], o like q.
+  if (D != 64 && D != 128) bad("q.d = " + s(D) + " is not 64 or 128");
+  auto same = [](const char* what, int64_t got, const char* ref, int64_t want) {
+    if (got != want) bad(std::string(what) + " = " + s(got) + " differs from " + ref + " = " + s(want));
+  };
+  same("k.d", a.k.d, "q.d", D);
+  same("v.d", a.v.d, "q.d", D);
+  same("o.d", a.o.d, "q.d", D);
+  same("k.b", a.k.b, "q.b", B);
+  same("v.b", a.v.b, "q.b", B);
+  same("o.b", a.o.b, "q.b", B);
+  same("v.h", a.v.h, "k.h", Hkv);
+  same("v.s", a.v.s, "k.s", Skv);
+  same("o.h", a.o.h, "q.h", Hq);
+  same("o.s", a.o.s, "q.s", Sq);
+  if (Hq % Hkv != 0)
+    bad("q.h = " + s(Hq) + " query heads is not a multiple of k.h = " + s(Hkv) + " key/value heads");
+  // One dtype, one memory kind.
+  const DType dt = a.q.dtype;
+  for (const auto& [t, name] : {std::pair{&a.k, "k"}, std::pair{&a.v, "v"}, std::pair{&a.o, "o"}}) {
+    if (t->dtype != dt) bad(std::string(name) + " dtype " + to_string(t->dtype) + " differs from q's " + to_string(dt));
+    if (t->memory != a.q.memory)
+      bad(std::string(name) + " is in " + to_string(t->memory) + " memory but q is in " + to_string(a.q.memory) +
+          " memory");
+  }
+  const AttentionLayout& l = a.layout;
+  if (int(l.memory) < 0 || int(l.memory) > 1) bad("layout.memory " + s(int(l.memory)) + " is not " + kMemories);
+  if (l.memory != a.q.memory)
+    bad(std::string("layout is in ") + to_string(l.memory) + " memory but q is in " + to_string(a.q.memory) +
+        " memory");
+  if (dt == DType::f32 && a.q.memory == Memory::device)
+    bad("dtype f32 is for host memory only (the GPU kernels take f16 or bf16)");
+  check_no_self_overlap(a.o, "o");
+  if (!std::isfinite(a.scale)) bad("scale = " + std::to_string(a.scale) + " is not finite");
+
+  // The layout's extents.
+  if (l.block_q != 64 && l.block_q != 128) bad("layout.block_q = " + s(l.block_q) + " is not 64 or 128");
+  if (l.block_kv != l.block_q)
+    bad("layout.block_kv = " + s(l.block_kv) + " differs from layout.block_q = " + s(l.block_q) +
+        " (blocks are square)");
+  if (l.batch != 1 && l.batch != B) bad("layout.batch = " + s(l.batch) + " is neither 1 nor B = " + s(B));
+  if (l.heads != 1 && l.heads != Hq && l.heads != Hkv)
+    bad("layout.heads = " + s(l.heads) + " is not 1, Hq = " + s(Hq) + " or Hkv = " + s(Hkv));
+  const int64_t mq = (Sq + l.block_q - 1) / l.block_q, nk = (Skv + l.block_kv - 1) / l.block_kv;
+  if (l.q_blocks != mq)
+    bad("layout.q_blocks = " + s(l.q_blocks) + " but Sq = " + s(Sq) + " makes ceil(Sq / block_q) = " + s(mq) +
+        " query blocks");
+  if (nk > INT32_MAX) bad("Skv = " + s(Skv) + " has more key blocks than int32 indices can name");
+  if (l.kmax < 0) bad("layout.kmax = " + s(l.kmax) + " is negative");
+  // o holds B * Hq * Sq distinct elements (checked above), so this cannot overflow.
+  const int64_t rows = l.batch * l.heads * l.q_blocks;
+  int64_t idx_count = 0, full_count = 0;
+  if (!mul_add(rows, l.kmax, 0, &idx_count) || idx_count > INT64_MAX / 4)
+    bad("layout.kmax = " + s(l.kmax) + ": kv_indices' size overflows 64 bits");
+  if (!l.kv_num_blocks) bad("layout.kv_num_blocks is null");
+  if (!l.kv_indices && l.kmax > 0) bad("layout.kv_indices is null but layout.kmax = " + s(l.kmax));
+  if (l.full_kv_indices && !l.full_kv_num_blocks)
+    bad("layout.full_kv_indices is given but layout.full_kv_num_blocks is null (give both or neither)");
+  if (l.has_full()) {
+    if (l.full_kmax < 0) bad("layout.full_kmax = " + s(l.full_kmax) + " is negative");
+    if (!mul_add(rows, l.full_kmax, 0, &full_count) || full_count > INT64_MAX / 4)
+      bad("layout.full_kmax = " + s(l.full_kmax) + ": full_kv_indices' size overflows 64 bits");
+    if (!l.full_kv_indices && l.full_kmax > 0)
+      bad("layout.full_kv_num_blocks is given but layout.full_kv_indices is null while layout.full_kmax = " +
+          s(l.full_kmax) + " (give both or neither)");
+  }
+  int64_t lse_bytes = 0;
+  if (a.lse && !mul_add(B * Hq, Sq, 0, &lse_bytes)) bad("lse: B * Hq * Sq overflows 64 bits");
+  if (a.lse && !mul_add(lse_bytes, 4, 0, &lse_bytes)) bad("lse: its byte size overflows 64 bits");
+
+  // Outputs must not share a byte with an input or with each other (nothing is computed in place).
+  struct Named {
+    const char* name;
+    Bytes r;
+  };
+  const Named inputs[] = {{"q", bytes_of(a.q.data, q_bytes)},
+                          {"k", bytes_of(a.k.data, k_bytes)},
+                          {"v", bytes_of(a.v.data, v_bytes)},
+                          {"layout.kv_num_blocks", bytes_of(l.kv_num_blocks, rows * 4)},
+                          {"layout.kv_indices", bytes_of(l.kv_indices, idx_count * 4)},
+                          {"layout.full_kv_num_blocks", bytes_of(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)},
+                          {"layout.full_kv_indices", bytes_of(l.full_kv_indices, full_count * 4)}};
+  const Named outputs[] = {{"o", bytes_of(a.o.data, o_bytes)}, {"lse", bytes_of(a.lse, lse_bytes)}};
+  for (const Named& out : outputs)
+    for (const Named& in : inputs)
+      if (out.r.overlaps(in.r))
+        bad(std::string(out.name) + " overlaps " + in.name + ": " + out.name + " occupies " + range_str(out.r) +
+            " and " + in.name + " " + range_str(in.r) + "; attention is not computed in place: give " + out.name +
+            " memory of its own");
+  if (outputs[0].r.overlaps(outputs[1].r))
+    bad("lse overlaps o: o occupies " + range_str(outputs[0].r) + " and lse " + range_str(outputs[1].r));
+
+  if (!check_indices) return;
+  if (l.memory == Memory::device && !device_info().available)
+    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
+                                       device_info().why_not);
+  validate_layout_contents(a, host_layout(l));
+}
+
+HostLayout host_layout(const AttentionLayout& l, void* stream) {
+  HostLayout hl;
+  const int64_t rows = l.batch * l.heads * l.q_blocks;
+  const int32_t* src[4] = {l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices};
+  const int64_t count[4] = {rows, rows * l.kmax, l.has_full() ? rows : 0, l.has_full() ? rows * l.full_kmax : 0};
+  const int32_t** dst[4] = {&hl.num, &hl.idx, &hl.full_num, &hl.full_idx};
+  if (l.memory == Memory::host) {
+    for (int a = 0; a < 4; ++a) *dst[a] = src[a];
+    return hl;
+  }
+  if (stream)
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
+  static const char* what[4] = {"cudaMemcpy(kv_num_blocks to host)", "cudaMemcpy(kv_indices to host)",
+                                "cudaMemcpy(full_kv_num_blocks to host)", "cudaMemcpy(full_kv_indices to host)"};
+  for (int a = 0; a < 4; ++a) {
+    if (!src[a] || count[a] == 0) continue;
+    hl.copies[a].resize(size_t(count[a]));
+    check_cuda(cudaMemcpy(hl.copies[a].data(), src[a], size_t(count[a]) * 4, cudaMemcpyDeviceToHost), what[a]);
+    *dst[a] = hl.copies[a].data();
+  }
+  return hl;
+}
+
+void validate_layout_contents(const AttentionArgs& a, const HostLayout& hl) {
+  const AttentionLayout& l = a.layout;
+  const int64_t nk = (a.k.s + l.block_kv - 1) / l.block_kv;
+  auto check_list = [&](const int32_t* num, const int32_t* idx, int64_t kmax, const char* num_name,
+                        const char* idx_name, int64_t r, int64_t b, int64_t h, int64_t i) {
+    const int32_t n = num[r];
+    if (n < 0 || n > kmax)
+      bad(at(num_name, b, h, i) + " = " + s(n) + " is out of range [0, " + s(kmax) + "] (kmax = " + s(kmax) + ")");
+    const int32_t* row = idx + r * kmax;
+    for (int32_t j = 0; j < n; ++j) {
+      if (row[j] < 0 || row[j] >= nk)
+        bad(at(idx_name, b, h, i, j) + " = " + s(row[j]) + " is out of range [0, " + s(nk) + ")");
+      if (j > 0 && row[j] <= row[j - 1])
+        bad(at(idx_name, b, h, i, j) + " = " + s(row[j]) + " is not greater than " + at(idx_name, b, h, i, j - 1) +
+            " = " + s(row[j - 1]) + " (a row's indices must be sorted and unique)");
+    }
+  };
+  for (int64_t b = 0, r = 0; b < l.batch; ++b)
+    for (int64_t h = 0; h < l.heads; ++h)
+      for (int64_t i = 0; i < l.q_blocks; ++i, ++r) {
+        check_list(hl.num, hl.idx, l.kmax, "kv_num_blocks", "kv_indices", r, b, h, i);
+        if (!l.has_full()) continue;
+        check_list(hl.full_num, hl.full_idx, l.full_kmax, "full_kv_num_blocks", "full_kv_indices", r, b, h, i);
+        // Both rows are sorted: one merge finds a block named twice.
+        const int32_t *p = hl.idx + r * l.kmax, *f = hl.full_idx + r * l.full_kmax;
+        for (int32_t x = 0, y = 0; x < hl.num[r] && y < hl.full_num[r];) {
+          if (p[x] == f[y])
+            bad(at("full_kv_indices", b, h, i, y) + " = " + s(f[y]) + " is also " + at("kv_indices", b, h, i, x) +
+                " (a block is either masked or full, not both)");
+          if (p[x] < f[y]) ++x; else ++y;
+        }
+      }
+}
+
+double effective_flops(const AttentionArgs& a, const HostLayout& hl) {
+  const AttentionLayout& l = a.layout;
+  const int64_t Sq = a.q.s, Skv = a.k.s, bq = l.block_q, bk = l.block_kv;
+  double elements = 0;
+  for (int64_t b = 0; b < a.q.b; ++b)
+    for (int64_t h = 0; h < a.q.h; ++h)
+      for (int64_t i = 0; i < l.q_blocks; ++i) {
+        const int64_t r = layout_row(l, a.q.h, a.k.h, b, h, i);
+        const int64_t r0 = i * bq, r1 = std::min(Sq, r0 + bq);
+        auto add = [&](const int32_t* list, int32_t n, bool masked) {
+          for (int32_t j = 0; j < n; ++j) {
+            const int64_t c0 = int64_t(list[j]) * bk, c1 = std::min(Skv, c0 + bk);
+            if (!(masked && a.causal)) {
+              elements += double((r1 - r0) * (c1 - c0));
+              continue;
+            }
+            for (int64_t q = r0; q < r1; ++q) elements += double(std::max<int64_t>(0, std::min(q + 1, c1) - c0));
+          }
+        };
+        add(hl.idx + r * l.kmax, hl.num[r], true);
+        if (l.has_full()) add(hl.full_idx + r * l.full_kmax, hl.full_num[r], false);
+      }
+  return 4.0 * double(a.q.d) * elements;
+}
+
+double effective_flops(const AttentionArgs& args) {
+  validate(args, true);
+  return effective_flops(args, host_layout(args.layout));
+}
+
+}  // namespace sparsek

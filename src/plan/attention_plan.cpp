@@ -1,0 +1,215 @@
+// Attention's plan(), run() and one-shot attention(), in the products' shape (plan.cpp,
+// dispatch.cpp). A plan is made for shapes, strides, dtypes, memory, the layout's extents, causal
+// and scale; never for the layout's contents, which may change on every run (a gate makes a new
+// layout every step): plan() and run() do not read them.
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "core/device.hpp"
+#include "format/attention_internal.hpp"
+#include "plan/plan_internal.hpp"
+#include "sparsek/attention.hpp"
+
+namespace sparsek {
+
+namespace {
+// The pointers a variant may care about the alignment of.
+constexpr int kPointers = 9;
+void data_alignment(const AttentionArgs& a, int out[kPointers]) {
+  const AttentionLayout& l = a.layout;
+  const void* p[kPointers] = {a.q.data,      a.k.data,   a.v.data,           a.o.data,       a.lse,
+                              l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices};
+  for (int i = 0; i < kPointers; ++i) out[i] = align_log2(p[i]);
+}
+}  // namespace
+
+struct AttentionPlan::Impl {
+  AttentionArgs problem;  // as given to plan(); run() args must match it but for the pointers
+  Backend backend = Backend::cpu;
+  const AttentionVariant* variant = nullptr;
+  std::string variant_name;
+  int threads = 0;
+  int device = -1;            // CUDA device current at plan() (cuda plans)
+  int align[kPointers] = {};  // alignment (log2, capped) of the planned pointers
+  std::unique_ptr<VariantState> state;
+};
+
+AttentionPlan::AttentionPlan() = default;
+AttentionPlan::~AttentionPlan() = default;
+AttentionPlan::AttentionPlan(const AttentionPlan&) = default;
+AttentionPlan& AttentionPlan::operator=(const AttentionPlan&) = default;
+AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
+AttentionPlan& AttentionPlan::operator=(AttentionPlan&&) noexcept = default;
+
+namespace {
+[[noreturn]] void empty_plan() {
+  throw Error(Status::invalid_argument, "the attention plan is empty (make one with sparsek::plan())");
+}
+}  // namespace
+
+const std::string& AttentionPlan::variant() const {
+  if (!impl_) empty_plan();
+  return impl_->variant_name;
+}
+Backend AttentionPlan::backend() const {
+  if (!impl_) empty_plan();
+  return impl_->backend;
+}
+size_t AttentionPlan::workspace_bytes() const {
+  if (!impl_) empty_plan();
+  return impl_->state ? impl_->state->workspace_bytes() : 0;
+}
+
+AttentionPlan plan(const AttentionArgs& problem, const Options& options) {
+  validate(problem, false);
+  const Backend be = resolve_backend(problem.q.memory, options);
+  auto impl = std::make_shared<AttentionPlan::Impl>();
+  impl->problem = problem;
+  impl->backend = be;
+  impl->threads = options.threads;
+  if (be == Backend::cuda) check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
+  const AttentionVariant* v = nullptr;
+  if (!options.variant.empty()) {
+    v = &forced_variant(problem, options.variant, be);
+  } else {
+    std::string reasons;
+    v = heuristic_variant(problem, be, &reasons);
+    if (!v) throw Error(Status::unsupported, "no attention variant supports this problem" + reasons);
+  }
+  impl->variant = v;
+  impl->variant_name = v->name;
+  data_alignment(problem, impl->align);
+  if (v->prepare) {
+    Options po;
+    po.backend = be;
+    po.threads = options.threads;
+    po.check_indices = false;
+    impl->state = v->prepare(problem, po);
+  }
+  AttentionPlan p;
+  p.impl_ = std::move(impl);
+  return p;
+}
+
+namespace {
+
+[[noreturn]] void mismatch(const std::string& what, const std::string& got, const std::string& want) {
+  throw Error(Status::invalid_argument,
+              "run: args do not match the plan: " + what + " is " + got + ", the plan was made for " + want);
+}
+std::string num(int64_t v) { return std::to_string(v); }
+
+// Only compares; strings are built on a mismatch alone, so a matching call allocates nothing.
+void match_tensor(const Tensor4View& g, const Tensor4View& p, const char* name) {
+  const int64_t got[7] = {g.b, g.h, g.s, g.d, g.stride_b, g.stride_h, g.stride_s};
+  const int64_t want[7] = {p.b, p.h, p.s, p.d, p.stride_b, p.stride_h, p.stride_s};
+  static const char* field[7] = {".b", ".h", ".s", ".d", ".stride_b", ".stride_h", ".stride_s"};
+  for (int i = 0; i < 7; ++i)
+    if (got[i] != want[i]) mismatch(name + std::string(field[i]), num(got[i]), num(want[i]));
+  if (g.dtype != p.dtype) mismatch(name + std::string(" dtype"), to_string(g.dtype), to_string(p.dtype));
+  if (g.memory != p.memory) mismatch(name + std::string(" memory"), to_string(g.memory), to_string(p.memory));
+}
+
+void match(const AttentionArgs& g, const AttentionArgs& p) {
+  match_tensor(g.q, p.q, "q");
+  match_tensor(g.k, p.k, "k");
+  match_tensor(g.v, p.v, "v");
+  match_tensor(g.o, p.o, "o");
+  const AttentionLayout &l = g.layout, &m = p.layout;
+  const int64_t got[7] = {l.batch, l.heads, l.q_blocks, l.kmax, l.has_full() ? l.full_kmax : 0, l.block_q, l.block_kv};
+  const int64_t want[7] = {m.batch, m.heads, m.q_blocks, m.kmax, m.has_full() ? m.full_kmax : 0, m.block_q, m.block_kv};
+  static const char* field[7] = {"layout.batch", "layout.heads", "layout.q_blocks", "layout.kmax",
+                                 "layout.full_kmax", "layout.block_q", "layout.block_kv"};
+  for (int i = 0; i < 7; ++i)
+    if (got[i] != want[i]) mismatch(field[i], num(got[i]), num(want[i]));
+  if (l.memory != m.memory) mismatch("layout.memory", to_string(l.memory), to_string(m.memory));
+  auto lists = [](bool full) { return std::string(full ? "with" : "without") + " full lists"; };
+  if (l.has_full() != m.has_full()) mismatch("the layout", lists(l.has_full()), lists(m.has_full()));
+  auto yn = [](bool b) { return std::string(b ? "true" : "false"); };
+  if (g.causal != p.causal) mismatch("causal", yn(g.causal), yn(p.causal));
+  if (g.softmax_scale() != p.softmax_scale())
+    mismatch("the softmax scale", std::to_string(g.softmax_scale()), std::to_string(p.softmax_scale()));
+}
+
+// What every run needs once args match the plan and pass the cheap checks.
+void launch(const AttentionPlan::Impl& im, const AttentionArgs& args, void* stream) {
+  int al[kPointers];
+  data_alignment(args, al);
+  bool less_aligned = false;
+  for (int i = 0; i < kPointers; ++i) less_aligned = less_aligned || al[i] < im.align[i];
+  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned, args, im.state.get(), stream);
+}
+
+}  // namespace
+
+void run(const AttentionPlan& p, const AttentionArgs& args, void* stream) {
+  if (!p.impl_) empty_plan();
+  match(args, p.impl_->problem);
+  validate(args, false);  // the cheap checks: null pointers, outputs overlapping inputs
+  launch(*p.impl_, args, stream);
+}
+
+// ---- the one-shot entry: validate + plan + run, through a small cache of plans ----
+//
+// Key: everything a plan is made for (all but the pointers and the layout's contents), the
+// alignment of every pointer (a plan is chosen for it), and the options that steer planning; for
+// cuda, the stream (a plan's workspace is used in one stream's order) and the current device.
+namespace {
+
+struct AttentionKey {
+  std::vector<int64_t> fields;
+  std::string variant;
+  bool operator==(const AttentionKey& o) const { return fields == o.fields && variant == o.variant; }
+};
+
+AttentionKey key_of(const AttentionArgs& a, const Options& o, Backend be) {
+  AttentionKey k;
+  auto& f = k.fields;
+  for (const Tensor4View* t : {&a.q, &a.k, &a.v, &a.o})
+    f.insert(f.end(), {t->b, t->h, t->s, t->d, t->stride_b, t->stride_h, t->stride_s, int64_t(t->dtype),
+                       int64_t(t->memory)});
+  const AttentionLayout& l = a.layout;
+  f.insert(f.end(), {l.batch, l.heads, l.q_blocks, l.kmax, l.has_full() ? l.full_kmax : -1, l.block_q, l.block_kv,
+                     int64_t(l.memory), int64_t(a.causal)});
+  float scale = a.softmax_scale();
+  uint32_t bits;
+  std::memcpy(&bits, &scale, 4);
+  f.push_back(int64_t(bits));
+  int al[kPointers];
+  data_alignment(a, al);
+  f.insert(f.end(), al, al + kPointers);
+  f.insert(f.end(), {int64_t(be), int64_t(o.threads)});
+  if (be == Backend::cuda) {
+    int dev = -1;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    f.insert(f.end(), {int64_t(reinterpret_cast<intptr_t>(o.stream)), int64_t(dev)});
+  }
+  k.variant = o.variant;
+  return k;
+}
+
+PlanCache<AttentionKey, AttentionPlan>& attention_plan_cache() {
+  static auto* cache = new PlanCache<AttentionKey, AttentionPlan>;  // leaked on purpose (exit order)
+  return *cache;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& args, const Options& options) {
+  validate(args, false);
+  if (options.check_indices) {
+    if (args.layout.memory == Memory::device && !device_info().available)
+      throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
+                                         device_info().why_not);
+    validate_layout_contents(args, host_layout(args.layout, options.stream));
+  }
+  const Backend be = resolve_backend(args.q.memory, options);
+  AttentionKey key = key_of(args, options, be);
+  AttentionPlan p = attention_plan_cache().take(key);
+  if (!p) p = plan(args, options);
+  run(p, args, options.stream);
+  attention_plan_cache().put(std::move(key), std::move(p));
+}
+
+}  // namespace sparsek
