@@ -52,6 +52,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--json", "FILE", "also write every number as JSON"},
     {"--seed", "S", "random seed of patterns and values (default 1)"},
     {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
+    {"--op", "NAME", "gemm (default) | gate (the top-k block gate: sparsek bench --op gate --help)"},
 };
 
 struct Workload {
@@ -560,6 +561,10 @@ std::vector<Workload> serving_workloads(DType dtype) {
 }
 
 int bench_main(const std::vector<std::string>& argv) {
+  // `--op gate` has its own flags (bench_gate.cpp).
+  for (size_t i = 0; i < argv.size(); ++i)
+    if (argv[i] == "--op=gate" || (argv[i] == "--op" && i + 1 < argv.size() && argv[i + 1] == "gate"))
+      return bench_gate_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -576,6 +581,7 @@ int bench_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
+  if (args.str("--op", "gemm") != "gemm") args.bad("--op", "must be gemm or gate");
   const Backend backend = args.backend("--backend");
   // Parse everything before any work, so a bad flag fails fast (exit 2).
   Workload custom;

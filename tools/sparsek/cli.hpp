@@ -67,6 +67,7 @@ const std::vector<SpecWorkload>& spec_workloads();
 
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);
+int bench_gate_main(const std::vector<std::string>& argv);  // bench --op gate (bench_gate.cpp)
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
 int tune_main(const std::vector<std::string>& argv);   // tune.cpp
