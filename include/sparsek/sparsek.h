@@ -133,7 +133,7 @@ typedef struct {
   sparsek_tensor4 q, k; /* q [B, Hq, Sq, D], k [B, Hkv, Skv, D]; D 64 or 128 */
   int32_t topk;
   int32_t block;        /* 64 or 128 */
-  int32_t causal;       /* nonzero: causal */
+  int32_t causal;       /* 0 or 1 */
   int32_t sink, local;
   float scale;          /* 0: 1 / sqrt(D) */
   const sparsek_attention_layout* candidates; /* NULL, or select among these blocks only */

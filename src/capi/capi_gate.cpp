@@ -1,4 +1,6 @@
 // The C API of the top-k block gate: sparsek_gate_args -> GateArgs, exceptions -> status.
+#include <string>
+
 #include "capi/capi_internal.hpp"
 #include "sparsek/attention.hpp"
 #include "sparsek/sparsek.h"
@@ -10,12 +12,14 @@ using namespace sparsek::capi;
 
 // `layout` receives the candidate layout, which args then points to.
 GateArgs to_args(const sparsek_gate_args& c, AttentionLayout& layout) {
+  if (c.causal != 0 && c.causal != 1)
+    throw Error(Status::invalid_argument, "causal = " + std::to_string(c.causal) + " is not 0 or 1");
   GateArgs g;
   g.q = to_view(c.q);
   g.k = to_view(c.k);
   g.topk = c.topk;
   g.block = c.block;
-  g.causal = c.causal != 0;
+  g.causal = c.causal == 1;
   g.sink = c.sink;
   g.local = c.local;
   g.scale = c.scale;

@@ -527,6 +527,11 @@ TEST(GateCApi, RunsAndReportsErrors) {
   EXPECT_NE(std::string(sparsek_last_error()).find("'args'"), std::string::npos);
   EXPECT_EQ(sparsek_gate_workspace_bytes(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
   g.block = 64;
+  g.causal = 2;
+  EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("causal = 2 is not 0 or 1"), std::string::npos)
+      << sparsek_last_error();
+  g.causal = 0;
   int bad_dtype = 9;
   std::memcpy(&g.q.dtype, &bad_dtype, sizeof(int));
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);

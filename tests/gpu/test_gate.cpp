@@ -73,6 +73,8 @@ struct DeviceGate {
     ASSERT_EQ(cudaMemset(num.p, 0x5a, num.bytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(idx.p, 0x5a, idx.bytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(scores.p, 0xff, scores.bytes), cudaSuccess);  // NaN
+    // The memsets run on the legacy stream, which a non-blocking stream does not wait for.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   void download() {
     CUDA_OK(cudaDeviceSynchronize());

@@ -199,8 +199,10 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed) {
   got.num.resize(rows);
   got.idx.resize(rows * size_t(p.kmax()));
   a.scores = static_cast<float*>(scores.p);
-  check_cuda(cudaMemset(num.p, 0x5a, num.bytes), "cudaMemset");
-  check_cuda(cudaMemset(idx.p, 0x5a, idx.bytes), "cudaMemset");
+  // NOTE: st does not wait for the legacy stream, where the uploads ran: synchronize first.
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check_cuda(cudaMemsetAsync(num.p, 0x5a, num.bytes, st), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(idx.p, 0x5a, idx.bytes, st), "cudaMemsetAsync");
   gate(a, o);
   check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   num.download(got.num.data(), num.bytes);
@@ -243,6 +245,7 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed) {
   for (float& x : hs) x = std::isfinite(x) ? x : -INFINITY;
   DeviceBuffer given(hs.size() * 4);
   given.upload(hs.data(), given.bytes);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   GateArgs g = a;
   g.given_scores = static_cast<const float*>(given.p);
   g.workspace_bytes = gate_workspace_bytes(g);

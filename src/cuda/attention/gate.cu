@@ -143,8 +143,11 @@ struct SelectSmem {
   int pk, pq, s, bits, words;
 };
 // Pooled k chunk [kKeyChunk][D + 4] (the +4 keeps the float4 reads of 8 consecutive keys on
-// distinct banks), pooled q [R][D], the scores / keys [R][Nk] and the candidate bitmap
-// [R][ceil(Nk / 32)].
+// distinct banks), pooled q [round_up4(R)][D], the scores / keys [R][Nk] and the candidate
+// bitmap [R][ceil(Nk / 32)].
+// Rows of pooled q in shared memory: whole groups of 4, as each scoring thread reads 4 rows.
+__host__ __device__ inline int round_up4(int r) { return (r + 3) / 4 * 4; }
+
 SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates) {
   auto up4 = [](int64_t w) { return (w + 3) / 4 * 4; };
   SelectSmem m{};
@@ -152,7 +155,7 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   m.pk = int(off);
   if (computed) off += int64_t(kKeyChunk) * (D + 4);
   m.pq = int(off);
-  if (computed) off += int64_t(R) * D;
+  if (computed) off += int64_t(round_up4(R)) * D;
   m.s = int(off);
   off += up4(int64_t(R) * Nk);
   m.bits = int(off);
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* pk = smem + p.sm_pk;                                // [kKeyChunk][D + 4]
-  float* pq = smem + p.sm_pq;                                // [R][D]
+  float* pq = smem + p.sm_pq;                                // [round_up4(R)][D]
   float* S = smem + p.sm_s;                                  // [R][Nk]: scores, then their keys' bits
   uint32_t* bits = reinterpret_cast<uint32_t*>(smem + p.sm_bits);  // [R][W]
   constexpr int PD = D + 4;
@@ -228,8 +231,8 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
     for (int r = 0; r < rows; ++r)
       for (int j = t; j < Nk; j += kThreads) put_score(r, j, p.given[(bg * p.Mq + i0 + r) * int64_t(Nk) + j]);
   } else if (Nk > 0) {
-    // pooled q rows i0 .. i0+R-1 (zeros past Mq)
-    for (int e = t; e < p.R * (D / 4); e += kThreads) {
+    // pooled q rows i0 .. i0+R-1 (zeros past Mq and in the rows that round R up to 4)
+    for (int e = t; e < round_up4(p.R) * (D / 4); e += kThreads) {
       const int r = e / (D / 4), d4 = e % (D / 4);
       const float4 v = r < rows ? __ldg(reinterpret_cast<const float4*>(p.pooled_q + ((bg * p.Mq + i0 + r) * D + 4 * d4)))
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
