@@ -40,6 +40,7 @@ const std::vector<FlagSpec> kGateSpecs = {
     {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
     {"--seed", "S", "random seed of the inputs (default 1)"},
+    {"--json", "FILE", "also write the figures as JSON"},
 };
 
 double median(std::vector<double> v) {
@@ -148,7 +149,7 @@ Check compare(const Problem& p, const Outputs& ref, const Outputs& got) {
   return c;
 }
 
-int run_cpu(const Problem& p, int reps, int warmup, uint64_t seed) {
+int run_cpu(const Problem& p, int reps, int warmup, uint64_t seed, const std::string& json) {
   std::vector<uint8_t> q = random_tensor(p.B, p.Hq, p.Sq, p.D, p.dtype, seed);
   std::vector<uint8_t> k = random_tensor(p.B, p.Hkv, p.Skv, p.D, p.dtype, seed + 1);
   GateArgs a = make_args(p, q.data(), k.data(), Memory::host);
@@ -165,10 +166,18 @@ int run_cpu(const Problem& p, int reps, int warmup, uint64_t seed) {
     if (i >= warmup) ms.push_back(t);
   }
   std::printf("gate on the CPU backend: %s\nmedian %.3f ms over %d runs\n", p.label().c_str(), median(ms), reps);
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (!f) throw Error(Status::io_error, "cannot write --json " + json);
+    std::fprintf(f, "{\"op\": \"gate\", \"device\": \"cpu\", \"workload\": \"%s\", \"reps\": %d, \"cpu_ms\": %.3f}\n",
+                 json_escape(p.label()).c_str(), reps, median(ms));
+    std::fclose(f);
+    std::printf("wrote %s\n", json.c_str());
+  }
   return 0;
 }
 
-int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed) {
+int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, const std::string& json) {
   const DeviceInfo& info = device_info();
   std::printf("sparsek %s gate bench on %s (%d SMs): %s\n", version(), info.name.c_str(), info.sm_count,
               p.label().c_str());
@@ -269,6 +278,18 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed) {
   print_table({"", "us", "TB/s (Q+K read)", "x floor"}, table);
   std::printf("copy: cudaMemcpyAsync of Q (%.1f MB), device to device: %.3f ms = %.2f TB/s read + write\n",
               double(hq.size()) / 1e6, t_copy, copy_bw / 1e12);
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (!f) throw Error(Status::io_error, "cannot write --json " + json);
+    std::fprintf(f,
+                 "{\"op\": \"gate\", \"device\": \"%s\", \"workload\": \"%s\", \"reps\": %d, \"gate_us\": %.3f, "
+                 "\"floor_us\": %.3f, \"select_only_us\": %.3f, \"copy_tbps\": %.4f, \"rows_identical\": %lld, "
+                 "\"rows_near_ties\": %lld, \"rows_wrong\": %lld}\n",
+                 json_escape(info.name).c_str(), json_escape(p.label()).c_str(), reps, t_gate * 1e3, floor_ms * 1e3,
+                 t_select * 1e3, copy_bw / 1e12, (long long)c.same, (long long)c.near, (long long)c.wrong);
+    std::fclose(f);
+    std::printf("wrote %s\n", json.c_str());
+  }
   return c.wrong ? 1 : 0;
 }
 
@@ -311,12 +332,14 @@ int bench_gate_main(const std::vector<std::string>& argv) {
   const int reps = int(args.integer("--reps", gpu ? 50 : 3, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
   const uint64_t seed = args.seed("--seed", 1);
+  const std::string json = args.str("--json", "");
+  if (args.has("--json") && json.empty()) args.bad("--json", "needs a file name");
   if (!gpu) {
     std::printf("%s; running the CPU backend\n",
                 args.backend("--backend") == Backend::cpu ? "--backend cpu" : ("no GPU found: " + device_info().why_not).c_str());
-    return run_cpu(p, reps, warmup, seed);
+    return run_cpu(p, reps, warmup, seed, json);
   }
-  return run_gpu(p, reps, warmup, seed);
+  return run_gpu(p, reps, warmup, seed, json);
 }
 
 }  // namespace sparsek::cli
