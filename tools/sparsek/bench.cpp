@@ -39,7 +39,8 @@ const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
-    {"--op", "OP", "dsd (default) | attention (`sparsek bench --op attention --help` lists its flags)"},
+    {"--op", "OP", "dsd (default) | attention | gate (the top-k block gate); `sparsek bench --op OP --help` lists "
+                   "the flags of attention and gate"},
     {"--m", "M", "rows of C (default: the workload table on a GPU, 1024 on the CPU)"},
     {"--n", "N", "columns of B and C"},
     {"--k", "K", "columns of A = rows of B"},
@@ -564,18 +565,23 @@ std::vector<Workload> serving_workloads(DType dtype) {
           w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
 }
 
-// `--op attention` or `--suite attention` selects the attention bench, which has flags of its own.
-bool attention_requested(const std::vector<std::string>& argv) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a == "--op=attention" || a == "--suite=attention") return true;
-    if ((a == "--op" || a == "--suite") && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
-  }
+// `--op OP` (or --op=OP) among the flags: the attention and gate benches have flags of their own.
+bool op_requested(const std::vector<std::string>& argv, const std::string& op) {
+  for (size_t i = 0; i < argv.size(); ++i)
+    if (argv[i] == "--op=" + op || (argv[i] == "--op" && i + 1 < argv.size() && argv[i + 1] == op)) return true;
   return false;
+}
+// `--op attention` or `--suite attention` selects the attention bench.
+bool attention_requested(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i)
+    if (argv[i] == "--suite=attention" || (argv[i] == "--suite" && i + 1 < argv.size() && argv[i + 1] == "attention"))
+      return true;
+  return op_requested(argv, "attention");
 }
 
 int bench_main(const std::vector<std::string>& argv) {
   if (attention_requested(argv)) return bench_attention_main(argv);
+  if (op_requested(argv, "gate")) return bench_gate_main(argv);  // its own flags (bench_gate.cpp)
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -594,7 +600,7 @@ int bench_main(const std::vector<std::string>& argv) {
                kSpecs);
     return 0;
   }
-  if (args.has("--op") && args.str("--op", "") != "dsd") args.bad("--op", "must be dsd or attention");
+  if (args.has("--op") && args.str("--op", "") != "dsd") args.bad("--op", "must be dsd, attention or gate");
   const Backend backend = args.backend("--backend");
   // Parse everything before any work, so a bad flag fails fast (exit 2).
   Workload custom;
