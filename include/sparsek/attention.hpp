@@ -159,6 +159,13 @@ struct AttentionBackwardArgs {
   bool deterministic = true;
 };
 
+// One shot, like attention(): validate (the layout's contents too when options.check_indices),
+// plan (cached like the forward's), run on options.stream. dq, dk and dv may not overlap any input.
+// The GPU path needs workspace that the plan allocates once (the transposed layout, dQ's
+// accumulator); host memory runs the fp64-accumulating CPU reference.
+void attention_backward(const AttentionBackwardArgs& args, const Options& options = {});
+std::vector<std::string> unsupported_reasons(const AttentionBackwardArgs& args);
+
 // ---- the top-k block gate ----
 //
 // Scores a block layout from the content: Q and K are mean-pooled per block (rows past Sq / Skv
