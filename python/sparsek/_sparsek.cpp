@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "sparsek/attention.hpp"
+#include "sparsek/distributed.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
 
@@ -590,6 +593,24 @@ GateArgs gate_args(const In& q, const In& k, int topk, int block, bool causal, i
   return g;
 }
 
+// A distributed DSD plan (one rank of an NCCL communicator): made once from arrays; run() takes the
+// data pointers of arrays with the planned shapes, strides, dtypes and device.
+struct PyDistPlan {
+  DistributedPlan plan;
+};
+
+void run_dist_plan(const PyDistPlan& p, uintptr_t values, uintptr_t b, uintptr_t c, float alpha, float beta,
+                   uintptr_t stream) {
+  GemmArgs g = p.plan.problem();
+  g.sparse.values = reinterpret_cast<void*>(values);
+  g.b.data = reinterpret_cast<void*>(b);
+  g.c.data = reinterpret_cast<void*>(c);
+  g.alpha = alpha;
+  g.beta = beta;
+  PlanDevice guard(p.plan.device());
+  nb::gil_scoped_release release;
+  run(p.plan, g, reinterpret_cast<void*>(stream));
+}
 }  // namespace
 
 NB_MODULE(_sparsek, m) {
@@ -692,6 +713,39 @@ NB_MODULE(_sparsek, m) {
       },
       nb::arg("a"), nb::arg("b"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"),
       nb::arg("values"), nb::arg("stream"));
+
+  // The distributed DSD over an NCCL communicator given as an integer (an ncclComm_t, e.g. torch's
+  // ProcessGroupNCCL comm_ptr()): a collective call on every rank.
+  nb::class_<PyDistPlan>(m, "DistributedPlan")
+      .def_prop_ro("rank", [](const PyDistPlan& p) { return p.plan.rank(); })
+      .def_prop_ro("ranks", [](const PyDistPlan& p) { return p.plan.ranks(); })
+      .def_prop_ro("bounds", [](const PyDistPlan& p) { return p.plan.bounds(); })
+      .def_prop_ro("variant", [](const PyDistPlan& p) { return p.plan.local() ? p.plan.local().variant() : std::string(); })
+      .def("run", &run_dist_plan, nb::arg("values"), nb::arg("b"), nb::arg("c"), nb::arg("alpha"), nb::arg("beta"),
+           nb::arg("stream"));
+  m.def(
+      "plan_dsd_distributed",
+      [](int64_t rows, int64_t cols, In row_ptr, In col_idx, In values, In b, Out c, uintptr_t comm,
+         int broadcast_root, bool all_gather, uintptr_t stream) {
+        std::vector<Place> places;
+        GemmArgs g = dsd_args(rows, cols, row_ptr, col_idx, values, b, c, 0, places);
+        DeviceGuard guard(places);
+        DistributedOptions o;
+        o.broadcast_root = broadcast_root;
+        o.all_gather = all_gather;
+        o.local.stream = reinterpret_cast<void*>(stream);
+        nb::gil_scoped_release release;
+        return PyDistPlan{plan_distributed(g, reinterpret_cast<ncclComm*>(comm), o)};
+      },
+      nb::arg("rows"), nb::arg("cols"), nb::arg("row_ptr"), nb::arg("col_idx"), nb::arg("values"), nb::arg("b"),
+      nb::arg("c"), nb::arg("comm"), nb::arg("broadcast_root"), nb::arg("all_gather"), nb::arg("stream"));
+  m.def("nccl_version", [] { return nccl_version(); });
+  m.def("partition_block_rows", [](In row_ptr, int64_t mb, int ranks) {
+    if (row_ptr.ndim() != 1 || row_ptr.shape(0) != size_t(mb + 1) || row_ptr.device_type() != nb::device::cpu::value ||
+        row_ptr.dtype() != nb::dtype<int32_t>())
+      bad("row_ptr must be a host int32 array of mb + 1 = " + std::to_string(mb + 1) + " entries");
+    return partition_block_rows(static_cast<const int32_t*>(row_ptr.data()), mb, ranks);
+  });
 
   // The BSR invariants (SPEC §2). Cheap checks always; with check_indices the O(nnzb) index checks
   // too (device indices are copied to the host first, as the library's own validation does).
