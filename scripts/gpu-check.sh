@@ -3,7 +3,7 @@
 # Python GPU tests. Full logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [stage ...]     stages: build test verify sanitize bench products tune gate profile
-#                                        python attention attention-bwd (default: all)
+#                                        python attention attention-bwd distributed (default: all)
 #
 # Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_ARGS (extra `sparsek bench`
 # flags), SAN_FILTER (gtest filter for the sanitizer runs).
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 GENCODE=${GENCODE:-90a}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench products tune gate profile python attention attention-bwd)
+[ ${#stages[@]} -eq 0 ] && stages=(build test verify sanitize bench products tune gate profile python attention attention-bwd distributed)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -155,13 +155,31 @@ if want python; then
     PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --json "$OUT/torch_peers.json" \
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
+    # Attention forward + backward vs FlexAttention and SDPA, and the gate, in one run.
+    PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --attention \
+      --json "$OUT/torch_peers_attention.json" > "$OUT/torch_peers_attention.txt" 2>&1
+    note torch-peers-attention "rc=$? (torch_peers_attention.txt)"
   fi
   # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1
   note torch-layer "rc=$? $(sed -n 2p "$OUT/torch_layer.log")"
 fi
 
+if want distributed; then
+  # The distributed DSD: its GPU tests (1 rank; 2 and 4 ranks when as many GPUs answer), the
+  # torchrun example on every GPU, and the 1/2/4-rank benchmark (one process, one rank per GPU).
+  ngpu=$(nvidia-smi -L | wc -l)
+  timeout 300 $B/sparsek_gpu_tests --gtest_filter='DistributedGpu.*' > "$OUT/distributed-tests.log" 2>&1
+  note dist-tests "rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/distributed-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/distributed-tests.log") skipped"
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python timeout 300 torchrun --nproc_per_node="$ngpu" \
+    examples/python/distributed_dsd.py > "$OUT/distributed-example.log" 2>&1
+  note dist-example "rc=$? ($ngpu ranks)"
+  timeout 600 $B/sparsek_distributed_bench > "$OUT/distributed-bench.txt" 2>&1
+  note dist-bench "rc=$? (distributed-bench.txt)"
+fi
+
 echo
+[ -f "$OUT/distributed-bench.txt" ] && want distributed && cat "$OUT/distributed-bench.txt"
 [ -f "$OUT/bench.txt" ] && want bench && tail -60 "$OUT/bench.txt"
 [ -f "$OUT/products.txt" ] && want products && grep -E '^(###|==)|^ +(hopper|portable|cublas|cusparse)' "$OUT/products.txt"
 # (the attention results are printed here, before they are packed into logs.tgz)

@@ -159,6 +159,13 @@ struct AttentionBackwardArgs {
   bool deterministic = true;
 };
 
+// One shot, like attention(): validate (the layout's contents too when options.check_indices),
+// plan (cached like the forward's), run on options.stream. dq, dk and dv may not overlap any input.
+// The GPU path needs workspace that the plan allocates once (the transposed layout, dQ's
+// accumulator); host memory runs the fp64-accumulating CPU reference.
+void attention_backward(const AttentionBackwardArgs& args, const Options& options = {});
+std::vector<std::string> unsupported_reasons(const AttentionBackwardArgs& args);
+
 // ---- the top-k block gate ----
 //
 // Scores a block layout from the content: Q and K are mean-pooled per block (rows past Sq / Skv
@@ -166,11 +173,17 @@ struct AttentionBackwardArgs {
 // scale * pooled_q[b, g, i] . pooled_k[b, g, j] per key/value head g, and each query block keeps
 //   - sink: key blocks 0 .. sink-1,
 //   - local: key blocks i-local+1 .. i (the diagonal block and those before it),
-//   - the topk best-scoring other blocks (ties: the lower index),
-// all limited to the allowed blocks: with causal, blocks j with j*block <= the block's last query
-// row; with a candidate layout, only that layout's blocks (its full and partial lists together).
+//   - the topk best-scoring other blocks (ties: the lower index; a block scored -inf or NaN is
+//     never picked by top-k),
+// all limited to the allowed blocks of [0, Nk), Nk = ceil(Skv / block): with causal, blocks j with
+// j*block <= the block's last query row; with a candidate layout, only that layout's blocks (its
+// full and partial lists together; with heads = Hq != Hkv, the union over the group's query heads).
 // The result is a layout with heads = Hkv, q_blocks = ceil(Sq / block), indices ascending; entries
 // past a row's count are 0. There is no gradient through the selection.
+// Host memory runs on the CPU (f32, f16, bf16; a host candidate layout's contents are checked);
+// device memory on the GPU (f16, bf16; allocation-free, on options.stream, graph-capturable; a
+// device candidate layout is not read back: counts are clamped to [0, kmax] and out-of-range
+// indices ignored).
 struct GateArgs {
   Tensor4View q, k;  // q [B, Hq, Sq, D], k [B, Hkv, Skv, D]
   int topk = 0;
@@ -189,8 +202,10 @@ struct GateArgs {
   int32_t* kv_indices = nullptr;
   int64_t kmax = 0;
   float* scores = nullptr;
-  // Device scratch of gate_workspace_bytes(args) bytes (device memory only; nullptr on the host).
+  // Device scratch of at least gate_workspace_bytes(args) bytes, 16-byte aligned (device memory
+  // only; nullptr on the host), and its size in bytes (checked).
   void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 size_t gate_workspace_bytes(const GateArgs& args);
 void gate(const GateArgs& args, const Options& options = {});

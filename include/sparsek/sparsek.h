@@ -171,6 +171,64 @@ const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);
 /* Scratch memory the plan holds, in bytes (0 when none). */
 sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan plan, uint64_t* bytes);
 
+/* ---- The top-k block gate: a block layout chosen from the content ---- */
+
+/* Q and K are mean-pooled per block (GQA: a group's query heads together), scored
+ * scale * pooled_q . pooled_k per key/value head, and each query block keeps the sink blocks
+ * 0..sink-1, the local blocks i-local+1..i and the topk best other blocks (ties: the lower index),
+ * among the allowed ones (causal: blocks at or before the block's last query row; candidates: that
+ * layout's blocks). Result: counts [B, Hkv, Mq] and ascending indices [B, Hkv, Mq, kmax] (zeros past
+ * a row's count), Mq = ceil(Sq / block), Nk = ceil(Skv / block). */
+typedef struct {
+  sparsek_tensor4 q, k; /* q [B, Hq, Sq, D], k [B, Hkv, Skv, D]; D 64 or 128 */
+  int32_t topk;
+  int32_t block;        /* 64 or 128 */
+  int32_t causal;       /* 0 or 1 */
+  int32_t sink, local;
+  float scale;          /* 0: 1 / sqrt(D) */
+  const sparsek_attention_layout* candidates; /* NULL, or select among these blocks only */
+  const float* given_scores; /* NULL, or f32 [B, Hkv, Mq, Nk]: select only (q, k give shapes) */
+  int32_t* kv_num_blocks;    /* out [B, Hkv, Mq] */
+  int32_t* kv_indices;       /* out [B, Hkv, Mq, kmax], kmax >= min(Nk, topk + sink + local) */
+  int64_t kmax;
+  float* scores;             /* NULL, or out f32 [B, Hkv, Mq, Nk] (-inf where not allowed) */
+  void* workspace;           /* device memory: sparsek_gate_workspace_bytes() bytes, 16-byte aligned */
+  uint64_t workspace_bytes;
+} sparsek_gate_args;
+
+/* Device scratch the gate needs for args (0 for host memory or given scores). */
+sparsek_status sparsek_gate_workspace_bytes(const sparsek_gate_args* args, uint64_t* bytes);
+/* Runs the gate: host memory on the CPU, device memory on the GPU on `stream` (a cudaStream_t or
+ * NULL), unsynchronized, allocation-free and CUDA-graph capturable. */
+sparsek_status sparsek_gate(const sparsek_gate_args* args, void* stream);
+/* ---- Several GPUs: DSD over a caller's NCCL communicator ----
+ * Every rank describes the same product (A whole, B, C: device pointers of its own GPU) and calls
+ * these together. A's block rows are split into one range per rank by prefix sums of stored blocks
+ * (equal work within one block row; a rank may get none); each rank computes only its rows of C.
+ * NCCL is loaded at run time ($SPARSEK_NCCL_LIBRARY, else libnccl.so.2); without it these return
+ * SPARSEK_UNSUPPORTED saying so. sparsek never creates a communicator. */
+struct ncclComm; /* NCCL's ncclComm_t is struct ncclComm* */
+typedef struct {
+  int broadcast_root; /* >= 0: B is broadcast from this rank at the start of every run; -1: none */
+  int all_gather;     /* non-zero: afterwards every rank's C holds all rows (C row-major, ld == N) */
+} sparsek_dist_options;
+typedef struct sparsek_dist_plan_s* sparsek_dist_plan;
+
+/* Collective: plans this rank's shard on the communicator's device (which must be current); the
+ * ranks' problems and options are compared, and a difference (or any rank's failure) is reported
+ * on every rank. options: NULL = no broadcast, no all-gather. variant: as sparsek_plan_create's.
+ * Synchronizes. On failure *plan is set to NULL. */
+sparsek_status sparsek_dist_plan_create(sparsek_dist_plan* plan, const sparsek_gemm_args* problem, struct ncclComm* comm,
+                                        const sparsek_dist_options* options, const char* variant);
+/* Broadcast of B (option), this rank's product, all-gather of C (option), on `stream` of the plan's
+ * device; every rank calls it. Allocates nothing, never synchronizes: CUDA-graph capturable. */
+sparsek_status sparsek_dist_plan_run(sparsek_dist_plan plan, const sparsek_gemm_args* args, void* stream);
+sparsek_status sparsek_dist_plan_destroy(sparsek_dist_plan plan); /* NULL is accepted */
+/* This rank's block rows [*row_begin, *row_end) (C's rows times bm). */
+sparsek_status sparsek_dist_plan_rows(sparsek_dist_plan plan, int64_t* row_begin, int64_t* row_end);
+/* The loaded NCCL's version (e.g. 22807 for 2.28.7), or SPARSEK_UNSUPPORTED when it cannot be loaded. */
+sparsek_status sparsek_nccl_version(int* version);
+
 #ifdef __cplusplus
 }
 #endif

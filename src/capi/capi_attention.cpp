@@ -16,16 +16,6 @@ namespace {
 using namespace sparsek;
 using namespace sparsek::capi;
 
-Tensor4View to_view(const sparsek_tensor4& t) {
-  Tensor4View v;
-  v.data = t.data;
-  v.dtype = static_cast<DType>(enum_value(t.dtype));
-  v.memory = static_cast<Memory>(enum_value(t.memory));
-  v.b = t.b, v.h = t.h, v.s = t.s, v.d = t.d;
-  v.stride_b = t.stride_b, v.stride_h = t.stride_h, v.stride_s = t.stride_s;
-  return v;
-}
-
 // Out-of-range enum values are rejected by validation with their value.
 AttentionArgs to_args(const sparsek_attention_args& c) {
   if (c.causal != 0 && c.causal != 1)
@@ -36,19 +26,7 @@ AttentionArgs to_args(const sparsek_attention_args& c) {
   a.v = to_view(c.v);
   a.o = to_view(c.o);
   a.lse = c.lse;
-  const sparsek_attention_layout& l = c.layout;
-  a.layout.kv_num_blocks = l.kv_num_blocks;
-  a.layout.kv_indices = l.kv_indices;
-  a.layout.full_kv_num_blocks = l.full_kv_num_blocks;
-  a.layout.full_kv_indices = l.full_kv_indices;
-  a.layout.batch = l.batch;
-  a.layout.heads = l.heads;
-  a.layout.q_blocks = l.q_blocks;
-  a.layout.kmax = l.kmax;
-  a.layout.full_kmax = l.full_kmax;
-  a.layout.block_q = l.block_q;
-  a.layout.block_kv = l.block_kv;
-  a.layout.memory = static_cast<Memory>(enum_value(l.memory));
+  a.layout = to_layout(c.layout);
   a.causal = c.causal == 1;
   a.scale = c.scale;
   return a;

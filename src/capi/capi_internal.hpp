@@ -1,11 +1,13 @@
-// Internal: what the C API's files share (capi.cpp: products and queries; capi_plan.cpp: plans):
-// the thread-local last-error text, the exception-to-status guard and the view conversions.
+// Internal: what the C API's files share (capi.cpp: products and queries; capi_plan.cpp: plans;
+// capi_attention.cpp, capi_gate.cpp): the thread-local last-error text, the exception-to-status
+// guard and the view conversions.
 #pragma once
 #include <cstring>
 #include <new>
 #include <string>
 #include <type_traits>
 
+#include "sparsek/attention.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/sparsek.h"
 
@@ -76,6 +78,28 @@ inline DenseView to_view(const sparsek_dense& d) {
   v.layout = static_cast<Layout>(enum_value(d.layout));
   v.dtype = static_cast<DType>(enum_value(d.dtype));
   v.memory = static_cast<Memory>(enum_value(d.memory));
+  return v;
+}
+
+inline Tensor4View to_view(const sparsek_tensor4& t) {
+  Tensor4View v;
+  v.data = t.data;
+  v.dtype = static_cast<DType>(enum_value(t.dtype));
+  v.memory = static_cast<Memory>(enum_value(t.memory));
+  v.b = t.b, v.h = t.h, v.s = t.s, v.d = t.d;
+  v.stride_b = t.stride_b, v.stride_h = t.stride_h, v.stride_s = t.stride_s;
+  return v;
+}
+
+inline AttentionLayout to_layout(const sparsek_attention_layout& l) {
+  AttentionLayout v;
+  v.kv_num_blocks = l.kv_num_blocks;
+  v.kv_indices = l.kv_indices;
+  v.full_kv_num_blocks = l.full_kv_num_blocks;
+  v.full_kv_indices = l.full_kv_indices;
+  v.batch = l.batch, v.heads = l.heads, v.q_blocks = l.q_blocks, v.kmax = l.kmax, v.full_kmax = l.full_kmax;
+  v.block_q = l.block_q, v.block_kv = l.block_kv;
+  v.memory = static_cast<Memory>(enum_value(l.memory));
   return v;
 }
 

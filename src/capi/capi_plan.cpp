@@ -1,4 +1,4 @@
-// The C API's plan entry points: an opaque handle around sparsek::Plan.
+// The C API's plan entry points: opaque handles around sparsek::Plan and sparsek::DistributedPlan.
 //
 // Live handles are kept in a registry, and every entry point looks a handle up there before
 // touching it: a destroyed, twice-destroyed or foreign handle is reported as an error instead of
@@ -13,11 +13,15 @@
 #include <unordered_set>
 
 #include "capi/capi_internal.hpp"
+#include "sparsek/distributed.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/sparsek.h"
 
 struct sparsek_plan_s {
   sparsek::Plan plan;
+};
+struct sparsek_dist_plan_s {
+  sparsek::DistributedPlan plan;
 };
 
 namespace {
@@ -40,43 +44,52 @@ GemmArgs to_args(const sparsek_gemm_args& c) {
   return g;
 }
 
+// Live handles of one kind (H: sparsek_plan_s or sparsek_dist_plan_s); `creator` names the function
+// that makes them, for the message about a handle that is not live.
+template <class H>
 class Registry {
  public:
-  void add(sparsek_plan_s* h) {
+  explicit Registry(const char* creator) : creator_(creator) {}
+  void add(H* h) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     live_.insert(h);
   }
   // Removes h; false when it was not live.
-  bool remove(sparsek_plan_s* h) {
+  bool remove(H* h) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     return live_.erase(h) == 1;
   }
   // A copy of h's plan (shares its state); throws when h is not live.
-  Plan get(sparsek_plan_s* h) {
+  decltype(H::plan) get(H* h) {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (!live_.count(h)) not_live(h);
     return h->plan;
   }
   // h's plan variant name (storage owned by the plan), or nullptr when h is not live.
-  const char* variant(sparsek_plan_s* h) {
+  const char* variant(H* h) {
     std::shared_lock<std::shared_mutex> lock(mu_);
     return live_.count(h) && h->plan ? h->plan.variant().c_str() : nullptr;
   }
-  [[noreturn]] static void not_live(const void* h) {
+  [[noreturn]] void not_live(const void* h) const {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%p", h);
-    throw Error(Status::invalid_argument, std::string("plan ") + buf +
-                                              " is not a live plan (already destroyed, or not made by "
-                                              "sparsek_plan_create)");
+    throw Error(Status::invalid_argument, std::string("plan ") + buf + " is not a live plan (already destroyed, or not made by " +
+                                              creator_ + ")");
   }
 
  private:
+  const char* creator_;
   std::shared_mutex mu_;
-  std::unordered_set<sparsek_plan_s*> live_;
+  std::unordered_set<H*> live_;
 };
 
-Registry& registry() {
-  static Registry* r = new Registry;  // leaked on purpose: handles may be destroyed during exit
+// Leaked on purpose: handles may be destroyed during exit.
+Registry<sparsek_plan_s>& registry() {
+  static auto* r = new Registry<sparsek_plan_s>("sparsek_plan_create");
+  return *r;
+}
+Registry<sparsek_dist_plan_s>& dist_registry() {
+  static auto* r = new Registry<sparsek_dist_plan_s>("sparsek_dist_plan_create");
   return *r;
 }
 
@@ -110,7 +123,7 @@ sparsek_status sparsek_plan_run(sparsek_plan p, const sparsek_gemm_args* args, v
 sparsek_status sparsek_plan_destroy(sparsek_plan p) {
   return guarded("sparsek_plan_destroy", [&] {
     if (!p) return;
-    if (!registry().remove(p)) Registry::not_live(p);
+    if (!registry().remove(p)) registry().not_live(p);
     delete p;
   });
 }
@@ -125,6 +138,60 @@ sparsek_status sparsek_plan_workspace_bytes(sparsek_plan p, uint64_t* bytes) {
     if (!p) null_arg("plan");
     if (!bytes) null_arg("bytes");
     *bytes = workspace_bytes(registry().get(p));
+  });
+}
+
+sparsek_status sparsek_dist_plan_create(sparsek_dist_plan* out, const sparsek_gemm_args* problem, struct ncclComm* comm,
+                                        const sparsek_dist_options* options, const char* variant) {
+  if (out) *out = nullptr;
+  return guarded("sparsek_dist_plan_create", [&] {
+    if (!out) null_arg("plan");
+    if (!problem) null_arg("problem");
+    DistributedOptions o;
+    if (options) {
+      o.broadcast_root = options->broadcast_root;
+      o.all_gather = options->all_gather != 0;
+    }
+    if (variant) o.local.variant = variant;
+    auto h = std::make_unique<sparsek_dist_plan_s>();
+    h->plan = plan_distributed(to_args(*problem), comm, o);
+    dist_registry().add(h.get());
+    *out = h.release();
+  });
+}
+
+sparsek_status sparsek_dist_plan_run(sparsek_dist_plan p, const sparsek_gemm_args* args, void* stream) {
+  return guarded("sparsek_dist_plan_run", [&] {
+    if (!p) null_arg("plan");
+    if (!args) null_arg("args");
+    const DistributedPlan plan = dist_registry().get(p);
+    run(plan, to_args(*args), stream);
+  });
+}
+
+sparsek_status sparsek_dist_plan_destroy(sparsek_dist_plan p) {
+  return guarded("sparsek_dist_plan_destroy", [&] {
+    if (!p) return;
+    if (!dist_registry().remove(p)) dist_registry().not_live(p);
+    delete p;
+  });
+}
+
+sparsek_status sparsek_dist_plan_rows(sparsek_dist_plan p, int64_t* row_begin, int64_t* row_end) {
+  return guarded("sparsek_dist_plan_rows", [&] {
+    if (!p) null_arg("plan");
+    if (!row_begin) null_arg("row_begin");
+    if (!row_end) null_arg("row_end");
+    const DistributedPlan plan = dist_registry().get(p);
+    *row_begin = plan.row_begin();
+    *row_end = plan.row_end();
+  });
+}
+
+sparsek_status sparsek_nccl_version(int* version) {
+  return guarded("sparsek_nccl_version", [&] {
+    if (!version) null_arg("version");
+    *version = nccl_version();
   });
 }
 

@@ -186,8 +186,10 @@ void match_dense(const DenseView& got, const DenseView& want, const char* name) 
   if (got.memory != want.memory) mismatch((n + ".memory").c_str(), to_string(got.memory), to_string(want.memory));
 }
 
+}  // namespace
+
 // Only compares; the strings are built on a mismatch alone, so a matching call allocates nothing.
-void match(const GemmArgs& g, const GemmArgs& p) {
+void match_planned(const GemmArgs& g, const GemmArgs& p) {
   if (g.kind != p.kind) mismatch("kind", to_string(g.kind), to_string(p.kind));
   if (g.op != p.op) mismatch("op", to_string(g.op), to_string(p.op));
   const BsrView &s = g.sparse, &t = p.sparse;
@@ -205,8 +207,6 @@ void match(const GemmArgs& g, const GemmArgs& p) {
   if (g.kind != OpKind::sdd) match_dense(g.c, p.c, "C");
 }
 
-}  // namespace
-
 namespace {
 
 // What every run needs once args are known to match the plan and to pass the cheap checks.
@@ -222,7 +222,7 @@ void launch(const Plan::Impl& im, const GemmArgs& args, void* stream) {
 void run(const Plan& p, const GemmArgs& args, void* stream) {
   if (!p.impl_) empty_plan();
   check_enums(args);  // the mismatch messages below print enum values by name
-  match(args, p.impl_->problem);
+  match_planned(args, p.impl_->problem);
   validate(args, false);  // the cheap checks: null pointers, extents, aliasing, NaN alpha/beta
   launch(*p.impl_, args, stream);
 }

@@ -55,6 +55,10 @@ const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, st
 const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be);
 const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be);
 
+// Throws Error(invalid_argument) naming the first field where args differ from the planned problem
+// (all but the values, dense data pointers, alpha and beta); allocates nothing when they match.
+void match_planned(const GemmArgs& args, const GemmArgs& planned);
+
 // plan() once the cheap checks passed and hp holds the validated pattern (with col_idx).
 Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPattern& hp);
 // run() without its argument checks, for a caller that has made them (gemm(): validate() on args,

@@ -1,11 +1,21 @@
 // The fuzz build compiles the library's C++ sources with clang and the sanitizers, not its CUDA
 // sources (those need nvcc, and ASan cannot see into device code): the CUDA rows of the variant
-// table are empty in this build. The fuzzer runs with no GPU visible, where every CUDA variant
-// refuses anyway; the GPU suites and compute-sanitizer cover the kernels.
+// tables are empty in this build and the GPU gate is absent. The fuzzer runs with no GPU visible,
+// where every CUDA variant refuses and validation stops device-memory problems first anyway; the
+// GPU suites and compute-sanitizer cover the kernels.
 #include "plan/backends.hpp"
+#include "plan/gate_internal.hpp"
 
 namespace sparsek {
+std::vector<Variant> smalln_variants() { return {}; }
 std::vector<Variant> hopper_variants() { return {}; }
 std::vector<Variant> portable_variants() { return {}; }
 std::vector<Variant> peer_variants() { return {}; }
+std::vector<AttentionVariant> hopper_attention_variants() { return {}; }
+std::vector<AttentionBackwardVariant> hopper_attention_backward_variants() { return {}; }
+
+std::string gate_cuda_why_not(const GateArgs&, const GateShape&) { return "the fuzz build has no CUDA code"; }
+void gate_cuda(const GateArgs&, const GateShape&, void*) {
+  throw Error(Status::unsupported, "gate: the fuzz build has no CUDA code");
+}
 }  // namespace sparsek

@@ -73,7 +73,8 @@ elseif(STEP STREQUAL "symbols")
   run(nm -D --defined-only -C ${lib}/libsparsek.so)
   set(exports "${out}")
   foreach(sym "T sparsek_dsd\n" "T sparsek_plan_create\n" "T sparsek::plan\\(sparsek::GemmArgs const&"
-              "T sparsek::dsd\\(" "T sparsek::tune\\(" "sparsek::BsrMatrix::fill_random\\(")
+              "T sparsek::dsd\\(" "T sparsek::tune\\(" "sparsek::BsrMatrix::fill_random\\("
+              "T sparsek_dist_plan_create\n" "T sparsek::plan_distributed\\(" "T sparsek::partition_block_rows\\(")
     string(REGEX MATCH "[^\n]*${sym}" hit "${exports}")
     if(hit STREQUAL "")
       message(FATAL_ERROR "libsparsek.so does not export /${sym}/")
@@ -82,7 +83,8 @@ elseif(STEP STREQUAL "symbols")
   # Internals (the variant table, device info, kernels' hosts, C API helpers) stay hidden.
   foreach(sym "sparsek::variants\\(\\)" "sparsek::device_info\\(\\)" "sparsek::capi::" "sparsek::peers::"
               "sparsek::json::" "sparsek::tune_detail::" "sparsek::oracle" "sparsek::make_plan"
-              "sparsek::cpu_variants" "sparsek::portable_variants" "sparsek::hopper_variants")
+              "sparsek::cpu_variants" "sparsek::portable_variants" "sparsek::hopper_variants"
+              "sparsek::nccl::" "sparsek::check_same_problem")
     string(REGEX MATCH "[^\n]*${sym}[^\n]*" hit "${exports}")
     if(NOT hit STREQUAL "")
       message(FATAL_ERROR "libsparsek.so exports an internal symbol: ${hit}")

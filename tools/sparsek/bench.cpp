@@ -41,7 +41,8 @@ const char* kEllSpmm = "cusparse_ell_spmm";
 
 const std::vector<FlagSpec> kSpecs = {
     {"--op", "OP", "dsd (A sparse; default) | dds (B sparse) | sdd (C sparse: only its blocks are computed) | "
-                   "attention (`sparsek bench --op attention --help` lists its flags)"},
+                   "attention | gate (the top-k block gate); `sparsek bench --op OP --help` lists the flags of "
+                   "attention and gate"},
     {"--trans", nullptr, "op = transpose on the sparse operand (dsd: C = A^T B; dds: C = A B^T)"},
     {"--a-layout", "L", "row | col: layout of the dense A (dds, sdd; default row)"},
     {"--b-layout", "L", "row | col: layout of the dense B (dsd, sdd; default row)"},
@@ -638,18 +639,23 @@ std::vector<Workload> serving_workloads(DType dtype) {
           w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
 }
 
-// `--op attention` or `--suite attention` selects the attention bench, which has flags of its own.
-bool attention_requested(const std::vector<std::string>& argv) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a == "--op=attention" || a == "--suite=attention") return true;
-    if ((a == "--op" || a == "--suite") && i + 1 < argv.size() && argv[i + 1] == "attention") return true;
-  }
+// `--op OP` (or --op=OP) among the flags: the attention and gate benches have flags of their own.
+bool op_requested(const std::vector<std::string>& argv, const std::string& op) {
+  for (size_t i = 0; i < argv.size(); ++i)
+    if (argv[i] == "--op=" + op || (argv[i] == "--op" && i + 1 < argv.size() && argv[i + 1] == op)) return true;
   return false;
+}
+// `--op attention` or `--suite attention` selects the attention bench.
+bool attention_requested(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i)
+    if (argv[i] == "--suite=attention" || (argv[i] == "--suite" && i + 1 < argv.size() && argv[i + 1] == "attention"))
+      return true;
+  return op_requested(argv, "attention");
 }
 
 int bench_main(const std::vector<std::string>& argv) {
   if (attention_requested(argv)) return bench_attention_main(argv);
+  if (op_requested(argv, "gate")) return bench_gate_main(argv);  // its own flags (bench_gate.cpp)
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -688,7 +694,7 @@ int bench_main(const std::vector<std::string>& argv) {
   if (op_name == "dsd") custom.kind = OpKind::dsd;
   else if (op_name == "dds") custom.kind = OpKind::dds;
   else if (op_name == "sdd") custom.kind = OpKind::sdd;
-  else args.bad("--op", "must be one of dsd, dds, sdd or attention");
+  else args.bad("--op", "must be one of dsd, dds, sdd, attention or gate");
   if (args.has("--trans")) {
     if (custom.kind == OpKind::sdd) args.bad("--trans", "sdd has no op (its sparse operand is the output)");
     custom.op = Op::trans;

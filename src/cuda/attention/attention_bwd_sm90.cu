@@ -581,7 +581,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         ptx::fence_operand(dk[r]);
         ptx::fence_operand(dv[r]);
       }
-      if (lane == 0) ptx::mbar_arrive(sm.qd_empty(qr.stage));  // Q, dO and the rows are read
+      // Q, dO, the rows and the stage info are read. Every thread arrives: each releases its own
+      // generic reads of the rows and the info word (an arrival by lane 0 alone orders the other
+      // lanes' reads only through warp convergence, which racecheck reports as a hazard).
+      ptx::mbar_arrive(sm.qd_empty(qr.stage));
       qr.advance();
       if (my_dq) {
         ptx::fence_proxy_async_smem();  // st.shared above, read by the bulk reduce (async proxy)
@@ -600,7 +603,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         }
       }
     }
-    if (lane == 0) ptx::mbar_arrive(sm.item_empty());  // K and V are no longer read
+    ptx::mbar_arrive(sm.item_empty());  // K, V and the item info are no longer read (every thread)
 
     // dK * scale and dV -> bf16 / f16 staging (swizzled [CHUNKS][64][64] each) -> TMA stores.
     if (tid == 0) ptx::bulk_wait_group_read<0>();
@@ -645,10 +648,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
   const Smem<Cfg> sm{base, smem_raw + (base - raw)};
   if (threadIdx.x == 0) {
     ptx::mbar_init(sm.item_full(), 1);              // producer's arrive_expect_tx + the K / V bytes
-    ptx::mbar_init(sm.item_empty(), 4 * Cfg::NWG);  // lane 0 of every consumer warp
+    ptx::mbar_init(sm.item_empty(), 128 * Cfg::NWG);  // every consumer thread
     for (int s = 0; s < Cfg::STAGES; ++s) {
       ptx::mbar_init(sm.qd_full(s), 1);
-      ptx::mbar_init(sm.qd_empty(s), 4 * Cfg::NWG);
+      ptx::mbar_init(sm.qd_empty(s), 128 * Cfg::NWG);
     }
     ptx::fence_mbar_init();
   }

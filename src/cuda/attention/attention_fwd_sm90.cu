@@ -251,72 +251,69 @@ struct RowState {
   float m[2], l[2];
 };
 
-// Pins registers an in-flight wgmma reads until here (the compiler sees the operands consumed at
-// the wgmma's issue).
-template <int K>
-__device__ __forceinline__ void keep_alive(const uint32_t (&a)[K][4]) {
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(a[k][r]) : "memory");
-}
-
-// Masks, online softmax update and P as wgmma A fragments: the new row maxima, the rows' running
-// sums rescaled and extended, P = exp(scale * (S - max)). O is not touched (a PV may still be
-// accumulating into it): the factor O must be scaled by is returned in corr (0 for a row that
-// had seen no unmasked key yet, whose O is still 0).
-// NOTE: S is only read, never written: a write to wgmma accumulator registers while another wgmma
-// (PV) is in flight makes ptxas serialize every wgmma of the kernel (C7515).
+// Masks, online softmax update and P as wgmma A fragments. first: no earlier block (O untouched).
+// NOTE: runs while no wgmma of this warpgroup is in flight (the other warpgroup's are), so S and O
+// may be written in place. An overlap of this softmax with the warpgroup's own PV (two P register
+// sets) measured 2.4x slower: docs/KERNELS.md.
 template <class Cfg>
-__device__ __forceinline__ void softmax(const float (&s)[Cfg::S_REGS], RowState<Cfg>& st,
-                                        uint32_t (&pa)[Cfg::BN / 16][4], int2 info, int row0, const Params& p,
-                                        float (&corr)[2]) {
+__device__ __forceinline__ void softmax(float (&s)[Cfg::S_REGS], RowState<Cfg>& st, uint32_t (&pa)[Cfg::BN / 16][4],
+                                        int2 info, int row0, const Params& p, bool first) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  const int flags = info.y, col0 = info.x * Cfg::BN + 2 * (lane % 4);
-  // Score (row h, pair j, element e) of this thread, masked.
-  auto score = [&](int j, int h, int e) {
-    const int q = row0 + 16 * warp + lane / 4 + 8 * h, col = col0 + 8 * j + e;
-    const bool masked = flags && ((flags & kMaskAll) || ((flags & kMaskTail) && col >= p.skv) ||
-                                  ((flags & kMaskCausal) && col > q));
-    return masked ? -INFINITY : s[4 * j + 2 * h + e];
-  };
-  constexpr int J = Cfg::BN / 8;  // score pairs per row and thread
+  const int flags = info.y;
+  if (flags) {  // uniform for the warpgroup; most blocks need no element mask
+    const int col0 = info.x * Cfg::BN + 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int q = row0 + 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+      for (int j = 0; j < Cfg::BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = col0 + 8 * j + e;
+          const bool masked = (flags & kMaskAll) || ((flags & kMaskTail) && col >= p.skv) ||
+                              ((flags & kMaskCausal) && col > q);
+          if (masked) s[4 * j + 2 * h + e] = -INFINITY;
+        }
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     // Four independent chains: the max and the sum are latency-bound otherwise.
     float m4[4] = {st.m[h], -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < J; ++j) m4[j % 4] = fmaxf(m4[j % 4], fmaxf(score(j, h, 0), score(j, h, 1)));
+    for (int j = 0; j < Cfg::BN / 8; ++j) m4[j % 4] = fmaxf(m4[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
     float mx = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // NOTE: a row that has seen only masked keys keeps max -inf; exponents then use 0 so that
     // exp2(-inf - -inf) never makes a NaN.
     const float ms = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-    corr[h] = st.m[h] == -INFINITY ? 0.f : ptx::exp2_approx(st.m[h] * p.scale_log2 - ms);
+    if (!first) {
+      const float corr = st.m[h] == -INFINITY ? 0.f : ptx::exp2_approx(st.m[h] * p.scale_log2 - ms);
+      st.l[h] *= corr;
+#pragma unroll
+      for (int j = 0; j < Cfg::D / 8; ++j) {
+        st.o[4 * j + 2 * h] *= corr;
+        st.o[4 * j + 2 * h + 1] *= corr;
+      }
+    }
     st.m[h] = mx;
     float s4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const float v0 = ptx::exp2_approx(fmaf(score(j, h, 0), p.scale_log2, -ms));
-      const float v1 = ptx::exp2_approx(fmaf(score(j, h, 1), p.scale_log2, -ms));
-      s4[j % 4] += v0 + v1;
-      // Accumulator pair (j, h) is A register 2 * (j % 2) + h of k16 step j / 2 (wgmma.cuh).
-      pa[j / 2][2 * (j % 2) + h] = dev::pack2<Cfg::BF16>(v0, v1);
-    }
-    st.l[h] = st.l[h] * corr[h] + ((s4[0] + s4[1]) + (s4[2] + s4[3]));
+    for (int j = 0; j < Cfg::BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = ptx::exp2_approx(fmaf(s[4 * j + 2 * h + e], p.scale_log2, -ms));
+        s[4 * j + 2 * h + e] = v;
+        s4[j % 4] += v;
+      }
+    st.l[h] += (s4[0] + s4[1]) + (s4[2] + s4[3]);
   }
-}
-
-template <class Cfg>
-__device__ __forceinline__ void rescale(RowState<Cfg>& st, const float (&corr)[2]) {
+  // Accumulator pair (j, h) is A register 2 * (j % 2) + h of k16 step j / 2 (wgmma.cuh).
 #pragma unroll
-  for (int j = 0; j < Cfg::D / 8; ++j)
+  for (int kk = 0; kk < Cfg::BN / 16; ++kk)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      st.o[4 * j + 2 * h] *= corr[h];
-      st.o[4 * j + 2 * h + 1] *= corr[h];
-    }
+    for (int r = 0; r < 4; ++r) pa[kk][r] = dev::pack2<Cfg::BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
 // O / rowsum into this warpgroup's swizzled staging tile, one TMA store; LSE from the registers.
@@ -385,7 +382,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   const uint32_t s_o = sm.o + wg * Cfg::O_BYTES;
   RowState<Cfg> st;
   float s[Cfg::S_REGS];
-  uint32_t pa0[Cfg::BN / 16][4], pa1[Cfg::BN / 16][4];
+  uint32_t pa[Cfg::BN / 16][4];
   for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
     ptx::mbar_wait(sm.q_full, q_phase);
     q_phase ^= 1;
@@ -418,55 +415,40 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     if (lane == 0) ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
     kr.advance();
     if (total == 1 && lane == 0) ptx::mbar_arrive(sm.q_empty);
-    float corr[2];
-    softmax<Cfg>(s, st, pa0, info, row0, p, corr);  // O is still 0: no rescale
-    // Batch t + 1: S = Q K_{t+1}^T and O += P_t V_t. The softmax of block t + 1 runs as soon as its
-    // QK^T lands, while PV_t is still on the tensor cores (P_t and P_{t+1} in two register sets:
-    // the loop is unrolled by two so that each is a fixed set); O is rescaled once PV_t is done.
-    auto step = [&](int t, const uint32_t(&cur)[Cfg::BN / 16][4], uint32_t(&nxt)[Cfg::BN / 16][4]) {
+    softmax<Cfg>(s, st, pa, info, row0, p, true);
+    for (int t = 0; t < total; ++t) {
       const bool next = t + 1 < total;
+      // Batch t + 1: O += P_t V_t, and S = Q K_{t+1}^T.
       my_turn();
+      ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
       if (next) {
         ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
         info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
       }
-      ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
-      // NOTE: two commit groups on every step (the first empty on the last one), each opened by its
-      // own wgmma.fence: with a group committed only sometimes, or one fence for both, ptxas cannot
-      // tell what wait<1> retires and serializes every wgmma (C7514 / C7515).
+#pragma unroll
+      for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
       ptx::wgmma_fence();
+      dev::mma_regs_rows<Cfg::BN, Cfg::D, Cfg::BF16>(st.o, pa, sm.v + vr.stage * Cfg::KV_BYTES, Cfg::BN * 128);
       if (next)
         dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
                                                        Cfg::BN * 128);
       ptx::wgmma_commit();
+      pass_turn();
+      ptx::wgmma_wait<0>();
 #pragma unroll
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
-      ptx::wgmma_fence();
-      dev::mma_regs_rows<Cfg::BN, Cfg::D, Cfg::BF16>(st.o, cur, sm.v + vr.stage * Cfg::KV_BYTES, Cfg::BN * 128);
-      ptx::wgmma_commit();
-      pass_turn();
-      ptx::wgmma_wait<1>();  // the QK^T group (committed first) is done; PV_t may still run
-      if (next) {
 #pragma unroll
-        for (int r = 0; r < Cfg::S_REGS; ++r) ptx::fence_operand(s[r]);
+      for (int r = 0; r < Cfg::S_REGS; ++r) ptx::fence_operand(s[r]);
+      if (lane == 0) ptx::mbar_arrive(sm.v_empty + 8 * vr.stage);
+      vr.advance();
+      if (next) {
         if (lane == 0) {
           ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
           if (t + 2 == total) ptx::mbar_arrive(sm.q_empty);  // the item's last QK^T is done
         }
         kr.advance();
-        softmax<Cfg>(s, st, nxt, info, row0, p, corr);
+        softmax<Cfg>(s, st, pa, info, row0, p, false);
       }
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
-      keep_alive(cur);  // read by PV_t until the wait above: no other value may take its registers
-      if (lane == 0) ptx::mbar_arrive(sm.v_empty + 8 * vr.stage);
-      vr.advance();
-      if (next) rescale<Cfg>(st, corr);
-    };
-    for (int t = 0; t < total; t += 2) {
-      step(t, pa0, pa1);
-      if (t + 1 < total) step(t + 1, pa1, pa0);
     }
     epilogue<Cfg>(st, tm_o, p, it, row0, wg, s_o, o_ptr);
   }
