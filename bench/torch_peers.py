@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""sparsek against torch on the same tensors, on one GPU: DSD  C = A_bsr @ B.
+"""sparsek against torch on the same tensors, on one GPU: DSD  C = A_bsr @ B, and (--attention)
+block-sparse attention forward and backward against FlexAttention and SDPA, plus the gate.
 
 Contenders, each timed on identical inputs in this one process:
   sparsek      sparsek.bsr_mm(BSRMatrix.from_dense(A, block), B)     (torch.ops.sparsek.bsr_mm)
@@ -16,6 +17,18 @@ column also shows its own full-matrix rate. Every contender's result is checked 
 
     python3 bench/torch_peers.py                       # the SPEC §6 table, fp16
     python3 bench/torch_peers.py --case 4096,4096,4096,64,0.125 --dtype bf16 --json out.json
+    python3 bench/torch_peers.py --attention --json attn.json   # attention rows (bf16), one run
+
+Attention (--attention): B=1, Hq=16, S=16384, bf16, a random top-k layout (every query block
+keeps round(density * S/128) random key blocks, 128x128) for D=128 at 12.5% and 25%, D=64 at
+12.5%, GQA 16 query / 2 key-value heads at 12.5%, and causal top-k 12.5%. Contenders: sparsek
+(sparsek.attention), FlexAttention (torch.compile'd flex_attention with a BlockMask of the same
+blocks) and SDPA dense (FlashAttention-class, the whole S x S). Effective TFLOPS = 4 * D * (unmasked
+score elements) / time, forward; the backward counts 2.5x that (FlashAttention's convention) and
+times torch.autograd.grad of (q, k, v) for a fixed dO. The gate row times sparsek.gate (top-k chosen
+so the layout has the case's density) against sparsek's forward, and against reading Q and K once
+at the copy bandwidth measured here. Every O is checked against FlexAttention's before its time is
+reported; a backward that this build does not have is reported as an error, not fatal.
 """
 import argparse
 import json
@@ -109,6 +122,145 @@ def run_case(M, N, K, b, density, dtype, args, l2_bytes):
     return rec
 
 
+# ---------------------------------------------------------------- attention
+
+ATTN_CASES = [  # name, Hq, Hkv, D, density, causal
+    ("D128 12.5%", 16, 16, 128, 0.125, False),
+    ("D128 25%", 16, 16, 128, 0.25, False),
+    ("D64 12.5%", 16, 16, 64, 0.125, False),
+    ("GQA 16/2 12.5%", 16, 2, 128, 0.125, False),
+    ("causal 12.5%", 16, 16, 128, 0.125, True),
+]
+
+
+def topk_layout(Hq, nblocks, density, causal, gen):
+    """Every query block keeps k random key blocks (allowed ones: at or before the diagonal with causal)."""
+    k = max(1, round(density * nblocks))
+    r = torch.rand(1, Hq, nblocks, nblocks, generator=gen, device="cuda")
+    if causal:
+        r = r.masked_fill(torch.ones(nblocks, nblocks, dtype=torch.bool, device="cuda").triu(1), -1.0)
+        r[..., torch.arange(nblocks), torch.arange(nblocks)] = 2.0  # the diagonal always
+    top = r.topk(min(k, nblocks), dim=-1).indices
+    mask = torch.zeros_like(r, dtype=torch.bool).scatter_(-1, top, True) & (r >= 0)
+    return sparsek.BlockLayout.from_dense(mask, block=128), mask
+
+
+def unmasked_elements(mask, S, causal, b=128):
+    """Score elements the layout attends (summed over heads)."""
+    per_block = mask.sum().item() * b * b
+    if not causal:
+        return float(per_block)
+    diag = mask[..., torch.arange(mask.shape[-1]), torch.arange(mask.shape[-1])].sum().item()
+    return float(per_block - diag * (b * (b - 1) // 2))
+
+
+def run_attention_case(name, Hq, Hkv, D, density, causal, args):
+    from torch.nn.attention.flex_attention import flex_attention
+    S, B = args.seq, 1
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
+    dout = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=gen)
+    layout, mask = topk_layout(Hq, S // 128, density, causal, gen)
+    bm = sparsek.block_mask_from_layout(layout, S, S, causal=causal)
+    flex = torch.compile(flex_attention)
+    gqa = Hq != Hkv
+    elems = unmasked_elements(mask, S, causal)
+    fwd_flops = 4.0 * D * elems
+    dense_flops = 4.0 * D * S * S * Hq * (0.5 if causal else 1.0)
+    rec = {"case": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "density": density, "causal": causal,
+           "dtype": "bfloat16", "unmasked_elements": elems, "effective_flops_fwd": fwd_flops, "results": {}}
+    calls = {
+        "sparsek": lambda q, k, v: sparsek.attention(q, k, v, layout, causal=causal)[0],
+        "flex": lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=gqa),
+        "sdpa_dense": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=gqa),
+    }
+    ref = None
+    for who, fn in calls.items():
+        res = rec["results"][who] = {}
+        flops = dense_flops if who == "sdpa_dense" else fwd_flops
+        try:
+            with torch.no_grad():
+                o = fn(q, k, v)
+            if who == "flex":
+                ref = o
+            elif who == "sparsek" and ref is None:
+                ref = calls["flex"](q, k, v)
+            if who != "sdpa_dense":
+                err = rel_err(o, ref if who == "sparsek" else o)
+                res["max_rel_diff_vs_flex"] = err
+                if not err < args.tol:
+                    res["error"] = f"wrong result: max rel diff to FlexAttention {err:.3g} > {args.tol}"
+                    continue
+            with torch.no_grad():
+                ms = time_ms(lambda i: fn(q, k, v), 1, args.warmup, args.reps)
+            res.update({"fwd_ms": ms, "fwd_eff_tflops": fwd_flops / ms / 1e9, "fwd_own_tflops": flops / ms / 1e9})
+        except Exception as e:  # noqa: BLE001  (a contender that cannot run is reported, not fatal)
+            res["error"] = f"forward: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            continue
+        try:
+            qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+            o = fn(qg, kg, vg)
+            torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)
+            ms = time_ms(lambda i: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True), 1, args.warmup,
+                         args.reps)
+            res.update({"bwd_ms": ms, "bwd_eff_tflops": 2.5 * fwd_flops / ms / 1e9,
+                        "bwd_own_tflops": 2.5 * flops / ms / 1e9})
+        except Exception as e:  # noqa: BLE001
+            res["bwd_error"] = f"backward: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        finally:
+            torch.cuda.empty_cache()
+    # The gate at this density: top-k so that topk + sink + local blocks are kept.
+    nb = S // 128
+    topk = max(0, round(density * nb) - 2)
+    try:
+        sparsek.gate(q, k, topk, block=128, causal=causal)
+        gms = time_ms(lambda i: sparsek.gate(q, k, topk, block=128, causal=causal), 1, args.warmup, args.reps)
+        big = torch.empty((q.numel() + k.numel()) * 2, dtype=torch.uint8, device="cuda")
+        copy_ms = time_ms(lambda i: big.clone(), 1, args.warmup, args.reps)
+        read_once_ms = copy_ms / 2  # a clone reads and writes the bytes once each
+        attn_ms = rec["results"]["sparsek"].get("fwd_ms")
+        rec["gate"] = {"topk": topk, "ms": gms, "read_qk_once_ms": read_once_ms,
+                       "vs_attention": gms / attn_ms if attn_ms else None}
+    except Exception as e:  # noqa: BLE001
+        rec["gate"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    return rec
+
+
+def attention_main(args, header):
+    print(f"# {header['gpu']}, torch {header['torch']}, sparsek {header['sparsek']}, bf16, B=1, S={args.seq}, "
+          f"median of {args.reps}; effective TFLOPS = 4*D*unmasked / time (backward: 2.5x); "
+          "SDPA dense: (its own dense TFLOPS)")
+    cols = f"{'case':>16} | {'sparsek fwd':>11} {'flex fwd':>9} {'sdpa fwd':>14} | {'sparsek bwd':>11} " \
+           f"{'flex bwd':>9} {'sdpa bwd':>14} | {'gate ms':>8} {'gate/attn':>9} {'Q+K floor':>9}"
+    print(cols)
+    print("-" * len(cols))
+    records = []
+    for case in ATTN_CASES:
+        rec = run_attention_case(*case, args)
+        records.append(rec)
+        r = rec["results"]
+        t = lambda who, key: f"{r[who][key]:.1f}" if key in r[who] else "n/a"  # noqa: E731
+        own = lambda key: f"{r['sdpa_dense'][key.replace('eff', 'own')]:.1f}" if key in r["sdpa_dense"] else ""  # noqa: E731
+        g = rec.get("gate", {})
+        gate_cols = (f"{g['ms']:8.3f} {g['vs_attention'] or 0:9.3f} {g['read_qk_once_ms']:9.3f}" if "ms" in g
+                     else f"{'n/a':>8} {'':>9} {'':>9}")
+        print(f"{rec['case']:>16} | {t('sparsek', 'fwd_eff_tflops'):>11} {t('flex', 'fwd_eff_tflops'):>9} "
+              f"{t('sdpa_dense', 'fwd_eff_tflops'):>6} ({own('fwd_eff_tflops'):>5}) | "
+              f"{t('sparsek', 'bwd_eff_tflops'):>11} {t('flex', 'bwd_eff_tflops'):>9} "
+              f"{t('sdpa_dense', 'bwd_eff_tflops'):>6} ({own('bwd_eff_tflops'):>5}) | {gate_cols}")
+        for who, res in r.items():
+            for key in ("error", "bwd_error"):
+                if key in res:
+                    print(f"    {who}: {res[key]}")
+        if "error" in g:
+            print(f"    gate: {g['error']}")
+    return records
+
+
 def fmt(r, key="eff_tflops"):
     if "error" in r:
         return "n/a"
@@ -126,6 +278,8 @@ def main():
     p.add_argument("--tol", type=float, default=2e-2, help="max rel diff to torch dense to accept a result")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the records to this file")
+    p.add_argument("--attention", action="store_true", help="the attention rows instead of the DSD table")
+    p.add_argument("--seq", type=int, default=16384, help="attention: sequence length")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_peers.py needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -137,6 +291,13 @@ def main():
     header = {"gpu": prop.name, "sm_count": prop.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "sparsek": sparsek.__version__, "dtype": args.dtype,
               "reps": args.reps, "command": " ".join(sys.argv)}
+    if args.attention:
+        records = attention_main(args, header)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "records": records}, f, indent=1)
+            print(f"# wrote {args.json}")
+        return
     print(f"# {prop.name} ({prop.multi_processor_count} SMs), torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"sparsek {sparsek.__version__}, {args.dtype}, median of {args.reps}")
     print("# effective TFLOPS = 2*nnzb*bm*bk*N / time (stored blocks only); dense: (its own full-matrix TFLOPS)")

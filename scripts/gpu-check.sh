@@ -141,6 +141,10 @@ if want python; then
     PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --json "$OUT/torch_peers.json" \
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
+    # Attention forward + backward vs FlexAttention and SDPA, and the gate, in one run.
+    PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --attention \
+      --json "$OUT/torch_peers_attention.json" > "$OUT/torch_peers_attention.txt" 2>&1
+    note torch-peers-attention "rc=$? (torch_peers_attention.txt)"
   fi
   # Python host time per call and BlockSparseLinear vs nn.Linear (full table in logs.tgz).
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_layer.py > "$OUT/torch_layer.log" 2>&1

@@ -11,9 +11,14 @@ tensors → the GPU on the framework's current stream). Bad input raises ValueEr
 message. With torch the products are also ``torch.ops.sparsek.*`` custom ops with autograd, and
 ``sparsek.nn.BlockSparseLinear`` is a layer. torch is not imported by ``import sparsek``: the torch
 integration loads when torch is in use (imported before sparsek, or on the first torch tensor).
+
+Block-sparse attention: ``O, LSE = sparsek.attention(q, k, v, layout, causal=False)`` with a
+``sparsek.BlockLayout`` or a FlexAttention ``BlockMask``; ``sparsek.gate(q, k, topk)`` chooses a
+layout from the content (``sparsek.nn.TopKGate`` learns the scores).
 """
 from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
 from . import _arrays, _sparsek
+from ._attention import BlockLayout, attention, block_mask_from_layout, gate, layout_from_block_mask
 from ._bsr import BSRMatrix, BSRTranspose
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
 
@@ -21,4 +26,5 @@ _arrays.torch_loaded()  # registers torch.ops.sparsek.* now if the caller alread
 
 __version__ = _sparsek.version()
 
-__all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "__version__"]
+__all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "BlockLayout", "attention",
+           "gate", "layout_from_block_mask", "block_mask_from_layout", "__version__"]

@@ -6,16 +6,26 @@
 // values [nnzb][bm][bk]); dense operands as 2-D arrays that are row- or column-major with a unit
 // inner stride. sparsek::Error becomes ValueError (invalid_argument), NotImplementedError
 // (unsupported) or RuntimeError (everything else), carrying the library's message.
-// Plans (plan_dsd/dds/sdd -> Plan.run) are the same calls split in two: arrays once, then only the
-// data pointers of arrays that the Python caller has matched to the planned ones.
+// Plans (plan_dsd/dds/sdd -> Plan.run, plan_attention -> AttentionPlan.run) are the same calls
+// split in two: arrays once, then only the data pointers of arrays that the Python caller has
+// matched to the planned ones.
+// Attention takes q, k, v, o as 4-D [B, H, S, D] arrays (D contiguous, any other strides), lse as
+// a contiguous float32 [B, Hq, Sq] array, and the block layout as contiguous int32 arrays
+// kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax] (+ the optional full lists).
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "sparsek/attention.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
 
@@ -285,6 +295,301 @@ void run_plan(const PyPlan& p, uintptr_t values, uintptr_t a, uintptr_t b, uintp
   run(p.plan, g, reinterpret_cast<void*>(stream));
 }
 
+// ---- attention and the gate ----
+
+template <class A>
+bool c_contiguous(const A& a) {
+  int64_t want = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != want) return false;
+    want *= int64_t(a.shape(i));
+  }
+  return true;
+}
+
+// A [B, H, S, D] array with a unit stride along D.
+template <class A>
+Tensor4View view4(const A& a, const std::string& name) {
+  if (a.ndim() != 4) bad(name + " must be a 4-D array [B, H, S, D], got shape " + shape_str(a));
+  Tensor4View t;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.dtype = value_dtype(a.dtype(), name);
+  t.memory = place_of(a, name).memory;
+  t.b = int64_t(a.shape(0)), t.h = int64_t(a.shape(1)), t.s = int64_t(a.shape(2)), t.d = int64_t(a.shape(3));
+  if (t.d > 1 && a.stride(3) != 1)
+    bad(name + " must have a unit stride along D (its last dimension), got stride " + std::to_string(a.stride(3)) +
+        "; pass a copy with .contiguous()");
+  t.stride_b = a.stride(0), t.stride_h = a.stride(1), t.stride_s = a.stride(2);
+  return t;
+}
+
+// A contiguous int32 / float32 array of the given rank.
+template <class A>
+void check_array(const A& a, const std::string& name, size_t ndim, bool is_int) {
+  if (a.ndim() != ndim)
+    bad(name + " must be a " + std::to_string(ndim) + "-D array, got shape " + shape_str(a));
+  const bool ok = is_int ? a.dtype() == nb::dtype<int32_t>() : a.dtype() == nb::dtype<float>();
+  if (!ok) bad(name + " dtype " + dtype_str(a.dtype()) + " must be " + (is_int ? "int32" : "float32"));
+  if (!c_contiguous(a)) bad(name + " must be contiguous");
+}
+
+using OptIn = std::optional<In>;
+using OptOut = std::optional<Out>;
+
+// The layout's arrays: kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax], optional full lists.
+template <class N, class I>
+AttentionLayout layout_view(const N& num, const I& idx, const std::optional<N>& fnum, const std::optional<I>& fidx,
+                            int block, std::vector<Place>& places) {
+  check_array(num, "kv_num_blocks", 3, true);
+  check_array(idx, "kv_indices", 4, true);
+  AttentionLayout l;
+  l.batch = int64_t(num.shape(0)), l.heads = int64_t(num.shape(1)), l.q_blocks = int64_t(num.shape(2));
+  auto same_rows = [&](const I& x, const char* xn, const N& n, const char* nn) {
+    for (size_t i = 0; i < 3; ++i)
+      if (x.shape(i) != n.shape(i))
+        bad(std::string(xn) + " has shape " + shape_str(x) + " but " + nn + " has shape " + shape_str(n) +
+            " (the first three dimensions must match)");
+  };
+  same_rows(idx, "kv_indices", num, "kv_num_blocks");
+  l.kv_num_blocks = static_cast<const int32_t*>(num.data());
+  l.kv_indices = static_cast<const int32_t*>(idx.data());
+  l.kmax = int64_t(idx.shape(3));
+  if (fnum.has_value() != fidx.has_value())
+    bad("full_kv_num_blocks and full_kv_indices must be given both or neither");
+  places.push_back(place_of(num, "kv_num_blocks"));
+  places.push_back(place_of(idx, "kv_indices"));
+  if (fnum) {
+    check_array(*fnum, "full_kv_num_blocks", 3, true);
+    check_array(*fidx, "full_kv_indices", 4, true);
+    same_rows(*fidx, "full_kv_indices", *fnum, "full_kv_num_blocks");
+    for (size_t i = 0; i < 3; ++i)
+      if (fnum->shape(i) != num.shape(i))
+        bad("full_kv_num_blocks has shape " + shape_str(*fnum) + " but kv_num_blocks has shape " + shape_str(num));
+    l.full_kv_num_blocks = static_cast<const int32_t*>(fnum->data());
+    l.full_kv_indices = static_cast<const int32_t*>(fidx->data());
+    l.full_kmax = int64_t(fidx->shape(3));
+    places.push_back(place_of(*fnum, "full_kv_num_blocks"));
+    places.push_back(place_of(*fidx, "full_kv_indices"));
+  }
+  for (size_t i = 1; i < places.size(); ++i)
+    if (places[i].memory != places[0].memory || places[i].device != places[0].device)
+      bad("the layout's arrays must all be on one device");
+  l.memory = places[0].memory;
+  l.block_q = l.block_kv = block;
+  return l;
+}
+
+// A [B, Hq, Sq] float32 contiguous array (the log-sum-exp), or nullptr.
+template <class A>
+float* lse_view(const std::optional<A>& lse, const Tensor4View& q, std::vector<Place>& places) {
+  if (!lse) return nullptr;
+  check_array(*lse, "lse", 3, false);
+  if (int64_t(lse->shape(0)) != q.b || int64_t(lse->shape(1)) != q.h || int64_t(lse->shape(2)) != q.s)
+    bad("lse has shape " + shape_str(*lse) + ", expected [B, Hq, Sq] = (" + std::to_string(q.b) + ", " +
+        std::to_string(q.h) + ", " + std::to_string(q.s) + ")");
+  places.push_back(place_of(*lse, "lse"));
+  return static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse->data())));
+}
+
+AttentionArgs attention_args(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse, const In& num,
+                             const In& idx, const OptIn& fnum, const OptIn& fidx, int block, bool causal, float scale,
+                             std::vector<Place>& places) {
+  AttentionArgs a;
+  a.layout = layout_view(num, idx, fnum, fidx, block, places);
+  a.q = view4(q, "q");
+  a.k = view4(k, "k");
+  a.v = view4(v, "v");
+  a.o = view4(o, "o");
+  places.push_back(place_of(q, "q"));
+  places.push_back(place_of(k, "k"));
+  places.push_back(place_of(v, "v"));
+  places.push_back(place_of(o, "o"));
+  a.lse = lse_view(lse, a.q, places);
+  a.causal = causal;
+  a.scale = scale;
+  return a;
+}
+
+AttentionBackwardArgs backward_args(const In& q, const In& k, const In& v, const In& o, const In& lse,
+                                    const In& dout, const Out& dq, const Out& dk, const Out& dv, const In& num,
+                                    const In& idx, const OptIn& fnum, const OptIn& fidx, int block, bool causal,
+                                    float scale, bool deterministic, std::vector<Place>& places) {
+  AttentionBackwardArgs b;
+  b.forward.layout = layout_view(num, idx, fnum, fidx, block, places);
+  b.forward.q = view4(q, "q");
+  b.forward.k = view4(k, "k");
+  b.forward.v = view4(v, "v");
+  b.forward.o = view4(o, "o");
+  b.forward.lse = lse_view(std::optional<In>(lse), b.forward.q, places);
+  b.forward.causal = causal;
+  b.forward.scale = scale;
+  b.dout = view4(dout, "dout");
+  b.dq = view4(dq, "dq");
+  b.dk = view4(dk, "dk");
+  b.dv = view4(dv, "dv");
+  for (const auto& [arr, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&o, "o"},
+                                  std::pair{&dout, "dout"}})
+    places.push_back(place_of(*arr, name));
+  for (const auto& [arr, name] : {std::pair{&dq, "dq"}, std::pair{&dk, "dk"}, std::pair{&dv, "dv"}})
+    places.push_back(place_of(*arr, name));
+  b.deterministic = deterministic;
+  return b;
+}
+
+// The layout with its contents copied to the host (on `stream`: the indices may still be in
+// flight there), for the content checks of validate().
+struct HostLayout {
+  AttentionLayout layout;
+  std::vector<int32_t> num, idx, fnum, fidx;
+};
+
+HostLayout host_copy(const AttentionLayout& l, uintptr_t stream) {
+  HostLayout h;
+  h.layout = l;
+  const size_t rows = size_t(l.batch * l.heads * l.q_blocks);
+  h.num.resize(rows);
+  h.idx.resize(rows * size_t(l.kmax));
+  if (l.has_full()) {
+    h.fnum.resize(rows);
+    h.fidx.resize(rows * size_t(l.full_kmax));
+  }
+  auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaSuccess;
+  auto copy = [&](std::vector<int32_t>& dst, const int32_t* src) {
+    if (e == cudaSuccess && !dst.empty())
+      e = cudaMemcpyAsync(dst.data(), src, dst.size() * 4, cudaMemcpyDeviceToHost, s);
+  };
+  copy(h.num, l.kv_num_blocks);
+  copy(h.idx, l.kv_indices);
+  copy(h.fnum, l.full_kv_num_blocks);
+  copy(h.fidx, l.full_kv_indices);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(Status::cuda_error, std::string("copying the attention layout to the host failed: ") +
+                                        cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  }
+  h.layout.memory = Memory::host;
+  h.layout.kv_num_blocks = h.num.data();
+  h.layout.kv_indices = h.idx.data();
+  if (l.has_full()) {
+    h.layout.full_kv_num_blocks = h.fnum.data();
+    h.layout.full_kv_indices = h.fidx.data();
+  }
+  return h;
+}
+
+// validate(args, true) for a layout anywhere: a device layout is read on `stream`, then checked
+// as a host layout (the tensors' own checks have run already, with their real memory kinds).
+void check_layout_contents(const AttentionArgs& a, const std::vector<Place>& places, uintptr_t stream) {
+  validate(a, false);
+  if (a.layout.memory == Memory::host) {
+    validate(a, true);
+    return;
+  }
+  DeviceGuard guard(places);
+  HostLayout h;
+  {
+    nb::gil_scoped_release release;
+    h = host_copy(a.layout, stream);
+  }
+  AttentionArgs ha = a;
+  ha.layout = h.layout;
+  for (Tensor4View* t : {&ha.q, &ha.k, &ha.v, &ha.o}) t->memory = Memory::host;
+  validate(ha, true);
+}
+
+Options options_for(uintptr_t stream, bool check_indices) {
+  Options o;
+  o.stream = reinterpret_cast<void*>(stream);
+  o.check_indices = check_indices;
+  return o;
+}
+
+struct PyAttentionPlan {
+  AttentionPlan plan;
+  AttentionArgs problem;
+  int device = -1;
+};
+
+PyAttentionPlan make_attention_plan(const AttentionArgs& a, const std::vector<Place>& places, uintptr_t stream) {
+  DeviceGuard guard(places);
+  PyAttentionPlan p;
+  p.problem = a;
+  for (const Place& q : places)
+    if (q.memory == Memory::device) p.device = q.device;
+  Options o = options_for(stream, false);
+  nb::gil_scoped_release release;
+  p.plan = plan(a, o);
+  return p;
+}
+
+void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                        uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t stream) {
+  AttentionArgs a = p.problem;
+  a.q.data = reinterpret_cast<void*>(q);
+  a.k.data = reinterpret_cast<void*>(k);
+  a.v.data = reinterpret_cast<void*>(v);
+  a.o.data = reinterpret_cast<void*>(o);
+  if (a.lse) a.lse = reinterpret_cast<float*>(lse);
+  a.layout.kv_num_blocks = reinterpret_cast<const int32_t*>(num);
+  a.layout.kv_indices = reinterpret_cast<const int32_t*>(idx);
+  if (a.layout.has_full()) {
+    a.layout.full_kv_num_blocks = reinterpret_cast<const int32_t*>(fnum);
+    a.layout.full_kv_indices = reinterpret_cast<const int32_t*>(fidx);
+  }
+  PlanDevice guard(p.device);
+  nb::gil_scoped_release release;
+  run(p.plan, a, reinterpret_cast<void*>(stream));
+}
+
+// The gate's problem from its arrays (outputs included; the workspace is set by the caller).
+GateArgs gate_args(const In& q, const In& k, int topk, int block, bool causal, int sink, int local, float scale,
+                   const std::optional<AttentionLayout>& candidates, const OptIn& given, const Out& num,
+                   const Out& idx, const OptOut& scores, std::vector<Place>& places) {
+  GateArgs g;
+  g.q = view4(q, "q");
+  g.k = view4(k, "k");
+  places.push_back(place_of(q, "q"));
+  places.push_back(place_of(k, "k"));
+  g.topk = topk, g.block = block, g.causal = causal, g.sink = sink, g.local = local, g.scale = scale;
+  const int64_t mq = block > 0 ? (g.q.s + block - 1) / block : 0, nk = block > 0 ? (g.k.s + block - 1) / block : 0;
+  const int64_t want[3] = {g.q.b, g.k.h, mq};
+  auto check_rows = [&](const auto& a, const char* name, int64_t last) {
+    bool ok = true;
+    for (size_t i = 0; i < 3; ++i) ok = ok && int64_t(a.shape(i)) == want[i];
+    if (last >= 0) ok = ok && int64_t(a.shape(3)) == last;
+    if (!ok)
+      bad(std::string(name) + " has shape " + shape_str(a) + ", expected [B, Hkv, ceil(Sq / block)" +
+          (last >= 0 ? ", ceil(Skv / block)" : "") + "] = (" + std::to_string(want[0]) + ", " +
+          std::to_string(want[1]) + ", " + std::to_string(want[2]) + (last >= 0 ? ", " + std::to_string(last) : "") +
+          ")");
+  };
+  check_array(num, "kv_num_blocks", 3, true);
+  check_array(idx, "kv_indices", 4, true);
+  check_rows(num, "kv_num_blocks", -1);
+  check_rows(idx, "kv_indices", -1);
+  g.kv_num_blocks = static_cast<int32_t*>(num.data());
+  g.kv_indices = static_cast<int32_t*>(idx.data());
+  g.kmax = int64_t(idx.shape(3));
+  places.push_back(place_of(num, "kv_num_blocks"));
+  places.push_back(place_of(idx, "kv_indices"));
+  if (given) {
+    check_array(*given, "scores (given)", 4, false);
+    check_rows(*given, "scores (given)", nk);
+    g.given_scores = static_cast<const float*>(given->data());
+    places.push_back(place_of(*given, "scores (given)"));
+  }
+  if (scores) {
+    check_array(*scores, "scores", 4, false);
+    check_rows(*scores, "scores", nk);
+    g.scores = static_cast<float*>(scores->data());
+    places.push_back(place_of(*scores, "scores"));
+  }
+  if (candidates) g.candidates = &*candidates;
+  return g;
+}
+
 }  // namespace
 
 NB_MODULE(_sparsek, m) {
@@ -425,4 +730,152 @@ NB_MODULE(_sparsek, m) {
       "check_block_shape",
       [](int64_t rows, int64_t cols, int bm, int bk) { validate_shape(rows, cols, bm, bk); },
       nb::arg("rows"), nb::arg("cols"), nb::arg("bm"), nb::arg("bk"));
+
+  // ---- attention ----
+  // One shot: validate (the layout's contents too with check_indices), plan (cached by the
+  // library), run on `stream`.
+  m.def(
+      "attention",
+      [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
+         float scale, uintptr_t stream, bool check_indices) {
+        std::vector<Place> places;
+        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        DeviceGuard guard(places);
+        Options opt = options_for(stream, check_indices);
+        nb::gil_scoped_release release;
+        attention(a, opt);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
+      nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0, nb::arg("check_indices") = true);
+
+  // Every check attention() makes, the layout's contents included (a device layout is copied to
+  // the host on `stream`), without running anything.
+  m.def(
+      "check_attention",
+      [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
+         float scale, uintptr_t stream) {
+        std::vector<Place> places;
+        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        check_layout_contents(a, places, stream);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
+      nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0);
+
+  // Why no variant can run this problem (empty when one can); invalid arguments raise.
+  m.def(
+      "attention_unsupported_reasons",
+      [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
+         float scale) {
+        std::vector<Place> places;
+        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        DeviceGuard guard(places);
+        validate(a, false);  // a bad argument raises (ValueError naming it)
+        // The library lists each variant's reason; a problem that one variant runs has none.
+        return supported_variants(a).empty() ? unsupported_reasons(a) : std::vector<std::string>{};
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
+      nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"));
+
+  nb::class_<PyAttentionPlan>(m, "AttentionPlan")
+      .def_prop_ro("variant", [](const PyAttentionPlan& p) { return p.plan.variant(); })
+      .def_prop_ro("workspace_bytes", [](const PyAttentionPlan& p) { return p.plan.workspace_bytes(); })
+      .def("run", &run_attention_plan, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
+           nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("full_kv_num_blocks"),
+           nb::arg("full_kv_indices"), nb::arg("stream"));
+  m.def(
+      "plan_attention",
+      [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
+         float scale, uintptr_t stream) {
+        std::vector<Place> places;
+        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        return make_attention_plan(a, places, stream);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
+      nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream"));
+
+  // dq, dk, dv of attention for the upstream gradient dout (o and lse: the forward's outputs).
+  m.def(
+      "attention_backward",
+      [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
+         int block, bool causal, float scale, bool deterministic, uintptr_t stream, bool check_indices) {
+        std::vector<Place> places;
+        AttentionBackwardArgs b = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block,
+                                                causal, scale, deterministic, places);
+        DeviceGuard guard(places);
+        Options opt = options_for(stream, check_indices);
+        nb::gil_scoped_release release;
+        attention_backward(b, opt);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
+      nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
+      nb::arg("scale"), nb::arg("deterministic") = true, nb::arg("stream") = 0, nb::arg("check_indices") = true);
+  m.def(
+      "attention_backward_unsupported_reasons",
+      [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
+         int block, bool causal, float scale, bool deterministic) {
+        std::vector<Place> places;
+        AttentionBackwardArgs b = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block,
+                                                causal, scale, deterministic, places);
+        DeviceGuard guard(places);
+        return unsupported_reasons(b);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
+      nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
+      nb::arg("scale"), nb::arg("deterministic") = true);
+
+  // ---- the top-k block gate ----
+  // Writes kv_num_blocks / kv_indices (and scores when given); candidates (cand_*) restrict the
+  // choice, given_scores replace the pooled scores. workspace: a device uint8 array of at least
+  // gate_workspace_bytes() bytes (None on the host).
+  auto gate_fn = [](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
+                    OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores, OptOut workspace,
+                    uintptr_t stream, bool size_only) -> size_t {
+    std::vector<Place> places, cand_places;
+    std::optional<AttentionLayout> cand;
+    if (cnum.has_value() != cidx.has_value()) bad("candidates: give both kv_num_blocks and kv_indices");
+    if (cnum) cand = layout_view(*cnum, *cidx, cfnum, cfidx, block, cand_places);
+    GateArgs g = gate_args(q, k, topk, block, causal, sink, local, scale, cand, given, num, idx, scores, places);
+    places.insert(places.end(), cand_places.begin(), cand_places.end());
+    DeviceGuard guard(places);
+    if (size_only) return gate_workspace_bytes(g);
+    if (workspace) {
+      if (workspace->ndim() != 1 || !(workspace->dtype() == nb::dtype<uint8_t>()) || !c_contiguous(*workspace))
+        bad("workspace must be a contiguous 1-D uint8 array, got shape " + shape_str(*workspace));
+      g.workspace = workspace->data();
+      g.workspace_bytes = workspace->shape(0);
+    }
+    Options opt = options_for(stream, true);
+    nb::gil_scoped_release release;
+    gate(g, opt);
+    return 0;
+  };
+  m.def(
+      "gate",
+      [gate_fn](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
+                OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores, OptOut workspace,
+                uintptr_t stream) {
+        gate_fn(q, k, num, idx, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given, scores,
+                workspace, stream, false);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("topk"), nb::arg("block"),
+      nb::arg("causal"), nb::arg("sink"), nb::arg("local"), nb::arg("scale"), nb::arg("cand_num").none(),
+      nb::arg("cand_idx").none(), nb::arg("cand_full_num").none(), nb::arg("cand_full_idx").none(),
+      nb::arg("given_scores").none(), nb::arg("scores").none(), nb::arg("workspace").none(), nb::arg("stream") = 0);
+  m.def(
+      "gate_workspace_bytes",
+      [gate_fn](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
+                OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores) {
+        return gate_fn(q, k, num, idx, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given,
+                       scores, std::nullopt, 0, true);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("topk"), nb::arg("block"),
+      nb::arg("causal"), nb::arg("sink"), nb::arg("local"), nb::arg("scale"), nb::arg("cand_num").none(),
+      nb::arg("cand_idx").none(), nb::arg("cand_full_num").none(), nb::arg("cand_full_idx").none(),
+      nb::arg("given_scores").none(), nb::arg("scores").none());
 }

@@ -1,4 +1,5 @@
-"""torch modules: ``BlockSparseLinear``, a linear layer whose weight is block-sparse.
+"""torch modules: ``BlockSparseLinear``, a linear layer whose weight is block-sparse, and
+``TopKGate``, a learnable scorer for the top-k block gate of block-sparse attention.
 
     import torch, sparsek.nn
     layer = sparsek.nn.BlockSparseLinear(4096, 14336, block=(64, 64), density=0.25,
@@ -19,8 +20,10 @@ from torch import nn
 
 from . import _arrays as A
 from . import _sparsek as _ext
+from ._attention import gate as _gate
 from ._bsr import BSRMatrix
 from ._ops import bsr_mm, dense_bsr_mm
+from ._torch_attention import pool_blocks
 
 A.torch_loaded()
 
@@ -216,3 +219,100 @@ def _product(method, x2, w):
     if method == "dsd":
         return bsr_mm(w, x2.mT.contiguous()).mT
     return dense_bsr_mm(x2, w.T)
+
+
+class TopKGate(nn.Module):
+    """A learnable top-k block gate: ``layout = gate(q, k)`` for ``sparsek.attention``.
+
+    Scores key block j for query block i as ``(pooled_q_i Wq) . (pooled_k_j Wk) / sqrt(d_gate)``
+    on the block means of Q and K (pooled as ``sparsek.gate`` pools; GQA: one score row per
+    key/value head), then the library keeps ``sink`` first blocks, ``local`` blocks up to the
+    diagonal and the ``topk`` best others (``causal``: at or before the diagonal). Wq and Wk
+    (d x d_gate) start as the identity when d_gate == d, so an untrained gate is the plain
+    pooled-dot-product gate.
+
+    There is no gradient through the top-k selection: the layout is not differentiable. Train the
+    scorer with the auxiliary loss ``distill_loss(q, k)`` (KL divergence from the block-pooled true
+    attention), added to the task loss::
+
+        layout = gate(q, k)                               # no gradient: selection only
+        o, _ = sparsek.attention(q, k, v, layout, causal=True)
+        loss = task_loss(o) + 0.1 * gate.distill_loss(q, k)   # trains gate.wq, gate.wk only
+
+    ``distill_loss`` detaches q and k: it trains the scorer and leaves the attention to the task.
+    """
+
+    def __init__(self, d, block=128, topk=8, *, causal=False, sink=1, local=1, d_gate=None, device=None,
+                 dtype=None):
+        super().__init__()
+        self.d = A.dim(d, "d")
+        self.d_gate = self.d if d_gate is None else A.dim(d_gate, "d_gate")
+        self.block = A.dim(block, "block")
+        if self.block not in (64, 128):
+            raise ValueError(f"block must be 64 or 128, got {block}")
+        self.topk, self.sink, self.local = A.dim(topk, "topk"), A.dim(sink, "sink"), A.dim(local, "local")
+        self.causal = bool(causal)
+        self.wq = nn.Parameter(torch.empty(self.d, self.d_gate, device=device, dtype=dtype))
+        self.wk = nn.Parameter(torch.empty(self.d, self.d_gate, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            if self.d_gate == self.d:
+                for w in (self.wq, self.wk):
+                    w.copy_(torch.eye(self.d))
+            else:
+                for w in (self.wq, self.wk):
+                    nn.init.normal_(w, std=1 / math.sqrt(self.d))
+
+    def score(self, pooled_q, pooled_k):
+        """Block scores [B, Hkv, Mq, Nk] (float32) of pooled_q [B, Hkv, Mq, d], pooled_k [B, Hkv, Nk, d]."""
+        dt = torch.promote_types(self.wq.dtype, torch.float32)  # float64 parameters stay float64
+        pq, pk = pooled_q.to(dt), pooled_k.to(dt)
+        return (pq @ self.wq.to(dt)) @ (pk @ self.wk.to(dt)).mT / math.sqrt(self.d_gate)
+
+    def forward(self, q, k, layout=None, return_scores=False):
+        """The BlockLayout for q [B, Hq, Sq, d], k [B, Hkv, Skv, d] (``layout``: candidates)."""
+        return _gate(q, k, self.topk, self.block, self.causal, self.sink, self.local, scorer=self.score,
+                     layout=layout, return_scores=return_scores)
+
+    def distill_loss(self, q, k, n_sample_blocks=8, generator=None, scale=None):
+        """KL(target || gate) averaged over ``n_sample_blocks`` random query blocks (all when fewer),
+        batches and key/value heads. target: the true attention ``softmax(scale * q k^T)`` (causal
+        when the gate is; scale 1/sqrt(d) by default) summed per key block and averaged over the
+        block's rows and the group's query heads; gate: ``softmax`` of the scores over the allowed
+        key blocks. Memory: one query block's full score rows at a time."""
+        q, k = q.detach(), k.detach()
+        B, Hq, Sq, D = q.shape
+        Hkv, Skv = k.shape[1], k.shape[2]
+        G, bs = Hq // Hkv, self.block
+        Mq, Nk = -(-Sq // bs), -(-Skv // bs)
+        scale = 1 / math.sqrt(D) if scale is None else float(scale)
+        n = min(A.dim(n_sample_blocks, "n_sample_blocks"), Mq)
+        sel = torch.randperm(Mq, generator=generator)[:n].tolist()
+        pq, pk = pool_blocks(q, k, bs)
+        logits = self.score(pq[:, :, sel], pk)  # [B, Hkv, n, Nk]
+        kf = k.to(logits.dtype).repeat_interleave(G, 1)
+        key_block = torch.arange(Skv, device=q.device) // bs
+        targets, allowed = [], []
+        for i in sel:
+            r0, r1 = i * bs, min(Sq, (i + 1) * bs)
+            s = (q[:, :, r0:r1].to(kf.dtype) @ kf.mT) * scale  # [B, Hq, rows, Skv]
+            blocks_ok = torch.ones(Nk, dtype=torch.bool, device=q.device)
+            if self.causal:
+                rows = torch.arange(r0, r1, device=q.device)
+                s = s.masked_fill(torch.arange(Skv, device=q.device)[None] > rows[:, None], float("-inf"))
+                blocks_ok = torch.arange(Nk, device=q.device) * bs <= r1 - 1
+            p = torch.softmax(s, -1)
+            pooled = p.new_zeros(B, Hq, r1 - r0, Nk).index_add_(-1, key_block, p)
+            targets.append(pooled.mean(2).reshape(B, Hkv, G, Nk).mean(2))
+            allowed.append(blocks_ok)
+        target = torch.stack(targets, 2)  # [B, Hkv, n, Nk]
+        ok = torch.stack(allowed)  # [n, Nk]
+        logq = torch.log_softmax(logits.masked_fill(~ok, float("-inf")), -1)
+        kl = torch.xlogy(target, target) - torch.where(target > 0, target * logq, torch.zeros_like(target))
+        return kl.sum(-1).mean()
+
+    def extra_repr(self):
+        return (f"d={self.d}, d_gate={self.d_gate}, block={self.block}, topk={self.topk}, "
+                f"causal={self.causal}, sink={self.sink}, local={self.local}")

@@ -188,11 +188,11 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   }
   GateArgs a = make_args(p, dq[0].p, dk[0].p, Memory::device);
   const size_t rows = size_t(p.B * p.Hkv * p.Mq());
-  DeviceBuffer num(rows * 4), idx(rows * size_t(p.kmax()) * 4), scores(rows * size_t(p.Nk()) * 4);
+  DeviceBuffer d_num(rows * 4), idx(rows * size_t(p.kmax()) * 4), scores(rows * size_t(p.Nk()) * 4);
   a.workspace_bytes = gate_workspace_bytes(a);
   DeviceBuffer ws(a.workspace_bytes);
   a.workspace = ws.p;
-  a.kv_num_blocks = static_cast<int32_t*>(num.p);
+  a.kv_num_blocks = static_cast<int32_t*>(d_num.p);
   a.kv_indices = static_cast<int32_t*>(idx.p);
   cudaStream_t st;
   check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -206,11 +206,11 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   a.scores = static_cast<float*>(scores.p);
   // NOTE: st does not wait for the legacy stream, where the uploads ran: synchronize first.
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  check_cuda(cudaMemsetAsync(num.p, 0x5a, num.bytes, st), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(d_num.p, 0x5a, d_num.bytes, st), "cudaMemsetAsync");
   check_cuda(cudaMemsetAsync(idx.p, 0x5a, idx.bytes, st), "cudaMemsetAsync");
   gate(a, o);
   check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-  num.download(got.num.data(), num.bytes);
+  d_num.download(got.num.data(), d_num.bytes);
   idx.download(got.idx.data(), idx.bytes);
   a.scores = nullptr;  // timed without the optional scores output
   {
