@@ -248,6 +248,17 @@ inline double naive_error(const AttnCase& c, const AttentionReference& ref) {
   return worst;
 }
 
+// The GPU suites' base case: tails in both sequences (Sq 300, Skv 450), GQA 4 / 2, batch 2,
+// top-k 40%, a seed per (dtype, D, block, causal).
+inline AttnSpec gpu_spec(DType t, int d, int block, bool causal) {
+  AttnSpec s;
+  s.batch = 2, s.hq = 4, s.hkv = 2, s.sq = 300, s.skv = 450;
+  s.dtype = t, s.d = d, s.block = block, s.causal = causal;
+  s.density = 0.4;
+  s.seed = uint64_t(d * 7 + block + int(t) * 3 + causal);
+  return s;
+}
+
 // The C API's views of a tensor and of attention args.
 inline sparsek_tensor4 to_c(const Tensor4View& t) {
   sparsek_tensor4 c{};

@@ -213,11 +213,7 @@ void validate(const AttentionArgs& a, bool check_indices) {
   forward_ranges(a, inputs, outputs);
   check_apart(outputs, 2, inputs, 7, "attention");
 
-  if (!check_indices) return;
-  if (l.memory == Memory::device && !device_info().available)
-    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                       device_info().why_not);
-  validate_layout_contents(a, host_layout(l));
+  if (check_indices) check_layout_contents(a);
 }
 
 void validate(const AttentionBackwardArgs& a, bool check_indices) {
@@ -259,11 +255,7 @@ void validate(const AttentionBackwardArgs& a, bool check_indices) {
                             {"dk", bytes_of(a.dk.data, bytes[2])},
                             {"dv", bytes_of(a.dv.data, bytes[3])}};
   check_apart(outputs, 3, inputs, 10, "the attention backward");
-  if (!check_indices) return;
-  if (f.layout.memory == Memory::device && !device_info().available)
-    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                       device_info().why_not);
-  validate_layout_contents(f, host_layout(f.layout));
+  if (check_indices) check_layout_contents(f);
 }
 
 HostLayout host_layout(const AttentionLayout& l, void* stream) {
@@ -287,6 +279,13 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
     *dst[a] = hl.copies[a].data();
   }
   return hl;
+}
+
+void check_layout_contents(const AttentionArgs& a, void* stream) {
+  if (a.layout.memory == Memory::device && !device_info().available)
+    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
+                                       device_info().why_not);
+  validate_layout_contents(a, host_layout(a.layout, stream));
 }
 
 void validate_layout_contents(const AttentionArgs& a, const HostLayout& hl) {

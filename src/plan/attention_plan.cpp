@@ -198,12 +198,7 @@ PlanCache<AttentionKey, AttentionPlan>& attention_plan_cache() {
 
 void attention(const AttentionArgs& args, const Options& options) {
   validate(args, false);
-  if (options.check_indices) {
-    if (args.layout.memory == Memory::device && !device_info().available)
-      throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                         device_info().why_not);
-    validate_layout_contents(args, host_layout(args.layout, options.stream));
-  }
+  if (options.check_indices) check_layout_contents(args, options.stream);
   const Backend be = resolve_backend(args.q.memory, options);
   AttentionKey key = key_of(args, options, be);
   AttentionPlan p = attention_plan_cache().take(key);
@@ -268,12 +263,7 @@ std::shared_ptr<BackwardPlan> make_backward_plan(const AttentionBackwardArgs& a,
 void attention_backward(const AttentionBackwardArgs& args, const Options& options) {
   validate(args, false);
   const AttentionArgs& f = args.forward;
-  if (options.check_indices) {
-    if (f.layout.memory == Memory::device && !device_info().available)
-      throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                         device_info().why_not);
-    validate_layout_contents(f, host_layout(f.layout, options.stream));
-  }
+  if (options.check_indices) check_layout_contents(f, options.stream);
   const Backend be = resolve_backend(f.q.memory, options);
   AttentionKey key = backward_key_of(args, options, be);
   std::shared_ptr<BackwardPlan> p = backward_plan_cache().take(key);

@@ -20,14 +20,6 @@
 namespace sparsek::test {
 namespace {
 
-#define SPARSEK_REQUIRE_HOPPER_BACKWARD()                                                           \
-  do {                                                                                              \
-    SPARSEK_REQUIRE_GPU();                                                                          \
-    const auto& d_ = ::sparsek::device_info();                                                      \
-    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
-      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
-  } while (0)
-
 Options hopper(void* stream = nullptr) {
   Options o;
   o.variant = "hopper";
@@ -140,17 +132,10 @@ void check(const AttnSpec& s, bool deterministic = true) {
   EXPECT_EQ(dv, x->dv.bytes) << "dv differs between two runs";
 }
 
-AttnSpec base(DType t, int d, int block, bool causal) {
-  AttnSpec s;
-  s.batch = 2, s.hq = 4, s.hkv = 2, s.sq = 300, s.skv = 450;  // tails in both sequences
-  s.dtype = t, s.d = d, s.block = block, s.causal = causal;
-  s.density = 0.4;
-  s.seed = uint64_t(d * 7 + block + int(t) * 3 + causal);
-  return s;
-}
+AttnSpec base(DType t, int d, int block, bool causal) { return gpu_spec(t, d, block, causal); }
 
 TEST(HopperAttentionBackward, RandomTopkLayouts) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   for (DType t : {DType::bf16, DType::f16})
     for (int d : {64, 128})
       for (int block : {64, 128})
@@ -158,7 +143,7 @@ TEST(HopperAttentionBackward, RandomTopkLayouts) {
 }
 
 TEST(HopperAttentionBackward, CornerLayouts) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   std::vector<AttnSpec> specs;
   AttnSpec s = base(DType::bf16, 128, 128, false);
   s.empty_rows = {0, 3, -1};  // empty query rows: dq = 0
@@ -207,7 +192,7 @@ TEST(HopperAttentionBackward, CornerLayouts) {
 }
 
 TEST(HopperAttentionBackward, EmptyLayoutGivesZeroGradients) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   AttnSpec s = base(DType::bf16, 128, 128, true);
   s.kind = LayoutKind::causal;
   for (int64_t r = 0; r < 2 * 2 * 3; ++r) s.empty_rows.push_back(r);  // every row (B 2 x Hkv 2 x 3 blocks)
@@ -215,7 +200,7 @@ TEST(HopperAttentionBackward, EmptyLayoutGivesZeroGradients) {
 }
 
 TEST(HopperAttentionBackward, NondeterministicModeIsAccurate) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   check(base(DType::bf16, 128, 128, false), false);
   AttnSpec s = base(DType::bf16, 64, 64, true);
   s.hq = 8, s.hkv = 2;
@@ -227,7 +212,7 @@ TEST(HopperAttentionBackward, NondeterministicModeIsAccurate) {
 // check_indices off; replayed after new values and new layout contents (same extents) were
 // written into the same buffers: each replay matches its own reference.
 TEST(HopperAttentionBackward, OneShotInACudaGraphFollowsNewValuesAndLayouts) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   AttnSpec s = base(DType::bf16, 128, 128, true);  // causal top-k: kmax 1, full_kmax k - 1 for any seed
   auto x = make_backward_case(s);
   DeviceBwd d(*x);
@@ -272,7 +257,7 @@ TEST(HopperAttentionBackward, OneShotInACudaGraphFollowsNewValuesAndLayouts) {
 }
 
 TEST(HopperAttentionBackward, ChosenByDefaultForDeviceMemory) {
-  SPARSEK_REQUIRE_HOPPER_BACKWARD();
+  SPARSEK_REQUIRE_SM90();
   auto x = make_backward_case(base(DType::bf16, 64, 64, false));
   DeviceBwd d(*x);
   EXPECT_TRUE(unsupported_reasons(d.args).size() == 1 && unsupported_reasons(d.args)[0].rfind("cpu: ", 0) == 0)
