@@ -268,3 +268,11 @@ class SavedEnv {
     const auto& info_ = ::sparsek::device_info();                                   \
     if (!info_.available) GTEST_SKIP() << "no GPU: " << info_.why_not;              \
   } while (0)
+// The Hopper kernels (sm_90a) run on an sm_90 GPU only.
+#define SPARSEK_REQUIRE_SM90()                                                                      \
+  do {                                                                                              \
+    SPARSEK_REQUIRE_GPU();                                                                          \
+    const auto& d_ = ::sparsek::device_info();                                                      \
+    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
+      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
+  } while (0)

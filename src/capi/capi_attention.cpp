@@ -1,5 +1,5 @@
-// The C API's attention entry points: the one-shot call and an opaque handle around
-// sparsek::AttentionPlan.
+// The C API's attention entry points: the one-shot calls (forward, backward) and an opaque handle
+// around sparsek::AttentionPlan.
 #include <memory>
 #include <string>
 
@@ -32,9 +32,31 @@ AttentionArgs to_args(const sparsek_attention_args& c) {
   return a;
 }
 
+AttentionBackwardArgs to_backward_args(const sparsek_attention_backward_args& c) {
+  if (c.nondeterministic != 0 && c.nondeterministic != 1)
+    throw Error(Status::invalid_argument, "nondeterministic = " + std::to_string(c.nondeterministic) + " is not 0 or 1");
+  AttentionBackwardArgs a;
+  a.forward = to_args(c.forward);
+  a.dout = to_view(c.dout);
+  a.dq = to_view(c.dq);
+  a.dk = to_view(c.dk);
+  a.dv = to_view(c.dv);
+  a.deterministic = c.nondeterministic == 0;
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
+
+sparsek_status sparsek_attention_backward(const sparsek_attention_backward_args* args, void* stream) {
+  return guarded("sparsek_attention_backward", [&] {
+    if (!args) null_arg("args");
+    Options o;
+    o.stream = stream;
+    attention_backward(to_backward_args(*args), o);
+  });
+}
 
 sparsek_status sparsek_attention(const sparsek_attention_args* args, void* stream) {
   return guarded("sparsek_attention", [&] {

@@ -48,5 +48,7 @@ const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
 const std::vector<AttentionVariant>& attention_variants();
 const AttentionVariant* find_attention_variant(const std::string& name);
+const std::vector<AttentionBackwardVariant>& attention_backward_variants();
+const AttentionBackwardVariant* find_attention_backward_variant(const std::string& name);
 
 }  // namespace sparsek

@@ -20,14 +20,6 @@
 namespace sparsek::test {
 namespace {
 
-#define SPARSEK_REQUIRE_SM90()                                                                      \
-  do {                                                                                              \
-    SPARSEK_REQUIRE_GPU();                                                                          \
-    const auto& d_ = ::sparsek::device_info();                                                      \
-    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
-      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
-  } while (0)
-
 // Owned device memory (nullptr for 0 bytes).
 struct DeviceBuffer {
   void* p = nullptr;
