@@ -164,7 +164,9 @@ sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* plan, const
  * be captured in a CUDA graph. */
 sparsek_status sparsek_attention_plan_run(sparsek_attention_plan plan, const sparsek_attention_args* args,
                                           void* stream);
-/* Frees the plan (NULL is accepted). */
+/* Frees the plan (NULL is accepted). As for sparsek_plan_destroy, every attention plan function
+ * checks its handle against the live ones: a destroyed or foreign handle gives
+ * SPARSEK_INVALID_ARGUMENT (sparsek_attention_plan_variant: ""), never a crash. */
 sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan plan);
 /* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
 const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);

@@ -606,6 +606,31 @@ TEST(AttentionCapi, OneShotAndPlans) {
   EXPECT_EQ(sparsek_attention_plan_destroy(nullptr), SPARSEK_OK);
 }
 
+// A destroyed or foreign attention plan handle is reported, never dereferenced.
+TEST(AttentionCapi, DestroyedAndForeignPlanHandlesAreDetected) {
+  auto c = make_attention_case(small());
+  sparsek_attention_args ca = to_c(c->args);
+  sparsek_attention_plan p = nullptr;
+  ASSERT_EQ(sparsek_attention_plan_create(&p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  ASSERT_EQ(sparsek_attention_plan_run(p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  ASSERT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_OK);
+  EXPECT_EQ(sparsek_attention_plan_run(p, &ca, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("is not a live plan (already destroyed, or not made by "
+                                                   "sparsek_attention_plan_create)"),
+            std::string::npos)
+      << sparsek_last_error();
+  EXPECT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_INVALID_ARGUMENT);
+  uint64_t ws = 7;
+  EXPECT_EQ(sparsek_attention_plan_workspace_bytes(p, &ws), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(ws, 7u);
+  EXPECT_STREQ(sparsek_attention_plan_variant(p), "");
+  float not_a_plan[16] = {};
+  sparsek_attention_plan foreign = reinterpret_cast<sparsek_attention_plan>(not_a_plan);
+  EXPECT_EQ(sparsek_attention_plan_run(foreign, &ca, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(sparsek_attention_plan_destroy(foreign), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_STREQ(sparsek_attention_plan_variant(foreign), "");
+}
+
 TEST(AttentionCapi, BadInputGivesStatusAndMessage) {
   auto c = make_attention_case(small());
   sparsek_attention_args ca = to_c(c->args);
