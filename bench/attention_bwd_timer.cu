@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "attention_problem.cuh"
+#include "cpu/oracle.hpp"
 
 const AttentionVariant& forward() {
   static std::vector<AttentionVariant> v = hopper_attention_variants();
@@ -79,93 +80,37 @@ std::vector<uint16_t> download(const uint16_t* d, int64_t n) {
   return h;
 }
 
-// The fp64 reference: exact softmax of the attended elements (the forward's masks), then
-//   dV_j += p_j dO, dP_j = dO . v_j, Delta = sum p_j dP_j, dS_j = p_j (dP_j - Delta),
-//   dQ = scale sum dS_j k_j, dK_j += scale dS_j q  (dK, dV of a key/value head sum over its group).
-// Beside each element, the sum of the magnitudes of its terms (mag): the kernel rounds P and dS to
-// the input dtype before the products (as FlashAttention does) and takes Delta from the rounded O,
-// so its first-order rounding error is at most u * mag (u = 2^-8 for bf16, 2^-11 for f16), with
-//   mag(dV_j) = sum p_j |dO|,  mag(dQ), mag(dK) = scale sum p_j (|dP_j - Delta| + sum_e |O_e dO_e|) |k_j| or |q|.
-// Where few keys carry a row (the first queries of a causal diagonal block), mag is far above
-// the output's rms and a near-zero element can legitimately miss a tolerance relative to rms alone.
-struct Reference {
-  std::vector<double> dq, dk, dv;
-  std::vector<double> mq, mk, mv;  // the magnitudes above
-  std::vector<char> q_attends, k_attended;  // per query row / per key row of a kv head
-};
-Reference reference(const BwdProblem& B, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
-                    const std::vector<uint16_t>& v, const std::vector<uint16_t>& g) {
+// The fp64 reference (cpu/oracle.hpp: attention_backward_oracle) on host copies of the problem:
+// gradients, the magnitudes of their terms (mag: the kernel rounds P and dS to the input dtype
+// before the products, as FlashAttention does, and takes Delta from the rounded O, so its
+// first-order rounding error is at most u * mag, u = 2^-8 for bf16, 2^-11 for f16), and which
+// query rows / keys are live. Where few keys carry a row (the first queries of a causal diagonal
+// block), mag is far above the output's rms and a near-zero element can legitimately miss a
+// tolerance relative to rms alone.
+AttentionBackwardReference reference(const BwdProblem& B, std::vector<uint16_t>& q, std::vector<uint16_t>& k,
+                                     std::vector<uint16_t>& v, std::vector<uint16_t>& g) {
   const Case& c = B.P.c;
-  Reference R;
-  R.dq.assign(size_t(B.nq), 0.0);
-  R.dk.assign(size_t(B.nk), 0.0);
-  R.dv.assign(size_t(B.nk), 0.0);
-  R.mq.assign(size_t(B.nq), 0.0);
-  R.mk.assign(size_t(B.nk), 0.0);
-  R.mv.assign(size_t(B.nk), 0.0);
-  R.q_attends.assign(size_t(int64_t(c.b) * c.hq * c.sq), 0);
-  R.k_attended.assign(size_t(int64_t(c.b) * c.hkv * c.skv), 0);
-  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.d));
-  const int G = c.hq / c.hkv;
-  auto f = [&](const std::vector<uint16_t>& t, int64_t i) { return double(to_f(t[size_t(i)], c.bf16)); };
-  std::vector<std::pair<int, bool>> blocks;
-  std::vector<int> keys;
-  std::vector<double> s, dp;
-  for (int b = 0; b < c.b; ++b)
-    for (int h = 0; h < c.hq; ++h)
-      for (int i = 0; i < B.P.L.mq; ++i) {
-        row_blocks(B.P, b, h, i, blocks);
-        for (int qi = i * c.block; qi < std::min(c.sq, (i + 1) * c.block); ++qi) {
-          const int64_t qo = ((int64_t(b) * c.hq + h) * c.sq + qi) * c.d;
-          const int64_t kv_head = int64_t(b) * c.hkv + h / G;
-          keys.clear();
-          s.clear();
-          double mx = -INFINITY;
-          for (auto [j, full] : blocks)
-            for (int kj = j * c.block; kj < std::min(c.skv, (j + 1) * c.block); ++kj) {
-              if (c.causal && !full && kj > qi) continue;
-              const int64_t ko = (kv_head * c.skv + kj) * c.d;
-              double dot = 0;
-              for (int e = 0; e < c.d; ++e) dot += f(q, qo + e) * f(k, ko + e);
-              keys.push_back(kj);
-              s.push_back(dot * scale);
-              mx = std::max(mx, dot * scale);
-            }
-          if (keys.empty()) continue;
-          R.q_attends[size_t(qo / c.d)] = 1;
-          double sum = 0;
-          for (double& x : s) sum += (x = std::exp(x - mx));
-          dp.assign(keys.size(), 0.0);
-          double delta = 0;
-          for (size_t t = 0; t < keys.size(); ++t) {
-            s[t] /= sum;  // p
-            const int64_t vo = (kv_head * c.skv + keys[t]) * c.d;
-            for (int e = 0; e < c.d; ++e) dp[t] += f(g, qo + e) * f(v, vo + e);
-            delta += s[t] * dp[t];
-          }
-          double o_do = 0;  // sum_e |O_e dO_e|: bounds Delta's error from the rounded O
-          for (int e = 0; e < c.d; ++e) {
-            double o = 0;
-            for (size_t t = 0; t < keys.size(); ++t) o += s[t] * f(v, (kv_head * c.skv + keys[t]) * c.d + e);
-            o_do += std::fabs(o * f(g, qo + e));
-          }
-          for (size_t t = 0; t < keys.size(); ++t) {
-            const int64_t ko = (kv_head * c.skv + keys[t]) * c.d;
-            R.k_attended[size_t(ko / c.d)] = 1;
-            const double ds = s[t] * (dp[t] - delta);
-            const double ds_mag = scale * s[t] * (std::fabs(dp[t] - delta) + o_do);
-            for (int e = 0; e < c.d; ++e) {
-              R.dq[size_t(qo + e)] += scale * ds * f(k, ko + e);
-              R.dk[size_t(ko + e)] += scale * ds * f(q, qo + e);
-              R.dv[size_t(ko + e)] += s[t] * f(g, qo + e);
-              R.mq[size_t(qo + e)] += ds_mag * std::fabs(f(k, ko + e));
-              R.mk[size_t(ko + e)] += ds_mag * std::fabs(f(q, qo + e));
-              R.mv[size_t(ko + e)] += s[t] * std::fabs(f(g, qo + e));
-            }
-          }
-        }
-      }
-  return R;
+  const DType dt = c.bf16 ? DType::bf16 : DType::f16;
+  // o, lse, dq, dk, dv: host placeholders the argument checks want (the reference reads none).
+  std::vector<uint16_t> o(size_t(B.nq)), gq(size_t(B.nq)), gk(size_t(B.nk)), gv(size_t(B.nk));
+  std::vector<float> lse(size_t(int64_t(c.b) * c.hq * c.sq));
+  AttentionBackwardArgs a = B.args;
+  AttentionArgs& f = a.forward;
+  auto host = [&](std::vector<uint16_t>& x, int h, int s) {
+    return Tensor4View::packed(x.data(), dt, Memory::host, c.b, h, s, c.d);
+  };
+  f.q = host(q, c.hq, c.sq), f.k = host(k, c.hkv, c.skv), f.v = host(v, c.hkv, c.skv), f.o = host(o, c.hq, c.sq);
+  f.lse = lse.data();
+  a.dout = host(g, c.hq, c.sq), a.dq = host(gq, c.hq, c.sq), a.dk = host(gk, c.hkv, c.skv), a.dv = host(gv, c.hkv, c.skv);
+  AttentionLayout& l = f.layout;
+  l.memory = Memory::host;
+  l.kv_num_blocks = B.P.L.num.data();
+  l.kv_indices = B.P.L.idx.data();
+  if (c.full) {
+    l.full_kv_num_blocks = B.P.L.fnum.data();
+    l.full_kv_indices = B.P.L.fidx.data();
+  }
+  return attention_backward_oracle(a);
 }
 
 // Every element: |got - ref| <= tol * (|ref| + rms(ref)) + u * mag (the rounding bound above); rows
@@ -227,15 +172,16 @@ int check(const Case& c, uint32_t seed, bool deterministic) {
       ++fails;
     }
   }
-  const Reference R =
-      reference(B, download(B.P.dq, B.nq), download(B.P.dk, B.nk), download(B.P.dv, B.nk), download(B.g_o, B.nq));
+  std::vector<uint16_t> hq = download(B.P.dq, B.nq), hk = download(B.P.dk, B.nk), hv = download(B.P.dv, B.nk),
+                        hg = download(B.g_o, B.nq);
+  const AttentionBackwardReference R = reference(B, hq, hk, hv, hg);
   double wq = 0, wk = 0, wv = 0;
-  fails += compare(name.c_str(), "dq", gq, R.dq, R.mq, R.q_attends, c.d, c.bf16, wq);
-  fails += compare(name.c_str(), "dk", gk, R.dk, R.mk, R.k_attended, c.d, c.bf16, wk);
-  fails += compare(name.c_str(), "dv", gv, R.dv, R.mv, R.k_attended, c.d, c.bf16, wv);
+  fails += compare(name.c_str(), "dq", gq, R.dq, R.mag_dq, R.q_live, c.d, c.bf16, wq);
+  fails += compare(name.c_str(), "dk", gk, R.dk, R.mag_dk, R.k_live, c.d, c.bf16, wk);
+  fails += compare(name.c_str(), "dv", gv, R.dv, R.mag_dv, R.k_live, c.d, c.bf16, wv);
   int empty_q = 0, empty_k = 0;
-  for (char x : R.q_attends) empty_q += !x;
-  for (char x : R.k_attended) empty_k += !x;
+  for (char x : R.q_live) empty_q += !x;
+  for (char x : R.k_live) empty_k += !x;
   std::printf("%-36s %s (max err / rms: dq %.1e dk %.1e dv %.1e; empty rows %d, empty keys %d)\n", name.c_str(),
               fails ? "FAIL" : "ok", wq, wk, wv, empty_q, empty_k);
   free_bwd(B);

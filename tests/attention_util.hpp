@@ -16,6 +16,7 @@
 #include "cpu/oracle.hpp"
 #include "format/attention_internal.hpp"
 #include "sparsek/attention.hpp"
+#include "sparsek/sparsek.h"
 
 namespace sparsek::test {
 
@@ -247,4 +248,74 @@ inline double naive_error(const AttnCase& c, const AttentionReference& ref) {
   return worst;
 }
 
+// The GPU suites' base case: tails in both sequences (Sq 300, Skv 450), GQA 4 / 2, batch 2,
+// top-k 40%, a seed per (dtype, D, block, causal).
+inline AttnSpec gpu_spec(DType t, int d, int block, bool causal) {
+  AttnSpec s;
+  s.batch = 2, s.hq = 4, s.hkv = 2, s.sq = 300, s.skv = 450;
+  s.dtype = t, s.d = d, s.block = block, s.causal = causal;
+  s.density = 0.4;
+  s.seed = uint64_t(d * 7 + block + int(t) * 3 + causal);
+  return s;
+}
+
+// The C API's views of a tensor and of attention args.
+inline sparsek_tensor4 to_c(const Tensor4View& t) {
+  sparsek_tensor4 c{};
+  c.data = t.data;
+  c.dtype = sparsek_dtype(int(t.dtype));
+  c.memory = sparsek_memory(int(t.memory));
+  c.b = t.b, c.h = t.h, c.s = t.s, c.d = t.d;
+  c.stride_b = t.stride_b, c.stride_h = t.stride_h, c.stride_s = t.stride_s;
+  return c;
+}
+
+inline sparsek_attention_args to_c(const AttentionArgs& a) {
+  sparsek_attention_args c{};
+  c.q = to_c(a.q), c.k = to_c(a.k), c.v = to_c(a.v), c.o = to_c(a.o);
+  c.lse = a.lse;
+  const AttentionLayout& l = a.layout;
+  c.layout.kv_num_blocks = l.kv_num_blocks;
+  c.layout.kv_indices = l.kv_indices;
+  c.layout.full_kv_num_blocks = l.full_kv_num_blocks;
+  c.layout.full_kv_indices = l.full_kv_indices;
+  c.layout.batch = l.batch, c.layout.heads = l.heads, c.layout.q_blocks = l.q_blocks;
+  c.layout.kmax = l.kmax, c.layout.full_kmax = l.full_kmax;
+  c.layout.block_q = l.block_q, c.layout.block_kv = l.block_kv;
+  c.layout.memory = sparsek_memory(int(l.memory));
+  c.causal = a.causal;
+  c.scale = a.scale;
+  return c;
+}
+
+// A backward problem on the host: an AttnCase (its o and lse from the CPU forward), a random dout
+// like q and NaN-poisoned dq, dk, dv (in q's memory order: bshd too).
+struct BwdCase {
+  std::unique_ptr<AttnCase> c;
+  HostTensor dout, dq, dk, dv;
+  AttentionBackwardArgs args;
+  void poison() {
+    for (HostTensor* t : {&dq, &dk, &dv}) t->fill(std::numeric_limits<float>::quiet_NaN());
+  }
+};
+inline std::unique_ptr<BwdCase> make_backward_case(const AttnSpec& spec) {
+  AttnSpec s = spec;
+  s.lse = true;
+  s.o_tail = 0;
+  auto x = std::make_unique<BwdCase>();
+  x->c = make_attention_case(s);
+  Options cpu;
+  cpu.backend = Backend::cpu;
+  attention(x->c->args, cpu);
+  x->dout = HostTensor(s.batch, s.hq, s.sq, s.d, s.dtype, s.bshd);
+  x->dout.fill_random(s.seed + 11);
+  x->dq = HostTensor(s.batch, s.hq, s.sq, s.d, s.dtype, s.bshd);
+  x->dk = HostTensor(s.batch, s.hkv, s.skv, s.d, s.dtype, s.bshd);
+  x->dv = HostTensor(s.batch, s.hkv, s.skv, s.d, s.dtype, s.bshd);
+  x->poison();
+  AttentionBackwardArgs& a = x->args;
+  a.forward = x->c->args;
+  a.dout = x->dout.view, a.dq = x->dq.view, a.dk = x->dk.view, a.dv = x->dv.view;
+  return x;
+}
 }  // namespace sparsek::test

@@ -272,8 +272,7 @@ class SavedEnv {
     const auto& info_ = ::sparsek::device_info();                                   \
     if (!info_.available) GTEST_SKIP() << "no GPU: " << info_.why_not;              \
   } while (0)
-
-// Skips the current test with the reason unless the device is an sm_90 GPU (Hopper kernels).
+// The Hopper kernels (sm_90a) run on an sm_90 GPU only.
 #define SPARSEK_REQUIRE_SM90()                                                                      \
   do {                                                                                              \
     SPARSEK_REQUIRE_GPU();                                                                          \

@@ -159,6 +159,11 @@ struct AttentionBackwardArgs {
   bool deterministic = true;
 };
 
+// Checks the forward's arguments (as validate(forward, check_indices); forward.lse required),
+// then dout like q, dq like q, dk and dv like k (shape, dtype, memory), and that dq, dk and dv
+// overlap no input and no other output. Errors name the tensor and the value.
+void validate(const AttentionBackwardArgs& args, bool check_indices = true);
+
 // One shot, like attention(): validate (the layout's contents too when options.check_indices),
 // plan (cached like the forward's), run on options.stream. dq, dk and dv may not overlap any input.
 // The GPU path needs workspace that the plan allocates once (the transposed layout, dQ's

@@ -164,12 +164,34 @@ sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* plan, const
  * be captured in a CUDA graph. */
 sparsek_status sparsek_attention_plan_run(sparsek_attention_plan plan, const sparsek_attention_args* args,
                                           void* stream);
-/* Frees the plan (NULL is accepted). */
+/* Frees the plan (NULL is accepted). As for sparsek_plan_destroy, every attention plan function
+ * checks its handle against the live ones: a destroyed or foreign handle gives
+ * SPARSEK_INVALID_ARGUMENT (sparsek_attention_plan_variant: ""), never a crash. */
 sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan plan);
 /* Name of the chosen variant, valid while the plan lives ("" for a NULL plan). */
 const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);
 /* Scratch memory the plan holds, in bytes (0 when none). */
 sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan plan, uint64_t* bytes);
+
+/* ---- The attention backward ----
+ * Gradients of sparsek_attention for an upstream gradient dout of o (the semantics of
+ * attention_backward in sparsek/attention.hpp): dv = P^T dout, dq = scale dS k, dk = scale dS^T q
+ * with dS = P o (dout v^T - rowsum(dout o o)); for GQA dk and dv of a key/value head sum over its
+ * query heads. Every element of dq, dk and dv is written (0 where nothing is attended). */
+typedef struct {
+  sparsek_attention_args forward; /* q, k, v, o (the forward's output), lse (its lse, required), the
+                                     layout, causal and scale of the forward call */
+  sparsek_tensor4 dout;           /* [B, Hq, Sq, D], q's dtype */
+  sparsek_tensor4 dq;             /* output like q */
+  sparsek_tensor4 dk, dv;         /* outputs like k; no output may overlap an input or another output */
+  int32_t nondeterministic;       /* 0: repeated runs are bit-identical (the default); 1: dq's partial
+                                     sums are added in arrival order (faster; its last bits vary) */
+} sparsek_attention_backward_args;
+
+/* One shot, like sparsek_attention: checks everything (the layout's contents too), then runs on
+ * `stream` (a cudaStream_t or NULL) for device memory, on the CPU for host memory. The plan (and
+ * its device workspace) is made on the first call for a shape and reused after. */
+sparsek_status sparsek_attention_backward(const sparsek_attention_backward_args* args, void* stream);
 
 /* ---- The top-k block gate: a block layout chosen from the content ---- */
 

@@ -1,5 +1,6 @@
-// The C API's attention entry points: the one-shot call and an opaque handle around
-// sparsek::AttentionPlan.
+// The C API's attention entry points: the one-shot calls (forward, backward) and an opaque handle
+// around sparsek::AttentionPlan, checked against the live handles as the product plans are (a run
+// works on its own copy of the plan, so a destroy on another thread frees nothing under it).
 #include <memory>
 #include <string>
 
@@ -15,6 +16,12 @@ namespace {
 
 using namespace sparsek;
 using namespace sparsek::capi;
+
+// Leaked on purpose: handles may be destroyed during exit.
+Registry<sparsek_attention_plan_s>& registry() {
+  static auto* r = new Registry<sparsek_attention_plan_s>("sparsek_attention_plan_create");
+  return *r;
+}
 
 // Out-of-range enum values are rejected by validation with their value.
 AttentionArgs to_args(const sparsek_attention_args& c) {
@@ -32,9 +39,31 @@ AttentionArgs to_args(const sparsek_attention_args& c) {
   return a;
 }
 
+AttentionBackwardArgs to_backward_args(const sparsek_attention_backward_args& c) {
+  if (c.nondeterministic != 0 && c.nondeterministic != 1)
+    throw Error(Status::invalid_argument, "nondeterministic = " + std::to_string(c.nondeterministic) + " is not 0 or 1");
+  AttentionBackwardArgs a;
+  a.forward = to_args(c.forward);
+  a.dout = to_view(c.dout);
+  a.dq = to_view(c.dq);
+  a.dk = to_view(c.dk);
+  a.dv = to_view(c.dv);
+  a.deterministic = c.nondeterministic == 0;
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
+
+sparsek_status sparsek_attention_backward(const sparsek_attention_backward_args* args, void* stream) {
+  return guarded("sparsek_attention_backward", [&] {
+    if (!args) null_arg("args");
+    Options o;
+    o.stream = stream;
+    attention_backward(to_backward_args(*args), o);
+  });
+}
 
 sparsek_status sparsek_attention(const sparsek_attention_args* args, void* stream) {
   return guarded("sparsek_attention", [&] {
@@ -55,6 +84,7 @@ sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* out, const 
     if (variant) o.variant = variant;
     auto h = std::make_unique<sparsek_attention_plan_s>();
     h->plan = plan(to_args(*problem), o);
+    registry().add(h.get());
     *out = h.release();
   });
 }
@@ -63,24 +93,29 @@ sparsek_status sparsek_attention_plan_run(sparsek_attention_plan p, const sparse
   return guarded("sparsek_attention_plan_run", [&] {
     if (!p) null_arg("plan");
     if (!args) null_arg("args");
-    run(p->plan, to_args(*args), stream);
+    const AttentionPlan plan = registry().get(p);
+    run(plan, to_args(*args), stream);
   });
 }
 
 sparsek_status sparsek_attention_plan_destroy(sparsek_attention_plan p) {
-  return guarded("sparsek_attention_plan_destroy", [&] { delete p; });
+  return guarded("sparsek_attention_plan_destroy", [&] {
+    if (!p) return;
+    if (!registry().remove(p)) registry().not_live(p);
+    delete p;
+  });
 }
 
 const char* sparsek_attention_plan_variant(sparsek_attention_plan p) {
-  if (!p || !p->plan) return "";
-  return p->plan.variant().c_str();
+  const char* v = p ? registry().variant(p) : nullptr;
+  return v ? v : "";
 }
 
 sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan p, uint64_t* bytes) {
   return guarded("sparsek_attention_plan_workspace_bytes", [&] {
     if (!p) null_arg("plan");
     if (!bytes) null_arg("bytes");
-    *bytes = p->plan.workspace_bytes();
+    *bytes = registry().get(p).workspace_bytes();
   });
 }
 

@@ -2,10 +2,14 @@
 // capi_attention.cpp, capi_gate.cpp): the thread-local last-error text, the exception-to-status
 // guard and the view conversions.
 #pragma once
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <shared_mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_set>
 
 #include "sparsek/attention.hpp"
 #include "sparsek/bsr.hpp"
@@ -102,5 +106,46 @@ inline AttentionLayout to_layout(const sparsek_attention_layout& l) {
   v.memory = static_cast<Memory>(enum_value(l.memory));
   return v;
 }
+
+// Live plan handles of one kind (H: a struct with a `plan` member: sparsek_plan_s,
+// sparsek_dist_plan_s, sparsek_attention_plan_s); `creator` names the function that makes them,
+// for the message about a handle that is not live. Every entry point looks a handle up here before
+// touching it: a destroyed, twice-destroyed or foreign handle is an error, never dereferenced.
+template <class H>
+class Registry {
+ public:
+  explicit Registry(const char* creator) : creator_(creator) {}
+  void add(H* h) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    live_.insert(h);
+  }
+  // Removes h; false when it was not live.
+  bool remove(H* h) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    return live_.erase(h) == 1;
+  }
+  // A copy of h's plan (shares its state); throws when h is not live.
+  decltype(H::plan) get(H* h) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (!live_.count(h)) not_live(h);
+    return h->plan;
+  }
+  // h's plan variant name (storage owned by the plan), or nullptr when h is not live.
+  const char* variant(H* h) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return live_.count(h) && h->plan ? h->plan.variant().c_str() : nullptr;
+  }
+  [[noreturn]] void not_live(const void* h) const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", h);
+    throw Error(Status::invalid_argument, std::string("plan ") + buf + " is not a live plan (already destroyed, or not made by " +
+                                              creator_ + ")");
+  }
+
+ private:
+  const char* creator_;
+  std::shared_mutex mu_;
+  std::unordered_set<H*> live_;
+};
 
 }  // namespace sparsek::capi

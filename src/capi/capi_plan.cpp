@@ -5,12 +5,8 @@
 // being dereferenced. (An address reused by a later plan_create is a live handle again: the check
 // cannot tell that one from the old.) A run works on its own copy of the Plan (shared state), so a
 // destroy on another thread while it runs frees nothing under it.
-#include <mutex>
-#include <shared_mutex>
-#include <string>
-#include <cstdio>
 #include <memory>
-#include <unordered_set>
+#include <string>
 
 #include "capi/capi_internal.hpp"
 #include "sparsek/distributed.hpp"
@@ -43,45 +39,6 @@ GemmArgs to_args(const sparsek_gemm_args& c) {
   if (g.kind != OpKind::sdd) g.c = to_view(c.c);
   return g;
 }
-
-// Live handles of one kind (H: sparsek_plan_s or sparsek_dist_plan_s); `creator` names the function
-// that makes them, for the message about a handle that is not live.
-template <class H>
-class Registry {
- public:
-  explicit Registry(const char* creator) : creator_(creator) {}
-  void add(H* h) {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    live_.insert(h);
-  }
-  // Removes h; false when it was not live.
-  bool remove(H* h) {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    return live_.erase(h) == 1;
-  }
-  // A copy of h's plan (shares its state); throws when h is not live.
-  decltype(H::plan) get(H* h) {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (!live_.count(h)) not_live(h);
-    return h->plan;
-  }
-  // h's plan variant name (storage owned by the plan), or nullptr when h is not live.
-  const char* variant(H* h) {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    return live_.count(h) && h->plan ? h->plan.variant().c_str() : nullptr;
-  }
-  [[noreturn]] void not_live(const void* h) const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%p", h);
-    throw Error(Status::invalid_argument, std::string("plan ") + buf + " is not a live plan (already destroyed, or not made by " +
-                                              creator_ + ")");
-  }
-
- private:
-  const char* creator_;
-  std::shared_mutex mu_;
-  std::unordered_set<H*> live_;
-};
 
 // Leaked on purpose: handles may be destroyed during exit.
 Registry<sparsek_plan_s>& registry() {

@@ -1,4 +1,5 @@
-// CPU backend of block-sparse attention: host memory, f32 / f16 / bf16, softmax in double.
+// CPU backend of block-sparse attention: host memory, f32 / f16 / bf16, softmax in double. The
+// backward (at the end) runs the fp64 reference.
 //
 // A work item is (batch, query head, query block) and owns its rows of O and LSE. It converts its
 // query rows to float once, then walks its layout row (the masked list, then the full list),
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/oracle.hpp"
 #include "cpu/parallel.hpp"
 #include "format/attention_internal.hpp"
 #include "plan/backends.hpp"
@@ -132,10 +134,62 @@ void cpu_run(const AttentionArgs& a, const Options& o, VariantState*) {
   });
 }
 
+// ---- the backward: the fp64 reference (cpu/oracle.cpp), one (batch, key/value head) per item ----
+//
+// An item owns dk and dv of its key/value head and dq of the query heads of its group, so items
+// write disjoint outputs and the sums inside one run in a fixed order: any thread count gives
+// bit-identical results. P is recomputed from q and k (forward.o and forward.lse are not read);
+// a malformed layout gives wrong values, never a read out of bounds (see attended_keys).
+
+std::string cpu_why_not_bwd(const AttentionBackwardArgs& a) {
+  std::string why = cpu_why_not(a.forward);
+  for (const auto& [t, name] : {std::pair{&a.dout, "dout"}, std::pair{&a.dq, "dq"}, std::pair{&a.dk, "dk"},
+                                std::pair{&a.dv, "dv"}})
+    if (why.empty() && t->memory != Memory::host)
+      why = std::string("cpu backend needs host memory, but ") + name + " is in device memory";
+  return why;
+}
+
+void cpu_run_bwd(const AttentionBackwardArgs& a, const Options& o, VariantState*) {
+  const AttentionArgs& f = a.forward;
+  const AttentionLayout& l = f.layout;
+  const int64_t B = f.q.b, Hq = f.q.h, Sq = f.q.s, D = f.q.d, Hkv = f.k.h, Skv = f.k.s, G = Hq / Hkv;
+  const double flops = 10.0 * double(B * Hq * Sq) * double(l.kmax + (l.has_full() ? l.full_kmax : 0)) *
+                       double(l.block_kv) * double(D);
+  const int threads = thread_count(o, flops);
+  struct Scratch {
+    std::vector<double> dq, dk, dv;
+  };
+  std::vector<Scratch> scratch(size_t(std::max(threads, 1)));
+  parallel_for(B * Hkv, threads, [&](int64_t item, int w) {
+    const int64_t b = item / Hkv, hk = item % Hkv;
+    Scratch& sc = scratch[size_t(w)];
+    sc.dq.resize(size_t(G * Sq * D));
+    sc.dk.resize(size_t(Skv * D));
+    sc.dv.resize(size_t(Skv * D));
+    BackwardHeadOut out;
+    out.dq = sc.dq.data(), out.dk = sc.dk.data(), out.dv = sc.dv.data();
+    attention_backward_oracle_head(f, a.dout, b, hk, out);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t s = 0; s < Sq; ++s)
+        for (int64_t d = 0; d < D; ++d)
+          store_from_float(a.dq.data, a.dq.dtype, a.dq.index(b, hk * G + g, s, d), float(sc.dq[size_t((g * Sq + s) * D + d)]));
+    for (int64_t s = 0; s < Skv; ++s)
+      for (int64_t d = 0; d < D; ++d) {
+        store_from_float(a.dk.data, a.dk.dtype, a.dk.index(b, hk, s, d), float(sc.dk[size_t(s * D + d)]));
+        store_from_float(a.dv.data, a.dv.dtype, a.dv.index(b, hk, s, d), float(sc.dv[size_t(s * D + d)]));
+      }
+  });
+}
+
 }  // namespace
 
 std::vector<AttentionVariant> cpu_attention_variants() {
   return {AttentionVariant{"cpu", Backend::cpu, false, &cpu_why_not, nullptr, &cpu_run}};
+}
+
+std::vector<AttentionBackwardVariant> cpu_attention_backward_variants() {
+  return {AttentionBackwardVariant{"cpu", Backend::cpu, false, &cpu_why_not_bwd, nullptr, &cpu_run_bwd}};
 }
 
 }  // namespace sparsek

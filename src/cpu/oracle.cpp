@@ -128,19 +128,37 @@ double max_rel_error(const GemmArgs& g, const std::vector<double>& ref) {
 
 // ---- attention ----
 
-void attention_oracle_row(const AttentionArgs& a, int64_t b, int64_t h, int64_t s, double* o, double* lse) {
+namespace {
+// The keys query row s of (batch b, query head h) attends, in the layout's order: the masked list
+// (causal inside it), then the full list; never past Skv. A count outside [0, kmax] is clamped and
+// an index outside [0, Nk) skipped (the CPU backward's run() reads unchecked layouts through this;
+// validated ones have neither).
+void attended_keys(const AttentionArgs& a, int64_t b, int64_t h, int64_t s, std::vector<int64_t>& keys) {
   const AttentionLayout& l = a.layout;
-  const int64_t D = a.q.d, Hq = a.q.h, Hkv = a.k.h, Skv = a.k.s, hk = h / (Hq / Hkv);
-  const int64_t r = layout_row(l, Hq, Hkv, b, h, s / l.block_q);
-  // The attended keys: the masked list (causal inside it), then the full list; never past Skv.
-  std::vector<int64_t> keys;
-  auto add = [&](const int32_t* list, int32_t n, bool masked) {
-    for (int32_t j = 0; j < n; ++j)
+  const int64_t Skv = a.k.s, nk = (Skv + l.block_kv - 1) / l.block_kv;
+  const int64_t r = layout_row(l, a.q.h, a.k.h, b, h, s / l.block_q);
+  keys.clear();
+  auto add = [&](const int32_t* list, int32_t count, int64_t kmax, bool masked) {
+    const int64_t n = std::clamp<int64_t>(count, 0, kmax);
+    for (int64_t j = 0; j < n; ++j) {
+      if (list[j] < 0 || list[j] >= nk) continue;
       for (int64_t c = int64_t(list[j]) * l.block_kv; c < std::min(Skv, int64_t(list[j] + 1) * l.block_kv); ++c)
         if (!(masked && a.causal && c > s)) keys.push_back(c);
+    }
   };
-  add(l.kv_indices + r * l.kmax, l.kv_num_blocks[r], true);
-  if (l.has_full()) add(l.full_kv_indices + r * l.full_kmax, l.full_kv_num_blocks[r], false);
+  add(l.kv_indices + r * l.kmax, l.kv_num_blocks[r], l.kmax, true);
+  if (l.has_full()) add(l.full_kv_indices + r * l.full_kmax, l.full_kv_num_blocks[r], l.full_kmax, false);
+}
+
+double at(const Tensor4View& t, int64_t b, int64_t h, int64_t s, int64_t d) {
+  return double(load_as_float(t.data, t.dtype, t.index(b, h, s, d)));
+}
+}  // namespace
+
+void attention_oracle_row(const AttentionArgs& a, int64_t b, int64_t h, int64_t s, double* o, double* lse) {
+  const int64_t D = a.q.d, hk = h / (a.q.h / a.k.h);
+  std::vector<int64_t> keys;
+  attended_keys(a, b, h, s, keys);
   std::fill(o, o + D, 0.0);
   if (keys.empty()) {
     *lse = -std::numeric_limits<double>::infinity();
@@ -151,9 +169,7 @@ void attention_oracle_row(const AttentionArgs& a, int64_t b, int64_t h, int64_t 
   double mx = -std::numeric_limits<double>::infinity();
   for (size_t e = 0; e < keys.size(); ++e) {
     double dot = 0.0;
-    for (int64_t d = 0; d < D; ++d)
-      dot += double(load_as_float(a.q.data, a.q.dtype, a.q.index(b, h, s, d))) *
-             double(load_as_float(a.k.data, a.k.dtype, a.k.index(b, hk, keys[e], d)));
+    for (int64_t d = 0; d < D; ++d) dot += at(a.q, b, h, s, d) * at(a.k, b, hk, keys[e], d);
     score[e] = scale * dot;
     mx = std::max(mx, score[e]);
   }
@@ -161,7 +177,7 @@ void attention_oracle_row(const AttentionArgs& a, int64_t b, int64_t h, int64_t 
   for (double& x : score) sum += (x = std::exp(x - mx));
   for (size_t e = 0; e < keys.size(); ++e)
     for (int64_t d = 0; d < D; ++d)
-      o[d] += score[e] / sum * double(load_as_float(a.v.data, a.v.dtype, a.v.index(b, hk, keys[e], d)));
+      o[d] += score[e] / sum * at(a.v, b, hk, keys[e], d);
   *lse = mx + std::log(sum);
 }
 
@@ -179,6 +195,162 @@ AttentionReference attention_oracle(const AttentionArgs& a) {
         const int64_t row = (b * Hq + h) * Sq + s;
         attention_oracle_row(a, b, h, s, &ref.o[size_t(row * D)], &ref.lse[size_t(row)]);
       }
+  return ref;
+}
+
+// ---- the attention backward ----
+
+namespace {
+
+// One query row's share of the backward, from the definition. row_terms() computes the row's
+// P (exact softmax over its attended keys), dP_j = dO . v_j and Delta = sum_j P_j dP_j, then
+// calls term(e) for every attended key e, with
+//   ds = scale * P_e (dP_e - Delta)                                   (dq += ds k_e, dk_e += ds q)
+//   ds_mag = scale * P_e (|dP_e - Delta| + sum_d |O_d dO_d|)            (the rounding bound's weight)
+// Returns false (no call) when the row attends nothing.
+struct RowTerms {
+  std::vector<int64_t> keys;
+  std::vector<double> p, dp, q, g, o;
+  double ds = 0, ds_mag = 0;
+};
+template <class Term>
+bool row_terms(const AttentionArgs& a, const Tensor4View& dout, int64_t b, int64_t h, int64_t s, bool mags,
+               RowTerms& w, const Term& term) {
+  const int64_t D = a.q.d, hk = h / (a.q.h / a.k.h);
+  const double scale = double(a.softmax_scale());
+  attended_keys(a, b, h, s, w.keys);
+  if (w.keys.empty()) return false;
+  const size_t n = w.keys.size();
+  w.q.resize(size_t(D)), w.g.resize(size_t(D)), w.o.assign(size_t(D), 0.0);
+  for (int64_t d = 0; d < D; ++d) w.q[size_t(d)] = at(a.q, b, h, s, d), w.g[size_t(d)] = at(dout, b, h, s, d);
+  w.p.resize(n);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (size_t e = 0; e < n; ++e) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < D; ++d) dot += w.q[size_t(d)] * at(a.k, b, hk, w.keys[e], d);
+    w.p[e] = scale * dot;
+    mx = std::max(mx, w.p[e]);
+  }
+  double sum = 0.0;
+  for (double& x : w.p) sum += (x = std::exp(x - mx));
+  for (double& x : w.p) x /= sum;
+  w.dp.assign(n, 0.0);
+  double delta = 0.0;
+  for (size_t e = 0; e < n; ++e) {
+    for (int64_t d = 0; d < D; ++d) {
+      const double v = at(a.v, b, hk, w.keys[e], d);
+      w.dp[e] += w.g[size_t(d)] * v;
+      if (mags) w.o[size_t(d)] += w.p[e] * v;
+    }
+    delta += w.p[e] * w.dp[e];
+  }
+  double o_do = 0.0;  // sum_d |O_d dO_d|: bounds Delta's error when taken from a rounded O
+  for (int64_t d = 0; mags && d < D; ++d) o_do += std::fabs(w.o[size_t(d)] * w.g[size_t(d)]);
+  for (size_t e = 0; e < n; ++e) {
+    w.ds = scale * w.p[e] * (w.dp[e] - delta);
+    w.ds_mag = scale * w.p[e] * (std::fabs(w.dp[e] - delta) + o_do);
+    term(e);
+  }
+  return true;
+}
+
+void zero(double* p, int64_t n) {
+  if (p) std::fill(p, p + n, 0.0);
+}
+
+}  // namespace
+
+void attention_backward_oracle_head(const AttentionArgs& a, const Tensor4View& dout, int64_t b, int64_t hk,
+                                    const BackwardHeadOut& out) {
+  const int64_t D = a.q.d, Sq = a.q.s, Skv = a.k.s, G = a.q.h / a.k.h;
+  const bool mags = out.mag_dq || out.mag_dk || out.mag_dv;
+  zero(out.dq, G * Sq * D), zero(out.mag_dq, G * Sq * D);
+  for (double* p : {out.dk, out.dv, out.mag_dk, out.mag_dv}) zero(p, Skv * D);
+  if (out.q_live) std::fill(out.q_live, out.q_live + G * Sq, 0);
+  if (out.k_live) std::fill(out.k_live, out.k_live + Skv, 0);
+  RowTerms w;
+  for (int64_t gi = 0; gi < G; ++gi)
+    for (int64_t s = 0; s < Sq; ++s) {
+      const size_t row = size_t(gi * Sq + s);
+      const bool live = row_terms(a, dout, b, hk * G + gi, s, mags, w, [&](size_t e) {
+        const int64_t key = w.keys[e];
+        if (out.k_live) out.k_live[key] = 1;
+        for (int64_t d = 0; d < D; ++d) {
+          const double kd = at(a.k, b, hk, key, d), qd = w.q[size_t(d)], gd = w.g[size_t(d)];
+          const size_t qi = row * size_t(D) + size_t(d), ki = size_t(key * D + d);
+          out.dq[qi] += w.ds * kd;
+          out.dk[ki] += w.ds * qd;
+          out.dv[ki] += w.p[e] * gd;
+          if (out.mag_dq) out.mag_dq[qi] += w.ds_mag * std::fabs(kd);
+          if (out.mag_dk) out.mag_dk[ki] += w.ds_mag * std::fabs(qd);
+          if (out.mag_dv) out.mag_dv[ki] += w.p[e] * std::fabs(gd);
+        }
+      });
+      if (out.q_live) out.q_live[row] = live;
+    }
+}
+
+void attention_backward_oracle_row(const AttentionArgs& a, const Tensor4View& dout, int64_t b, int64_t h, int64_t s,
+                                   double* dq, double* mag_dq) {
+  const int64_t D = a.q.d, hk = h / (a.q.h / a.k.h);
+  zero(dq, D), zero(mag_dq, D);
+  RowTerms w;
+  row_terms(a, dout, b, h, s, mag_dq != nullptr, w, [&](size_t e) {
+    for (int64_t d = 0; d < D; ++d) {
+      const double kd = at(a.k, b, hk, w.keys[e], d);
+      dq[d] += w.ds * kd;
+      if (mag_dq) mag_dq[d] += w.ds_mag * std::fabs(kd);
+    }
+  });
+}
+
+void attention_backward_oracle_key_block(const AttentionArgs& a, const Tensor4View& dout, int64_t b, int64_t hk,
+                                         int64_t j, double* dk, double* dv, double* mag_dk, double* mag_dv) {
+  const AttentionLayout& l = a.layout;
+  const int64_t D = a.q.d, G = a.q.h / a.k.h, k0 = j * l.block_kv, n = std::min(a.k.s, k0 + l.block_kv) - k0;
+  for (double* p : {dk, dv, mag_dk, mag_dv}) zero(p, n * D);
+  RowTerms w;
+  std::vector<int64_t> keys;
+  for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+    for (int64_t s = 0; s < a.q.s; ++s) {
+      attended_keys(a, b, h, s, keys);  // skip rows that attend no key of the block (cheap: no scores)
+      if (std::none_of(keys.begin(), keys.end(), [&](int64_t c) { return c >= k0 && c < k0 + n; })) continue;
+      row_terms(a, dout, b, h, s, mag_dk || mag_dv, w, [&](size_t e) {
+        const int64_t key = w.keys[e];
+        if (key < k0 || key >= k0 + n) return;
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t ki = size_t((key - k0) * D + d);
+          dk[ki] += w.ds * w.q[size_t(d)];
+          dv[ki] += w.p[e] * w.g[size_t(d)];
+          if (mag_dk) mag_dk[ki] += w.ds_mag * std::fabs(w.q[size_t(d)]);
+          if (mag_dv) mag_dv[ki] += w.p[e] * std::fabs(w.g[size_t(d)]);
+        }
+      });
+    }
+}
+
+AttentionBackwardReference attention_backward_oracle(const AttentionBackwardArgs& args) {
+  validate(args, true);
+  const AttentionArgs& a = args.forward;
+  if (a.q.memory != Memory::host)
+    throw Error(Status::invalid_argument, "attention backward oracle: the tensors and the layout must be in host memory");
+  const int64_t B = a.q.b, Hq = a.q.h, Sq = a.q.s, D = a.q.d, Hkv = a.k.h, Skv = a.k.s, G = Hq / Hkv;
+  AttentionBackwardReference ref;
+  for (auto* v : {&ref.dq, &ref.mag_dq}) v->resize(size_t(B * Hq * Sq * D));
+  for (auto* v : {&ref.dk, &ref.dv, &ref.mag_dk, &ref.mag_dv}) v->resize(size_t(B * Hkv * Skv * D));
+  ref.q_live.resize(size_t(B * Hq * Sq));
+  ref.k_live.resize(size_t(B * Hkv * Skv));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hk = 0; hk < Hkv; ++hk) {
+      // Packed: the group's query heads hk * G .. hk * G + G - 1 are consecutive.
+      const size_t qrow = size_t((b * Hq + hk * G) * Sq), krow = size_t((b * Hkv + hk) * Skv);
+      BackwardHeadOut out;
+      out.dq = &ref.dq[qrow * size_t(D)], out.mag_dq = &ref.mag_dq[qrow * size_t(D)];
+      out.dk = &ref.dk[krow * size_t(D)], out.mag_dk = &ref.mag_dk[krow * size_t(D)];
+      out.dv = &ref.dv[krow * size_t(D)], out.mag_dv = &ref.mag_dv[krow * size_t(D)];
+      out.q_live = &ref.q_live[qrow], out.k_live = &ref.k_live[krow];
+      attention_backward_oracle_head(a, args.dout, b, hk, out);
+    }
   return ref;
 }
 

@@ -29,4 +29,40 @@ AttentionReference attention_oracle(const AttentionArgs& args);
 // whose q, k, v and layout are in host memory: o[0 : D] and *lse.
 void attention_oracle_row(const AttentionArgs& args, int64_t b, int64_t h, int64_t s, double* o, double* lse);
 
+// The backward (AttentionBackwardArgs' formulas) in double precision, from the definition: P is
+// recomputed from q and k (the forward's masks), Delta = sum_j P_j dP_j; forward.o and
+// forward.lse are not read. Beside each gradient element, the sum of the magnitudes of its terms
+// (mag): a kernel that rounds P and dS to the input dtype before its products and takes Delta
+// from the rounded O errs by at most about u * mag (u: the dtype's unit roundoff), with
+//   mag(dV_j) = sum P_j |dO|,   mag(dQ), mag(dK) = scale sum P_j (|dP_j - Delta| + sum_e |O_e dO_e|) |k_j| or |q|.
+// (Where few keys carry a row, mag can be far above the output's rms.)
+struct AttentionBackwardReference {
+  std::vector<double> dq, dk, dv;          // [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, D] packed
+  std::vector<double> mag_dq, mag_dk, mag_dv;
+  std::vector<char> q_live;   // [B, Hq, Sq]: the row attends some key (else dq is exactly 0)
+  std::vector<char> k_live;   // [B, Hkv, Skv]: some query attends the key (else dk, dv are exactly 0)
+};
+// Validates args (validate(args, true)); host memory only. dq, dk, dv of args are not read or
+// written.
+AttentionBackwardReference attention_backward_oracle(const AttentionBackwardArgs& args);
+
+// One (batch b, key/value head hk) of the above, for args that passed those checks: dq[G][Sq][D]
+// (the group's query heads h = hk * G + g, G = Hq / Hkv), dk[Skv][D] and dv[Skv][D] are
+// overwritten; the mag_* and *_live outputs (same shapes, live without D) are written when not null.
+struct BackwardHeadOut {
+  double *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  double *mag_dq = nullptr, *mag_dk = nullptr, *mag_dv = nullptr;
+  char *q_live = nullptr, *k_live = nullptr;
+};
+void attention_backward_oracle_head(const AttentionArgs& forward, const Tensor4View& dout, int64_t b, int64_t hk,
+                                    const BackwardHeadOut& out);
+// Parts of it, for sampled checks of problems too large for the whole reference: dq[0 : D] of
+// query row s of head h, and dk, dv [n][D] of the n keys of key block j of key/value head hk
+// (mag_*: the magnitudes above, or null).
+void attention_backward_oracle_row(const AttentionArgs& forward, const Tensor4View& dout, int64_t b, int64_t h,
+                                   int64_t s, double* dq, double* mag_dq);
+void attention_backward_oracle_key_block(const AttentionArgs& forward, const Tensor4View& dout, int64_t b,
+                                         int64_t hk, int64_t j, double* dk, double* dv, double* mag_dk,
+                                         double* mag_dv);
+
 }  // namespace sparsek

@@ -34,6 +34,9 @@ inline int64_t layout_row(const AttentionLayout& l, int64_t hq, int64_t hkv, int
 // indices sorted, unique and in range, no block in both lists. Errors name the array, the
 // index and the value.
 void validate_layout_contents(const AttentionArgs& args, const HostLayout& hl);
+// The same on args.layout read through host_layout(args.layout, stream); a device layout with no
+// GPU to read it from gives Status::no_device.
+void check_layout_contents(const AttentionArgs& args, void* stream = nullptr);
 
 // Effective FLOPs of args read through hl (4 * D * unmasked score elements).
 double effective_flops(const AttentionArgs& args, const HostLayout& hl);

@@ -95,13 +95,49 @@ std::string range_str(const Bytes& r) {
   return buf;
 }
 
+struct Named {
+  const char* name;
+  Bytes r;
+};
+// Outputs must not share a byte with an input or with each other (nothing is computed in place).
+void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in, const char* op) {
+  for (int o = 0; o < n_out; ++o) {
+    const Named& out = outputs[o];
+    for (int i = 0; i < n_in; ++i)
+      if (out.r.overlaps(inputs[i].r))
+        bad(std::string(out.name) + " overlaps " + inputs[i].name + ": " + out.name + " occupies " +
+            range_str(out.r) + " and " + inputs[i].name + " " + range_str(inputs[i].r) + "; " + op +
+            " is not computed in place: give " + out.name + " memory of its own");
+    for (int e = 0; e < o; ++e)
+      if (out.r.overlaps(outputs[e].r))
+        bad(std::string(out.name) + " overlaps " + outputs[e].name + ": " + outputs[e].name + " occupies " +
+            range_str(outputs[e].r) + " and " + out.name + " " + range_str(out.r));
+  }
+}
+
+// The byte ranges of a forward problem's inputs (q, k, v, the layout's arrays) and outputs (o,
+// lse); a passed validate()'s checks of extents and sizes.
+void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
+  const AttentionLayout& l = a.layout;
+  const int64_t rows = l.batch * l.heads * l.q_blocks;
+  in[0] = {"q", bytes_of(a.q.data, check_tensor(a.q, "q"))};
+  in[1] = {"k", bytes_of(a.k.data, check_tensor(a.k, "k"))};
+  in[2] = {"v", bytes_of(a.v.data, check_tensor(a.v, "v"))};
+  in[3] = {"layout.kv_num_blocks", bytes_of(l.kv_num_blocks, rows * 4)};
+  in[4] = {"layout.kv_indices", bytes_of(l.kv_indices, rows * l.kmax * 4)};
+  in[5] = {"layout.full_kv_num_blocks", bytes_of(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
+  in[6] = {"layout.full_kv_indices", bytes_of(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
+  out[0] = {"o", bytes_of(a.o.data, check_tensor(a.o, "o"))};
+  out[1] = {"lse", bytes_of(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
+}
+
 }  // namespace
 
 void validate(const AttentionArgs& a, bool check_indices) {
-  const int64_t q_bytes = check_tensor(a.q, "q");
-  const int64_t k_bytes = check_tensor(a.k, "k");
-  const int64_t v_bytes = check_tensor(a.v, "v");
-  const int64_t o_bytes = check_tensor(a.o, "o");
+  check_tensor(a.q, "q");
+  check_tensor(a.k, "k");
+  check_tensor(a.v, "v");
+  check_tensor(a.o, "o");
   const int64_t B = a.q.b, Hq = a.q.h, Sq = a.q.s, D = a.q.d, Hkv = a.k.h, Skv = a.k.s;
   // Shapes: q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D], o like q.
   if (D != 64 && D != 128) bad("q.d = " + s(D) + " is not 64 or 128");
@@ -173,33 +209,53 @@ void validate(const AttentionArgs& a, bool check_indices) {
   if (a.lse && !mul_add(B * Hq, Sq, 0, &lse_bytes)) bad("lse: B * Hq * Sq overflows 64 bits");
   if (a.lse && !mul_add(lse_bytes, 4, 0, &lse_bytes)) bad("lse: its byte size overflows 64 bits");
 
-  // Outputs must not share a byte with an input or with each other (nothing is computed in place).
-  struct Named {
-    const char* name;
-    Bytes r;
-  };
-  const Named inputs[] = {{"q", bytes_of(a.q.data, q_bytes)},
-                          {"k", bytes_of(a.k.data, k_bytes)},
-                          {"v", bytes_of(a.v.data, v_bytes)},
-                          {"layout.kv_num_blocks", bytes_of(l.kv_num_blocks, rows * 4)},
-                          {"layout.kv_indices", bytes_of(l.kv_indices, idx_count * 4)},
-                          {"layout.full_kv_num_blocks", bytes_of(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)},
-                          {"layout.full_kv_indices", bytes_of(l.full_kv_indices, full_count * 4)}};
-  const Named outputs[] = {{"o", bytes_of(a.o.data, o_bytes)}, {"lse", bytes_of(a.lse, lse_bytes)}};
-  for (const Named& out : outputs)
-    for (const Named& in : inputs)
-      if (out.r.overlaps(in.r))
-        bad(std::string(out.name) + " overlaps " + in.name + ": " + out.name + " occupies " + range_str(out.r) +
-            " and " + in.name + " " + range_str(in.r) + "; attention is not computed in place: give " + out.name +
-            " memory of its own");
-  if (outputs[0].r.overlaps(outputs[1].r))
-    bad("lse overlaps o: o occupies " + range_str(outputs[0].r) + " and lse " + range_str(outputs[1].r));
+  Named inputs[7], outputs[2];
+  forward_ranges(a, inputs, outputs);
+  check_apart(outputs, 2, inputs, 7, "attention");
 
-  if (!check_indices) return;
-  if (l.memory == Memory::device && !device_info().available)
-    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                       device_info().why_not);
-  validate_layout_contents(a, host_layout(l));
+  if (check_indices) check_layout_contents(a);
+}
+
+void validate(const AttentionBackwardArgs& a, bool check_indices) {
+  const AttentionArgs& f = a.forward;
+  validate(f, false);
+  if (!f.lse) bad("forward.lse is null: the backward needs the forward's lse");
+  // dout and dq like q, dk and dv like k: shape, dtype, memory; each output one element per position.
+  struct Like {
+    const Tensor4View* t;
+    const char* name;
+    const Tensor4View* like;
+    const char* like_name;
+  };
+  const Like likes[] = {{&a.dout, "dout", &f.q, "q"}, {&a.dq, "dq", &f.q, "q"}, {&a.dk, "dk", &f.k, "k"},
+                        {&a.dv, "dv", &f.k, "k"}};
+  int64_t bytes[4];
+  for (int i = 0; i < 4; ++i) {
+    const Like& x = likes[i];
+    bytes[i] = check_tensor(*x.t, x.name);
+    const Tensor4View &t = *x.t, &w = *x.like;
+    if (t.b != w.b || t.h != w.h || t.s != w.s || t.d != w.d)
+      bad(std::string(x.name) + " is [" + s(t.b) + ", " + s(t.h) + ", " + s(t.s) + ", " + s(t.d) + "] but " +
+          x.like_name + " is [" + s(w.b) + ", " + s(w.h) + ", " + s(w.s) + ", " + s(w.d) + "]: " + x.name +
+          " must have " + x.like_name + "'s shape");
+    if (t.dtype != w.dtype)
+      bad(std::string(x.name) + " dtype " + to_string(t.dtype) + " differs from " + x.like_name + "'s " +
+          to_string(w.dtype));
+    if (t.memory != f.q.memory)
+      bad(std::string(x.name) + " is in " + to_string(t.memory) + " memory but q is in " + to_string(f.q.memory) +
+          " memory");
+    if (i > 0) check_no_self_overlap(t, x.name);
+  }
+  Named inputs[10], fwd_out[2];
+  forward_ranges(f, inputs, fwd_out);
+  inputs[7] = fwd_out[0];  // o and lse are the backward's inputs
+  inputs[8] = fwd_out[1];
+  inputs[9] = {"dout", bytes_of(a.dout.data, bytes[0])};
+  const Named outputs[3] = {{"dq", bytes_of(a.dq.data, bytes[1])},
+                            {"dk", bytes_of(a.dk.data, bytes[2])},
+                            {"dv", bytes_of(a.dv.data, bytes[3])}};
+  check_apart(outputs, 3, inputs, 10, "the attention backward");
+  if (check_indices) check_layout_contents(f);
 }
 
 HostLayout host_layout(const AttentionLayout& l, void* stream) {
@@ -223,6 +279,13 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
     *dst[a] = hl.copies[a].data();
   }
   return hl;
+}
+
+void check_layout_contents(const AttentionArgs& a, void* stream) {
+  if (a.layout.memory == Memory::device && !device_info().available)
+    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
+                                       device_info().why_not);
+  validate_layout_contents(a, host_layout(a.layout, stream));
 }
 
 void validate_layout_contents(const AttentionArgs& a, const HostLayout& hl) {

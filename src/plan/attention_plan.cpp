@@ -1,5 +1,5 @@
-// Attention's plan(), run() and one-shot attention(), in the products' shape (plan.cpp,
-// dispatch.cpp). A plan is made for shapes, strides, dtypes, memory, the layout's extents, causal
+// Attention's plan(), run() and one-shot attention() (and attention_backward()), in the products'
+// shape (plan.cpp, dispatch.cpp). A plan is made for shapes, strides, dtypes, memory, the layout's extents, causal
 // and scale; never for the layout's contents, which may change on every run (a gate makes a new
 // layout every step): plan() and run() do not read them.
 #include <cuda_runtime.h>
@@ -198,18 +198,79 @@ PlanCache<AttentionKey, AttentionPlan>& attention_plan_cache() {
 
 void attention(const AttentionArgs& args, const Options& options) {
   validate(args, false);
-  if (options.check_indices) {
-    if (args.layout.memory == Memory::device && !device_info().available)
-      throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                         device_info().why_not);
-    validate_layout_contents(args, host_layout(args.layout, options.stream));
-  }
+  if (options.check_indices) check_layout_contents(args, options.stream);
   const Backend be = resolve_backend(args.q.memory, options);
   AttentionKey key = key_of(args, options, be);
   AttentionPlan p = attention_plan_cache().take(key);
   if (!p) p = plan(args, options);
   run(p, args, options.stream);
   attention_plan_cache().put(std::move(key), std::move(p));
+}
+
+// ---- the backward's one-shot entry: validate + plan + run, through a cache like attention()'s ----
+//
+// A backward plan is the chosen variant and its prepared state (the GPU variant's workspace:
+// the transposed layout, dQ's accumulator), made once per key: the forward's key plus the
+// gradient tensors' shapes, strides, dtypes and the alignment of their pointers.
+namespace {
+
+struct BackwardPlan {
+  const AttentionBackwardVariant* variant = nullptr;
+  Backend backend = Backend::cpu;
+  int device = -1;
+  int threads = 0;
+  std::unique_ptr<VariantState> state;
+};
+
+AttentionKey backward_key_of(const AttentionBackwardArgs& a, const Options& o, Backend be) {
+  AttentionKey k = key_of(a.forward, o, be);
+  auto& f = k.fields;
+  for (const Tensor4View* t : {&a.dout, &a.dq, &a.dk, &a.dv})
+    f.insert(f.end(), {t->b, t->h, t->s, t->d, t->stride_b, t->stride_h, t->stride_s, int64_t(t->dtype),
+                       int64_t(t->memory), int64_t(align_log2(t->data))});
+  return k;
+}
+
+PlanCache<AttentionKey, std::shared_ptr<BackwardPlan>>& backward_plan_cache() {
+  static auto* cache = new PlanCache<AttentionKey, std::shared_ptr<BackwardPlan>>;  // leaked on purpose (exit order)
+  return *cache;
+}
+
+std::shared_ptr<BackwardPlan> make_backward_plan(const AttentionBackwardArgs& a, const Options& options, Backend be) {
+  auto p = std::make_shared<BackwardPlan>();
+  p->backend = be;
+  p->threads = options.threads;
+  if (be == Backend::cuda) check_cuda(cudaGetDevice(&p->device), "cudaGetDevice");
+  if (!options.variant.empty()) {
+    p->variant = &forced_variant(a, options.variant, be);
+  } else {
+    std::string reasons;
+    p->variant = heuristic_variant(a, be, &reasons);
+    if (!p->variant) throw Error(Status::unsupported, "no attention backward variant supports this problem" + reasons);
+  }
+  if (p->variant->prepare) {
+    Options po;
+    po.backend = be;
+    po.threads = options.threads;
+    po.check_indices = false;
+    p->state = p->variant->prepare(a, po);
+  }
+  return p;
+}
+
+}  // namespace
+
+void attention_backward(const AttentionBackwardArgs& args, const Options& options) {
+  validate(args, false);
+  const AttentionArgs& f = args.forward;
+  if (options.check_indices) check_layout_contents(f, options.stream);
+  const Backend be = resolve_backend(f.q.memory, options);
+  AttentionKey key = backward_key_of(args, options, be);
+  std::shared_ptr<BackwardPlan> p = backward_plan_cache().take(key);
+  if (!p) p = make_backward_plan(args, options, be);
+  // The key pins every pointer's alignment: the plan's variant was chosen for these args.
+  launch_variant(*p->variant, p->backend, p->device, p->threads, false, args, p->state.get(), options.stream);
+  backward_plan_cache().put(std::move(key), std::move(p));
 }
 
 }  // namespace sparsek

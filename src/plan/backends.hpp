@@ -15,6 +15,7 @@ std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS d
 
 std::vector<AttentionVariant> cpu_attention_variants();     // src/cpu/attention_cpu.cpp
 std::vector<AttentionVariant> hopper_attention_variants();  // src/cuda/attention/attention_fwd_sm90.cu
+std::vector<AttentionBackwardVariant> cpu_attention_backward_variants();     // src/cpu/attention_cpu.cpp
 std::vector<AttentionBackwardVariant> hopper_attention_backward_variants();  // src/cuda/attention/attention_bwd_sm90.cu
 
 // The CPU backend's thread count for Options::threads = requested: itself when > 0, else

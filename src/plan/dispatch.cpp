@@ -293,11 +293,24 @@ GemmArgs as_dsd(const GemmArgs& g) {
   return v;
 }
 
-// One machinery for both tables: Args picks the table.
+const std::vector<AttentionBackwardVariant>& attention_backward_variants() {
+  static const std::vector<AttentionBackwardVariant> table = [] {
+    std::vector<AttentionBackwardVariant> t;
+    for (auto* f : {&cpu_attention_backward_variants, &hopper_attention_backward_variants})
+      for (const AttentionBackwardVariant& v : f()) t.push_back(v);
+    return t;
+  }();
+  return table;
+}
+
+// One machinery for every table: Args picks the table.
 namespace {
 template <class Args> const std::vector<VariantOf<Args>>& table_of();
 template <> const std::vector<Variant>& table_of<GemmArgs>() { return variants(); }
 template <> const std::vector<AttentionVariant>& table_of<AttentionArgs>() { return attention_variants(); }
+template <> const std::vector<AttentionBackwardVariant>& table_of<AttentionBackwardArgs>() {
+  return attention_backward_variants();
+}
 
 template <class Args>
 const VariantOf<Args>* find_in(const std::string& name) {
@@ -358,6 +371,9 @@ std::vector<std::string> unsupported_in(const Args& args) {
 
 const Variant* find_variant(const std::string& name) { return find_in<GemmArgs>(name); }
 const AttentionVariant* find_attention_variant(const std::string& name) { return find_in<AttentionArgs>(name); }
+const AttentionBackwardVariant* find_attention_backward_variant(const std::string& name) {
+  return find_in<AttentionBackwardArgs>(name);
+}
 
 Backend resolve_backend(Memory memory, const Options& o) {
   if (int(o.backend) < 0 || int(o.backend) > 2)
@@ -384,10 +400,17 @@ const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, st
   return heuristic_in(a, be, reasons);
 }
 
+const AttentionBackwardVariant* heuristic_variant(const AttentionBackwardArgs& a, Backend be, std::string* reasons) {
+  return heuristic_in(a, be, reasons);
+}
+
 const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be) {
   return forced_in(g, name, be);
 }
 const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be) {
+  return forced_in(a, name, be);
+}
+const AttentionBackwardVariant& forced_variant(const AttentionBackwardArgs& a, const std::string& name, Backend be) {
   return forced_in(a, name, be);
 }
 
@@ -412,6 +435,7 @@ std::vector<std::string> supported_variants(const GemmArgs& g) { return supporte
 std::vector<std::string> unsupported_reasons(const GemmArgs& g) { return unsupported_in(g); }
 std::vector<std::string> supported_variants(const AttentionArgs& a) { return supported_in(a); }
 std::vector<std::string> unsupported_reasons(const AttentionArgs& a) { return unsupported_in(a); }
+std::vector<std::string> unsupported_reasons(const AttentionBackwardArgs& a) { return unsupported_in(a); }
 
 // ---- the one-shot entry: plan + run through a small LRU of plans keyed by the problem ----
 //

@@ -51,9 +51,12 @@ Backend resolve_backend(const GemmArgs& g, const Options& o);  // by the sparse 
 // none; then *reasons says why each one does not).
 const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons = nullptr);
 const AttentionVariant* heuristic_variant(const AttentionArgs& a, Backend be, std::string* reasons = nullptr);
+const AttentionBackwardVariant* heuristic_variant(const AttentionBackwardArgs& a, Backend be,
+                                                  std::string* reasons = nullptr);
 // Options::variant by name; throws when unknown, of another backend, or not supporting the problem.
 const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backend be);
 const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be);
+const AttentionBackwardVariant& forced_variant(const AttentionBackwardArgs& a, const std::string& name, Backend be);
 
 // Throws Error(invalid_argument) naming the first field where args differ from the planned problem
 // (all but the values, dense data pointers, alpha and beta); allocates nothing when they match.

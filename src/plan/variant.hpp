@@ -48,6 +48,8 @@ const std::vector<Variant>& variants();
 const Variant* find_variant(const std::string& name);
 const std::vector<AttentionVariant>& attention_variants();
 const AttentionVariant* find_attention_variant(const std::string& name);
+const std::vector<AttentionBackwardVariant>& attention_backward_variants();
+const AttentionBackwardVariant* find_attention_backward_variant(const std::string& name);
 
 // A DDS product C = A * op(B) as the DSD C^T = op(B)^T * A^T that the GPU kernels run: the op
 // flipped, A^T as the dense B, C^T as C (a row-major matrix read column-major is its transpose,

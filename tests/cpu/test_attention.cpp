@@ -578,34 +578,6 @@ TEST(AttentionLayoutGenerator, TopkCausalAndDense) {
 
 // ---------------------------------------------------------------- C API
 
-sparsek_tensor4 to_c(const Tensor4View& t) {
-  sparsek_tensor4 c{};
-  c.data = t.data;
-  c.dtype = sparsek_dtype(int(t.dtype));
-  c.memory = sparsek_memory(int(t.memory));
-  c.b = t.b, c.h = t.h, c.s = t.s, c.d = t.d;
-  c.stride_b = t.stride_b, c.stride_h = t.stride_h, c.stride_s = t.stride_s;
-  return c;
-}
-
-sparsek_attention_args to_c(const AttentionArgs& a) {
-  sparsek_attention_args c{};
-  c.q = to_c(a.q), c.k = to_c(a.k), c.v = to_c(a.v), c.o = to_c(a.o);
-  c.lse = a.lse;
-  const AttentionLayout& l = a.layout;
-  c.layout.kv_num_blocks = l.kv_num_blocks;
-  c.layout.kv_indices = l.kv_indices;
-  c.layout.full_kv_num_blocks = l.full_kv_num_blocks;
-  c.layout.full_kv_indices = l.full_kv_indices;
-  c.layout.batch = l.batch, c.layout.heads = l.heads, c.layout.q_blocks = l.q_blocks;
-  c.layout.kmax = l.kmax, c.layout.full_kmax = l.full_kmax;
-  c.layout.block_q = l.block_q, c.layout.block_kv = l.block_kv;
-  c.layout.memory = sparsek_memory(int(l.memory));
-  c.causal = a.causal;
-  c.scale = a.scale;
-  return c;
-}
-
 TEST(AttentionCapi, OneShotAndPlans) {
   AttnSpec s = small();
   s.causal = true;
@@ -632,6 +604,31 @@ TEST(AttentionCapi, OneShotAndPlans) {
       << sparsek_last_error();
   EXPECT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_OK);
   EXPECT_EQ(sparsek_attention_plan_destroy(nullptr), SPARSEK_OK);
+}
+
+// A destroyed or foreign attention plan handle is reported, never dereferenced.
+TEST(AttentionCapi, DestroyedAndForeignPlanHandlesAreDetected) {
+  auto c = make_attention_case(small());
+  sparsek_attention_args ca = to_c(c->args);
+  sparsek_attention_plan p = nullptr;
+  ASSERT_EQ(sparsek_attention_plan_create(&p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  ASSERT_EQ(sparsek_attention_plan_run(p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  ASSERT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_OK);
+  EXPECT_EQ(sparsek_attention_plan_run(p, &ca, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("is not a live plan (already destroyed, or not made by "
+                                                   "sparsek_attention_plan_create)"),
+            std::string::npos)
+      << sparsek_last_error();
+  EXPECT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_INVALID_ARGUMENT);
+  uint64_t ws = 7;
+  EXPECT_EQ(sparsek_attention_plan_workspace_bytes(p, &ws), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(ws, 7u);
+  EXPECT_STREQ(sparsek_attention_plan_variant(p), "");
+  float not_a_plan[16] = {};
+  sparsek_attention_plan foreign = reinterpret_cast<sparsek_attention_plan>(not_a_plan);
+  EXPECT_EQ(sparsek_attention_plan_run(foreign, &ca, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(sparsek_attention_plan_destroy(foreign), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_STREQ(sparsek_attention_plan_variant(foreign), "");
 }
 
 TEST(AttentionCapi, BadInputGivesStatusAndMessage) {

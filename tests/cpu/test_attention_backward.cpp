@@ -1,15 +1,396 @@
-// The Hopper attention backward's refusals: bad arguments are named before any device query, so
-// these run on any machine (the kernel itself is checked by bench/attention_bwd_timer.cu on a GPU).
+// The attention backward on the CPU: the CPU variant's gradients against finite differences of
+// the fp64 forward reference (random layouts, empty query rows, key blocks nobody attends, causal
+// with full blocks, GQA / MQA and layout broadcast, sequence tails, D 64 and 128, strided
+// tensors), every element against the fp64 backward reference, the named errors of bad
+// arguments and the C API; then the Hopper variant's refusals, which are named before any device
+// query (the kernel itself runs in tests/gpu).
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "attention_util.hpp"
 #include "core/device.hpp"
 #include "plan/backends.hpp"
 
 namespace sparsek {
 namespace {
+
+using test::AttnSpec;
+using test::BwdCase;
+using test::HostTensor;
+using test::make_backward_case;
+
+// sum over query rows s0 .. s1-1 of query heads h0 .. h1-1 (batch b) of dout . O, O from the fp64
+// forward reference: the loss whose gradients the backward computes (restricted to the rows a
+// perturbed element can change).
+double loss(const BwdCase& x, int64_t b, int64_t h0, int64_t h1, int64_t s0, int64_t s1) {
+  const AttentionArgs& a = x.args.forward;
+  std::vector<double> o(size_t(a.q.d));
+  double lse = 0, sum = 0;
+  for (int64_t h = h0; h < h1; ++h)
+    for (int64_t s = s0; s < s1; ++s) {
+      attention_oracle_row(a, b, h, s, o.data(), &lse);
+      for (int64_t d = 0; d < a.q.d; ++d) sum += o[size_t(d)] * double(x.dout.at(b, h, s, d));
+    }
+  return sum;
+}
+
+// Central difference of the loss for element (b, h, s, d) of t (q, k or v of the case, f32).
+double finite_difference(BwdCase& x, HostTensor& t, bool is_q, int64_t b, int64_t h, int64_t s, int64_t d) {
+  const AttentionArgs& a = x.args.forward;
+  const int64_t G = a.q.h / a.k.h;
+  const int64_t h0 = is_q ? h : h * G, h1 = is_q ? h + 1 : (h + 1) * G;
+  const int64_t s0 = is_q ? s : 0, s1 = is_q ? s + 1 : a.q.s;
+  const int64_t at = t.view.index(b, h, s, d);
+  const float orig = t.at(b, h, s, d);
+  auto eval = [&](float v, double* actual) {
+    store_from_float(t.view.data, t.view.dtype, at, v);
+    *actual = t.at(b, h, s, d);  // the value the inputs really hold
+    return loss(x, b, h0, h1, s0, s1);
+  };
+  double xp, xm;
+  const double lp = eval(orig + 1e-3f, &xp), lm = eval(orig - 1e-3f, &xm);
+  store_from_float(t.view.data, t.view.dtype, at, orig);
+  return (lp - lm) / (xp - xm);
+}
+
+// Key blocks that no layout row of key/value head hk (batch b) names: their dk and dv are 0.
+std::vector<int64_t> unreferenced_key_blocks(const AttentionArgs& a, int64_t b, int64_t hk) {
+  const AttentionLayout& l = a.layout;
+  const int64_t G = a.q.h / a.k.h, nk = (a.k.s + l.block_kv - 1) / l.block_kv;
+  std::vector<char> used(size_t(nk), 0);
+  for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+    for (int64_t i = 0; i < l.q_blocks; ++i) {
+      const int64_t r = layout_row(l, a.q.h, a.k.h, b, h, i);
+      for (int32_t j = 0; j < l.kv_num_blocks[r]; ++j) used[size_t(l.kv_indices[r * l.kmax + j])] = 1;
+      for (int32_t j = 0; l.has_full() && j < l.full_kv_num_blocks[r]; ++j)
+        used[size_t(l.full_kv_indices[r * l.full_kmax + j])] = 1;
+    }
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < nk; ++j)
+    if (!used[size_t(j)]) out.push_back(j);
+  return out;
+}
+
+// Runs attention_backward() on the CPU for the case and checks:
+//  - every element of dq, dk, dv is the fp64 backward reference rounded to the dtype (poison gone);
+//  - rows whose forward LSE is -inf have dq = 0, keys of blocks no row names have dk = dv = 0;
+//  - (f32) sampled elements against central differences of the fp64 forward reference, the
+//    samples including a dead query row and an unattended key when the case has them.
+void check_backward(const AttnSpec& spec, int samples = 8) {
+  SCOPED_TRACE(spec.name());
+  auto x = make_backward_case(spec);
+  const AttentionArgs& a = x->args.forward;
+  Options cpu;
+  cpu.backend = Backend::cpu;
+  attention_backward(x->args, cpu);
+  const AttentionBackwardReference ref = attention_backward_oracle(x->args);
+  const int64_t B = a.q.b, Hq = a.q.h, Sq = a.q.s, D = a.q.d, Hkv = a.k.h, Skv = a.k.s;
+  auto rounded = [&](double v) {
+    float y;
+    store_from_float(&y, spec.dtype, 0, float(v));
+    return load_as_float(&y, spec.dtype, 0);
+  };
+  int reported = 0;
+  auto same = [&](const HostTensor& t, const std::vector<double>& r, const char* name, int64_t H, int64_t S) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t d = 0; d < D; ++d) {
+            const float got = t.at(b, h, s, d), want = rounded(r[size_t(((b * H + h) * S + s) * D + d)]);
+            if (!(got == want) && reported++ < 5)
+              ADD_FAILURE() << name << "[" << b << ", " << h << ", " << s << ", " << d << "] = " << got << ", want " << want;
+          }
+  };
+  same(x->dq, ref.dq, "dq", Hq, Sq);
+  same(x->dk, ref.dk, "dk", Hkv, Skv);
+  same(x->dv, ref.dv, "dv", Hkv, Skv);
+
+  // Dead rows and unattended keys, found without the backward's code.
+  std::vector<std::array<int64_t, 3>> dead_q, dead_k;  // (b, h, s)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t s = 0; s < Sq; ++s)
+        if (std::isinf(x->c->lse[size_t((b * Hq + h) * Sq + s)])) {
+          dead_q.push_back({b, h, s});
+          for (int64_t d = 0; d < D; ++d) EXPECT_EQ(x->dq.at(b, h, s, d), 0.f) << "dq of a row that attends nothing";
+        }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hk = 0; hk < Hkv; ++hk)
+      for (int64_t j : unreferenced_key_blocks(a, b, hk))
+        for (int64_t s = j * a.layout.block_kv; s < std::min(Skv, (j + 1) * a.layout.block_kv); ++s) {
+          dead_k.push_back({b, hk, s});
+          for (int64_t d = 0; d < D; ++d) {
+            EXPECT_EQ(x->dk.at(b, hk, s, d), 0.f) << "dk of a key nobody attends";
+            EXPECT_EQ(x->dv.at(b, hk, s, d), 0.f) << "dv of a key nobody attends";
+          }
+        }
+  if (spec.dtype != DType::f32 || samples == 0) return;
+
+  std::mt19937_64 rng(spec.seed + 99);
+  auto below = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
+  struct Grad {
+    HostTensor* in;
+    const HostTensor* grad;
+    const char* name;
+    bool is_q;
+    int64_t H, S;
+    const std::vector<std::array<int64_t, 3>>* dead;
+  };
+  const Grad grads[3] = {{&x->c->q, &x->dq, "dq", true, Hq, Sq, &dead_q},
+                         {&x->c->k, &x->dk, "dk", false, Hkv, Skv, &dead_k},
+                         {&x->c->v, &x->dv, "dv", false, Hkv, Skv, &dead_k}};
+  for (const Grad& g : grads) {
+    std::vector<std::array<int64_t, 4>> at;
+    for (int i = 0; i < samples; ++i) at.push_back({below(B), below(g.H), below(g.S), below(D)});
+    if (!g.dead->empty()) {
+      const auto& z = (*g.dead)[size_t(below(int64_t(g.dead->size())))];
+      at.push_back({z[0], z[1], z[2], below(D)});
+    }
+    for (const auto& e : at) {
+      const double fd = finite_difference(*x, *g.in, g.is_q, e[0], e[1], e[2], e[3]);
+      const double got = g.grad->at(e[0], e[1], e[2], e[3]);
+      EXPECT_NEAR(got, fd, 3e-5 + 1e-4 * std::fabs(fd))
+          << g.name << "[" << e[0] << ", " << e[1] << ", " << e[2] << ", " << e[3] << "] vs the finite difference";
+    }
+  }
+}
+
+AttnSpec tiny() {
+  AttnSpec s;
+  s.batch = 1, s.hq = 2, s.hkv = 1, s.sq = 70, s.skv = 150;  // tails in both sequences (block 64)
+  s.d = 64, s.block = 64, s.density = 0.5;
+  return s;
+}
+
+TEST(AttentionBackwardCpu, RandomLayoutsWithTailsAndGqa) {
+  for (uint64_t seed : {1, 2, 3}) {
+    AttnSpec s = tiny();
+    s.seed = seed;
+    check_backward(s);
+  }
+}
+
+TEST(AttentionBackwardCpu, EmptyQueryRowsAndKmaxBeyondTheCounts) {
+  AttnSpec s = tiny();
+  s.empty_rows = {0, -1};
+  s.extra_kmax = 2;
+  check_backward(s);
+}
+
+TEST(AttentionBackwardCpu, KeyBlocksNobodyAttends) {
+  AttnSpec s = tiny();
+  s.hq = s.hkv = 1;
+  s.sq = 64, s.skv = 320, s.density = 0.2;  // one key block of five per row
+  check_backward(s);
+}
+
+TEST(AttentionBackwardCpu, CausalWithFullBlocks) {
+  AttnSpec s = tiny();
+  s.kind = LayoutKind::causal;  // every block j <= i: full below the diagonal, masked on it
+  s.causal = true;
+  s.hq = s.hkv = 2;
+  s.sq = s.skv = 150;
+  check_backward(s);
+  s.kind = LayoutKind::topk;  // random causal top-k
+  s.density = 0.6;
+  s.seed = 5;
+  check_backward(s);
+}
+
+TEST(AttentionBackwardCpu, FullListsWithoutCausalAndD128) {
+  AttnSpec s = tiny();
+  s.hq = s.hkv = 1;
+  s.d = 128;
+  s.sq = 40, s.skv = 100;
+  s.density = 1.0;
+  s.split_full = true;
+  check_backward(s);
+}
+
+TEST(AttentionBackwardCpu, GqaLayoutsPerQueryHeadAndBroadcast) {
+  AttnSpec s = tiny();
+  s.batch = 2, s.hq = 4, s.hkv = 2, s.sq = 40, s.skv = 90;
+  s.layout_heads = 4;  // a row per query head
+  s.scale = 0.3f;
+  check_backward(s, 4);
+  s.hq = 3, s.hkv = 1;  // MQA, one layout row for every batch and head
+  s.layout_heads = 1, s.layout_batch = 1;
+  s.seed = 7;
+  check_backward(s, 4);
+}
+
+TEST(AttentionBackwardCpu, StridedTensorsAndHalfPrecision) {
+  AttnSpec s = tiny();
+  s.bshd = true;  // [B, S, H, D] memory order
+  check_backward(s, 4);
+  for (DType t : {DType::f16, DType::bf16}) {
+    s.bshd = false;
+    s.dtype = t;
+    check_backward(s);  // every element against the reference, rounded to the dtype
+  }
+}
+
+TEST(AttentionBackwardCpu, ThreadCountsGiveBitIdenticalGradients) {
+  AttnSpec s = tiny();
+  s.batch = 2, s.hq = 4, s.hkv = 2;
+  auto x = make_backward_case(s);
+  Options o;
+  o.threads = 1;
+  attention_backward(x->args, o);
+  const std::vector<uint8_t> dq = x->dq.bytes, dk = x->dk.bytes, dv = x->dv.bytes;
+  for (int threads : {3, 0}) {
+    x->poison();
+    o.threads = threads;
+    attention_backward(x->args, o);
+    EXPECT_EQ(dq, x->dq.bytes) << threads << " threads";
+    EXPECT_EQ(dk, x->dk.bytes) << threads << " threads";
+    EXPECT_EQ(dv, x->dv.bytes) << threads << " threads";
+  }
+}
+
+// ---------------------------------------------------------------- named errors
+
+void expect_error(const AttentionBackwardArgs& a, const std::string& part, Status st = Status::invalid_argument) {
+  try {
+    attention_backward(a);
+    ADD_FAILURE() << "no error; wanted one containing: " << part;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), st) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionBackwardCpu, BadArgumentsAreNamed) {
+  auto x = make_backward_case(tiny());
+  const AttentionBackwardArgs good = x->args;
+  AttentionBackwardArgs a = good;
+  a.forward.lse = nullptr;
+  expect_error(a, "forward.lse is null");
+  a = good;
+  a.forward.q.d = 96;
+  expect_error(a, "q.d = 96 is not 64 or 128");
+  a = good;
+  a.dout.s = 69;
+  expect_error(a, "dout is [1, 2, 69, 64] but q is [1, 2, 70, 64]: dout must have q's shape");
+  a = good;
+  a.dk.h = 2;
+  expect_error(a, "dk is [1, 2, 150, 64] but k is [1, 1, 150, 64]");
+  a = good;
+  a.dq.dtype = DType::f16;
+  expect_error(a, "dq dtype f16 differs from q's f32");
+  a = good;
+  a.dv.memory = Memory::device;
+  expect_error(a, "dv is in device memory but q is in host memory");
+  a = good;
+  a.dq.data = nullptr;
+  expect_error(a, "dq.data is null");
+  a = good;
+  a.dk.stride_s = 0;
+  expect_error(a, "dk strides (stride_b = 9600, stride_h = 9600, stride_s = 0, d = 64) give two positions the same element");
+  // Outputs overlapping an input or each other.
+  a = good;
+  a.dv.data = a.forward.k.data;
+  expect_error(a, "dv overlaps k: dv occupies");
+  a = good;
+  a.dq.data = a.dout.data;
+  expect_error(a, "dq overlaps dout");
+  a = good;
+  a.dq.data = a.forward.o.data;
+  expect_error(a, "dq overlaps o");
+  a = good;
+  std::vector<float> big(40000);  // lse at the start of a buffer that can hold dk
+  a.forward.lse = big.data();
+  a.dk.data = big.data();
+  expect_error(a, "dk overlaps lse");
+  a = good;
+  a.dv.data = a.dk.data;
+  expect_error(a, "dv overlaps dk: dk occupies");
+  // The layout's contents are checked by the one-shot call.
+  a = good;
+  std::vector<int32_t> idx(x->c->layout.idx);
+  idx[0] = 99;
+  a.forward.layout.kv_indices = idx.data();
+  expect_error(a, "kv_indices[0, 0, 0, 0] = 99 is out of range [0, 3)");
+  // Options.
+  Options o;
+  o.variant = "nope";
+  try {
+    attention_backward(good, o);
+    ADD_FAILURE() << "an unknown variant must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("options.variant 'nope' is not one of: cpu, hopper"), std::string::npos)
+        << e.what();
+  }
+  o.variant = "hopper";
+  o.backend = Backend::cpu;
+  try {
+    attention_backward(good, o);
+    ADD_FAILURE() << "a cuda variant on the cpu backend must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("options.variant 'hopper' is not a cpu variant"), std::string::npos)
+        << e.what();
+  }
+  // Nothing was written by a refused call.
+  for (float* p = reinterpret_cast<float*>(x->dq.bytes.data()); p < reinterpret_cast<float*>(x->dq.bytes.data()) + 8; ++p)
+    EXPECT_TRUE(std::isnan(*p));
+}
+
+TEST(AttentionBackwardCpu, UnsupportedReasonsNameEachVariant) {
+  auto x = make_backward_case(tiny());
+  const std::vector<std::string> why = unsupported_reasons(x->args);
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_EQ(why[0].rfind("hopper: ", 0), 0u) << why[0];
+  AttentionBackwardArgs a = x->args;
+  a.dq.memory = Memory::device;
+  bool cpu_named = false;
+  for (const std::string& w : unsupported_reasons(a))
+    cpu_named = cpu_named || w.find("cpu: cpu backend needs host memory, but dq is in device memory") == 0;
+  EXPECT_TRUE(cpu_named);
+}
+
+// ---------------------------------------------------------------- C API
+
+sparsek_attention_backward_args to_c(const AttentionBackwardArgs& a) {
+  sparsek_attention_backward_args c{};
+  c.forward = test::to_c(a.forward);
+  c.dout = test::to_c(a.dout), c.dq = test::to_c(a.dq), c.dk = test::to_c(a.dk), c.dv = test::to_c(a.dv);
+  c.nondeterministic = a.deterministic ? 0 : 1;
+  return c;
+}
+
+TEST(AttentionBackwardCapi, OneShotMatchesTheCppCallAndNamesErrors) {
+  auto x = make_backward_case(tiny());
+  attention_backward(x->args);
+  const std::vector<uint8_t> dq = x->dq.bytes, dk = x->dk.bytes, dv = x->dv.bytes;
+  x->poison();
+  sparsek_attention_backward_args c = to_c(x->args);
+  ASSERT_EQ(sparsek_attention_backward(&c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(dq, x->dq.bytes);
+  EXPECT_EQ(dk, x->dk.bytes);
+  EXPECT_EQ(dv, x->dv.bytes);
+  auto expect = [](sparsek_status st, const std::string& part) {
+    EXPECT_EQ(st, SPARSEK_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sparsek_last_error()).find(part), std::string::npos) << sparsek_last_error();
+  };
+  expect(sparsek_attention_backward(nullptr, nullptr), "sparsek_attention_backward: argument 'args' is NULL");
+  sparsek_attention_backward_args bad = c;
+  bad.nondeterministic = 2;
+  expect(sparsek_attention_backward(&bad, nullptr), "nondeterministic = 2 is not 0 or 1");
+  bad = c;
+  bad.forward.lse = nullptr;
+  expect(sparsek_attention_backward(&bad, nullptr), "forward.lse is null");
+  bad = c;
+  bad.dk.data = bad.forward.v.data;
+  expect(sparsek_attention_backward(&bad, nullptr), "dk overlaps v");
+}
 
 // Views over a fake, 16-byte aligned device address: why_not never dereferences them.
 AttentionBackwardArgs valid_args() {

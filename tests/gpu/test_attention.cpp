@@ -22,10 +22,7 @@ namespace {
 
 #define SPARSEK_REQUIRE_HOPPER_ATTENTION()                                                          \
   do {                                                                                              \
-    SPARSEK_REQUIRE_GPU();                                                                          \
-    const auto& d_ = ::sparsek::device_info();                                                      \
-    if (d_.cc_major != 9 || d_.cc_minor != 0)                                                       \
-      GTEST_SKIP() << "not an sm_90 GPU: " << d_.name << " is sm_" << d_.cc_major << d_.cc_minor; \
+    SPARSEK_REQUIRE_SM90();                                                                         \
     if (!find_attention_variant("hopper")) GTEST_SKIP() << "this build has no hopper attention variant"; \
   } while (0)
 
@@ -116,14 +113,7 @@ void check(const AttnSpec& s) {
   EXPECT_LE(err, 2 * naive + 1e-6) << "max |dO| " << err << " vs the naive computation's " << naive;
 }
 
-AttnSpec base(DType t, int d, int block, bool causal) {
-  AttnSpec s;
-  s.batch = 2, s.hq = 4, s.hkv = 2, s.sq = 300, s.skv = 450;  // tails in both sequences
-  s.dtype = t, s.d = d, s.block = block, s.causal = causal;
-  s.density = 0.4;
-  s.seed = uint64_t(d * 7 + block + int(t) * 3 + causal);
-  return s;
-}
+AttnSpec base(DType t, int d, int block, bool causal) { return gpu_spec(t, d, block, causal); }
 
 TEST(HopperAttention, RandomTopkLayouts) {
   SPARSEK_REQUIRE_HOPPER_ATTENTION();

@@ -1,11 +1,15 @@
-// `sparsek bench --op attention`: the block-sparse attention forward of every variant that
-// supports a workload, on a seeded random layout, in one process.
+// `sparsek bench --op attention [--backward]`: the block-sparse attention forward (or backward)
+// of every variant that supports a workload, on a seeded random layout, in one process.
 //
 // Per workload: random q, k, v in [-1, 1), a layout (top-k: each query block keeps
 // round(density * Nk) random key blocks; dense; causal), then per variant a run on a NaN-poisoned
 // O and LSE checked against the fp64 reference on a sample of query rows, then the timing: median
 // of --reps runs after --warmup (GPU: CUDA events, input sets rotated so the working set exceeds
 // 2x L2; CPU: wall clock). Effective FLOPs = 4 * D * unmasked score elements.
+// --backward: O and LSE from a forward run, dO random in [-1, 1); per backward variant a run on
+// NaN-poisoned dq, dk, dv checked against the fp64 backward reference on sampled query rows (dq)
+// and sampled key blocks (dk, dv), then the timing. Effective FLOPs = 2.5 x the forward's
+// (FlashAttention's convention).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +45,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--density", "F", "top-k: fraction of key blocks each query block keeps, in (0, 1] (default 0.125)"},
     {"--block", "N", "block size, 64 or 128 (default 128)"},
     {"--causal", nullptr, "causal: only key blocks j <= i, element mask inside the diagonal blocks"},
+    {"--backward", nullptr, "time the backward (dq, dk, dv from dO) instead; effective FLOPs 2.5 x the forward's"},
     {"--layout", "NAME", "topk | dense | causal (default topk; causal = every block j <= i, implies --causal)"},
     {"--dtype", "T", "bf16 | f16 | f32 (default bf16 on a GPU, f32 on the CPU)"},
     {"--reps", "R", "timed repetitions, the median is reported (default 20 GPU, 3 CPU)"},
@@ -76,6 +81,7 @@ struct Row {
   std::string reason;
   std::vector<double> times_ms;
   double median_ms = kNaN, eff_tflops = kNaN, err_o = kNaN, err_lse = kNaN;
+  double err_dq = kNaN, err_dk = kNaN, err_dv = kNaN;  // --backward: max |error| / rms of the reference
   bool wrong = false;
 };
 
@@ -84,6 +90,9 @@ struct Result {
   double eff_flops = 0, kept = 0;  // kept: attended key blocks / all (query block, key block) pairs
   int sets = 1;
   int64_t checked_rows = 0;
+  bool backward = false;
+  int64_t checked_key_blocks = 0;
+  std::string unchecked;  // --backward: what the check had to leave out, and why
   std::vector<Row> rows;
 };
 
@@ -91,12 +100,15 @@ struct Result {
 // not rounding: O's elements are averages of V's, in [-1, 1].
 double tolerance(DType t) { return t == DType::bf16 ? 3e-2 : t == DType::f16 ? 5e-3 : 1e-4; }
 
-// The problem on the host (the layout and q, k, v; o and lse are host buffers for the CPU runs).
+// The problem on the host (the layout and q, k, v; o and lse are host buffers for the CPU runs;
+// with --backward also dO and host dq, dk, dv).
 struct HostProblem {
   HostMatrix q, k, v, o;
   std::vector<float> lse;
   LayoutArrays layout;
   AttentionArgs args;
+  HostMatrix dout, dq, dk, dv;
+  AttentionBackwardArgs bargs;
 };
 
 Tensor4View packed(HostMatrix& m, int64_t b, int64_t h, int64_t s, int64_t d) {
@@ -135,6 +147,21 @@ std::unique_ptr<HostProblem> make_problem(const Workload& w, uint64_t seed) {
   a.causal = w.causal || w.layout == LayoutKind::causal;
   validate(a, true);
   return p;
+}
+
+void add_backward(HostProblem& p, const Workload& w, uint64_t seed) {
+  const int64_t qrows = w.batch * w.heads * w.seq, kvrows = w.batch * w.kv_heads * w.seq;
+  p.dout = HostMatrix(qrows, w.dim, w.dtype, Layout::row_major, 0);
+  p.dout.fill_random(mix_seed(seed, 6), false);
+  p.dq = HostMatrix(qrows, w.dim, w.dtype, Layout::row_major, 0);
+  p.dk = HostMatrix(kvrows, w.dim, w.dtype, Layout::row_major, 0);
+  p.dv = HostMatrix(kvrows, w.dim, w.dtype, Layout::row_major, 0);
+  AttentionBackwardArgs& b = p.bargs;
+  b.forward = p.args;
+  b.dout = packed(p.dout, w.batch, w.heads, w.seq, w.dim);
+  b.dq = packed(p.dq, w.batch, w.heads, w.seq, w.dim);
+  b.dk = packed(p.dk, w.batch, w.kv_heads, w.seq, w.dim);
+  b.dv = packed(p.dv, w.batch, w.kv_heads, w.seq, w.dim);
 }
 
 // The sampled (batch, head, row) triples the check compares: the first and last head, two random
@@ -192,15 +219,138 @@ void compare(const Reference& ref, const Workload& w, const std::vector<uint8_t>
   row.wrong = !(eo <= tolerance(w.dtype) && el <= tolerance(w.dtype));
 }
 
+// ---- the backward's check: dq of sampled query rows, dk and dv of sampled key blocks ----
+
+struct KeyBlock {
+  int64_t b, hk, j;
+};
+struct BwdReference {
+  std::vector<Sample> rows;  // dq, mag_dq: [rows][D]
+  std::vector<double> dq, mag_dq;
+  std::vector<KeyBlock> blocks;  // dk, dv, mags: [blocks][block][D] (rows past Skv: 0)
+  std::vector<double> dk, dv, mag_dk, mag_dv;
+};
+
+// The reference of a key block costs (rows attending it) x (their keys) x D: every such row's
+// softmax is recomputed. Blocks above this many row-key products are left out of the check.
+constexpr double kKeyBlockBudget = 1e7;
+
+BwdReference backward_reference(const HostProblem& p, const Workload& w, uint64_t seed, std::string& unchecked) {
+  BwdReference ref;
+  const AttentionArgs& a = p.args;
+  const size_t D = size_t(w.dim);
+  // dq: 8 rows of each sampled head (the forward's sample, thinned: a backward row costs more).
+  const std::vector<Sample> all = sample_rows(w, seed);
+  for (size_t i = 0; i < all.size(); i += 4) ref.rows.push_back(all[i]);
+  ref.dq.resize(ref.rows.size() * D);
+  ref.mag_dq.resize(ref.rows.size() * D);
+  for (size_t i = 0; i < ref.rows.size(); ++i)
+    attention_backward_oracle_row(a, p.bargs.dout, ref.rows[i].b, ref.rows[i].h, ref.rows[i].s, &ref.dq[i * D],
+                                  &ref.mag_dq[i * D]);
+  // dk, dv: the first key block of the first head and a random block of the last one.
+  Rng rng(mix_seed(seed, 7));
+  const int64_t nk = (w.seq + w.block - 1) / w.block;
+  const HostLayout hl = host_layout(a.layout);
+  int skipped = 0;
+  for (KeyBlock kb : {KeyBlock{0, 0, 0}, KeyBlock{w.batch - 1, w.kv_heads - 1, rng.below(nk)}}) {
+    // Cost: the layout rows of the group naming the block, times their keys.
+    double cost = 0;
+    const int64_t G = w.heads / w.kv_heads;
+    for (int64_t h = kb.hk * G; h < (kb.hk + 1) * G; ++h)
+      for (int64_t i = 0; i < a.layout.q_blocks; ++i) {
+        const int64_t r = layout_row(a.layout, w.heads, w.kv_heads, kb.b, h, i);
+        int64_t n = hl.num[r], named = 0;
+        for (int64_t x = 0; x < hl.num[r]; ++x) named += hl.idx[r * a.layout.kmax + x] == kb.j;
+        if (a.layout.has_full()) {
+          n += hl.full_num[r];
+          for (int64_t x = 0; x < hl.full_num[r]; ++x) named += hl.full_idx[r * a.layout.full_kmax + x] == kb.j;
+        }
+        if (named) cost += double(w.block) * double(n * w.block) * double(w.dim);
+      }
+    if (cost > kKeyBlockBudget * double(w.dim)) {
+      ++skipped;
+      continue;
+    }
+    const size_t at = ref.blocks.size() * size_t(w.block) * D, n = size_t(w.block) * D;
+    for (auto* v : {&ref.dk, &ref.dv, &ref.mag_dk, &ref.mag_dv}) v->resize(at + n, 0.0);
+    attention_backward_oracle_key_block(a, p.bargs.dout, kb.b, kb.hk, kb.j, &ref.dk[at], &ref.dv[at], &ref.mag_dk[at],
+                                        &ref.mag_dv[at]);
+    ref.blocks.push_back(kb);
+  }
+  if (skipped)
+    unchecked = std::to_string(skipped) + " sampled key block(s) of dk and dv left unchecked: more than " +
+                fmt_sci(kKeyBlockBudget) + " row-key products each in the fp64 reference";
+  return ref;
+}
+
+// Error of got against ref over a set of elements: counts those outside
+// tol * (|ref| + rms(ref)) + u * mag (u: the dtype's unit roundoff, mag: the terms' magnitudes, the
+// first-order rounding bound of P and dS in the dtype), and returns max |error| / rms(ref).
+struct ErrorTally {
+  std::vector<double> got, ref, mag;
+  double max_over_rms(DType t, int64_t* fails) const {
+    if (ref.empty()) return kNaN;  // nothing checked
+    double ss = 0;
+    for (double r : ref) ss += r * r;
+    const double rms = ref.empty() ? 0 : std::sqrt(ss / double(ref.size()));
+    const double tol = t == DType::bf16 ? 2e-2 : t == DType::f16 ? 1e-2 : 1e-5;
+    const double u = t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24;
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double err = std::fabs(got[i] - ref[i]);
+      if (!(err <= tol * (std::fabs(ref[i]) + rms) + u * mag[i])) ++*fails;  // NaN fails
+      worst = std::isfinite(got[i]) ? std::max(worst, err / (rms > 0 ? rms : 1)) : kNaN;
+      if (std::isnan(worst)) break;
+    }
+    return worst;
+  }
+};
+
+// Compares a run's packed dq, dk, dv (bytes in w.dtype) with the reference.
+void compare_backward(const BwdReference& ref, const Workload& w, const std::vector<uint8_t>& dq,
+                      const std::vector<uint8_t>& dk, const std::vector<uint8_t>& dv, Row& row) {
+  const int64_t D = w.dim;
+  ErrorTally tq, tk, tv;
+  for (size_t i = 0; i < ref.rows.size(); ++i) {
+    const Sample& r = ref.rows[i];
+    const int64_t base = ((r.b * w.heads + r.h) * w.seq + r.s) * D;
+    for (int64_t d = 0; d < D; ++d) {
+      tq.got.push_back(load_as_float(dq.data(), w.dtype, base + d));
+      tq.ref.push_back(ref.dq[i * size_t(D) + size_t(d)]);
+      tq.mag.push_back(ref.mag_dq[i * size_t(D) + size_t(d)]);
+    }
+  }
+  for (size_t i = 0; i < ref.blocks.size(); ++i) {
+    const KeyBlock& kb = ref.blocks[i];
+    for (int64_t key = kb.j * w.block; key < std::min(w.seq, (kb.j + 1) * w.block); ++key)
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t at = ((kb.b * w.kv_heads + kb.hk) * w.seq + key) * D + d;
+        const size_t x = (i * size_t(w.block) + size_t(key - kb.j * w.block)) * size_t(D) + size_t(d);
+        tk.got.push_back(load_as_float(dk.data(), w.dtype, at));
+        tk.ref.push_back(ref.dk[x]);
+        tk.mag.push_back(ref.mag_dk[x]);
+        tv.got.push_back(load_as_float(dv.data(), w.dtype, at));
+        tv.ref.push_back(ref.dv[x]);
+        tv.mag.push_back(ref.mag_dv[x]);
+      }
+  }
+  int64_t fails = 0;
+  row.err_dq = tq.max_over_rms(w.dtype, &fails);
+  row.err_dk = tk.max_over_rms(w.dtype, &fails);
+  row.err_dv = tv.max_over_rms(w.dtype, &fails);
+  row.wrong = fails > 0;
+}
+
 bool wanted(const std::vector<std::string>& only, const std::string& name) {
   return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
 }
 
-// Every variant of `be`: a row each ("unsupported" with the reason where why_not() objects).
-template <class Measure>
-void for_each_variant(Backend be, const AttentionArgs& args, const std::vector<std::string>& only, Result& r,
-                      const Measure& measure) {
-  for (const AttentionVariant& v : attention_variants()) {
+// Every variant of `be` in `table` (forward or backward): a row each ("unsupported" with the
+// reason where why_not() objects).
+template <class Args, class Measure>
+void for_each_variant(const std::vector<VariantOf<Args>>& table, Backend be, const Args& args,
+                      const std::vector<std::string>& only, Result& r, const Measure& measure) {
+  for (const VariantOf<Args>& v : table) {
     if (v.backend != be || !wanted(only, v.name)) continue;
     Row row;
     row.name = v.name;
@@ -226,51 +376,91 @@ void for_each_variant(Backend be, const AttentionArgs& args, const std::vector<s
   }
 }
 
-// The workload's host problem, its result's header (FLOPs, kept fraction) and the reference rows.
-std::unique_ptr<HostProblem> prepare(const Workload& w, uint64_t seed, Progress& progress, const std::string& prefix,
-                                     Result& r, Reference& ref) {
+// The workload's host problem, its result's header (FLOPs, kept fraction) and the reference
+// rows (with backward: of the backward, in bref).
+std::unique_ptr<HostProblem> prepare(const Workload& w, uint64_t seed, bool backward, Progress& progress,
+                                     const std::string& prefix, Result& r, Reference& ref, BwdReference& bref) {
   r.w = w;
+  r.backward = backward;
   progress.update(prefix + "generating inputs ...");
   auto p = make_problem(w, seed);
-  r.eff_flops = effective_flops(p->args, host_layout(p->args.layout));
+  r.eff_flops = effective_flops(p->args, host_layout(p->args.layout)) * (backward ? 2.5 : 1.0);
   r.kept = kept_fraction(p->layout, w.seq);
   progress.update(prefix + "computing the fp64 reference rows ...");
-  ref = reference(*p, w, seed);
-  r.checked_rows = int64_t(ref.rows.size());
+  if (!backward) {
+    ref = reference(*p, w, seed);
+    r.checked_rows = int64_t(ref.rows.size());
+    return p;
+  }
+  add_backward(*p, w, seed);
+  bref = backward_reference(*p, w, seed, r.unchecked);
+  r.checked_rows = int64_t(bref.rows.size());
+  r.checked_key_blocks = int64_t(bref.blocks.size());
   return p;
 }
 
-Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress, const std::string& prefix) {
-  Result r;
-  Reference ref;
-  auto p = prepare(w, seed, progress, prefix, r, ref);
+// Runs v on host memory: checked once on poisoned outputs, then timed (wall clock).
+template <class V, class Args, class Poison, class Check>
+void measure_cpu(const V& v, const Args& args, int warmup, int reps, const Poison& poison, const Check& check,
+                 Row& row) {
   Options o;
   o.backend = Backend::cpu;
-  for_each_variant(Backend::cpu, p->args, only, r, [&](const AttentionVariant& v, Row& row) {
+  std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args, o) : nullptr;
+  poison();
+  v.run(args, o, st.get());
+  check();
+  for (int i = 0; i < warmup; ++i) v.run(args, o, st.get());
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    v.run(args, o, st.get());
+    auto t1 = std::chrono::steady_clock::now();
+    row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+}
+
+Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, bool backward,
+               const std::vector<std::string>& only, Progress& progress, const std::string& prefix) {
+  Result r;
+  Reference ref;
+  BwdReference bref;
+  auto p = prepare(w, seed, backward, progress, prefix, r, ref, bref);
+  Options o;
+  o.backend = Backend::cpu;
+  if (backward) {
+    attention(p->args, o);  // O and LSE
+    for_each_variant(attention_backward_variants(), Backend::cpu, p->bargs, only, r,
+                     [&](const AttentionBackwardVariant& v, Row& row) {
+                       progress.update(prefix + "checking and timing " + v.name + " ...");
+                       measure_cpu(
+                           v, p->bargs, warmup, reps,
+                           [&] {
+                             for (HostMatrix* m : {&p->dq, &p->dk, &p->dv}) m->fill_bytes(0xFF);  // NaN
+                           },
+                           [&] { compare_backward(bref, w, p->dq.bytes, p->dk.bytes, p->dv.bytes, row); }, row);
+                     });
+    progress.clear();
+    return r;
+  }
+  for_each_variant(attention_variants(), Backend::cpu, p->args, only, r, [&](const AttentionVariant& v, Row& row) {
     progress.update(prefix + "checking and timing " + v.name + " ...");
-    std::unique_ptr<VariantState> st = v.prepare ? v.prepare(p->args, o) : nullptr;
-    p->o.fill_bytes(0xFF);  // NaN in every dtype
-    std::fill(p->lse.begin(), p->lse.end(), std::numeric_limits<float>::quiet_NaN());
-    v.run(p->args, o, st.get());
-    compare(ref, w, p->o.bytes, p->lse, row);
-    for (int i = 0; i < warmup; ++i) v.run(p->args, o, st.get());
-    for (int i = 0; i < reps; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      v.run(p->args, o, st.get());
-      auto t1 = std::chrono::steady_clock::now();
-      row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
+    measure_cpu(
+        v, p->args, warmup, reps,
+        [&] {
+          p->o.fill_bytes(0xFF);  // NaN in every dtype
+          std::fill(p->lse.begin(), p->lse.end(), std::numeric_limits<float>::quiet_NaN());
+        },
+        [&] { compare(ref, w, p->o.bytes, p->lse, row); }, row);
   });
   progress.clear();
   return r;
 }
 
-Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Progress& progress, const std::string& prefix) {
+Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool backward,
+               const std::vector<std::string>& only, Progress& progress, const std::string& prefix) {
   Result r;
   Reference ref;
-  auto p = prepare(w, seed, progress, prefix, r, ref);
+  BwdReference bref;
+  auto p = prepare(w, seed, backward, progress, prefix, r, ref, bref);
 
   // Device copies: the layout once, q/k/v/o/lse per rotated input set.
   const LayoutArrays& la = p->layout;
@@ -282,7 +472,8 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   DeviceBuffer d_num = upload(la.num), d_idx = upload(la.idx), d_fnum = upload(la.full_num),
                d_fidx = upload(la.full_idx);
   const size_t q_bytes = p->q.bytes.size(), kv_bytes = p->k.bytes.size(), lse_bytes = p->lse.size() * 4;
-  const size_t set_bytes = 2 * q_bytes + 2 * kv_bytes + lse_bytes;
+  // The backward's set adds dO and dq (like q), dk and dv (like k).
+  const size_t set_bytes = (backward ? 4 : 2) * q_bytes + (backward ? 4 : 2) * kv_bytes + lse_bytes;
   r.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * device_info().l2_bytes + set_bytes - 1) / set_bytes)));
   std::vector<DeviceBuffer> d_q, d_k, d_v, d_o, d_lse;
   std::vector<AttentionArgs> args;
@@ -315,9 +506,49 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
 
   Options o;
   o.backend = Backend::cuda;
+  if (backward) {
+    std::vector<DeviceBuffer> d_do, d_dq, d_dk, d_dv;
+    std::vector<AttentionBackwardArgs> bargs;
+    for (int s = 0; s < r.sets; ++s) {
+      attention(args[size_t(s)], o);  // O and LSE of this set
+      d_do.emplace_back(q_bytes);
+      d_dq.emplace_back(q_bytes);
+      d_dk.emplace_back(kv_bytes);
+      d_dv.emplace_back(kv_bytes);
+      d_do[s].upload(p->dout.bytes.data(), q_bytes);
+      AttentionBackwardArgs b = p->bargs;
+      b.forward = args[size_t(s)];
+      for (auto [t, buf] : {std::pair{&b.dout, &d_do[s]}, std::pair{&b.dq, &d_dq[s]}, std::pair{&b.dk, &d_dk[s]},
+                            std::pair{&b.dv, &d_dv[s]}}) {
+        t->data = buf->p;
+        t->memory = Memory::device;
+      }
+      bargs.push_back(b);
+    }
+    check_cuda(cudaDeviceSynchronize(), "forward runs");
+    std::vector<uint8_t> got_dq(q_bytes), got_dk(kv_bytes), got_dv(kv_bytes);
+    for_each_variant(attention_backward_variants(), Backend::cuda, bargs[0], only, r,
+                     [&](const AttentionBackwardVariant& v, Row& row) {
+                       progress.update(prefix + "checking " + v.name + " ...");
+                       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(bargs[0], o) : nullptr;
+                       for (DeviceBuffer* d : {&d_dq[0], &d_dk[0], &d_dv[0]})
+                         check_cuda(cudaMemset(d->p, 0xFF, d->bytes), "cudaMemset(poison the gradients)");
+                       v.run(bargs[0], o, st.get());
+                       check_cuda(cudaDeviceSynchronize(), "checked run");
+                       d_dq[0].download(got_dq.data(), q_bytes);
+                       d_dk[0].download(got_dk.data(), kv_bytes);
+                       d_dv[0].download(got_dv.data(), kv_bytes);
+                       compare_backward(bref, w, got_dq, got_dk, got_dv, row);
+                       progress.update(prefix + "timing " + v.name + " ...");
+                       row.times_ms =
+                           time_gpu([&](int s) { v.run(bargs[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
+                     });
+    progress.clear();
+    return r;
+  }
   std::vector<uint8_t> got_o(q_bytes);
   std::vector<float> got_lse(p->lse.size());
-  for_each_variant(Backend::cuda, args[0], only, r, [&](const AttentionVariant& v, Row& row) {
+  for_each_variant(attention_variants(), Backend::cuda, args[0], only, r, [&](const AttentionVariant& v, Row& row) {
     progress.update(prefix + "checking " + v.name + " ...");
     std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
     check_cuda(cudaMemset(d_o[0].p, 0xFF, q_bytes), "cudaMemset(poison o)");
@@ -340,20 +571,35 @@ void print_result(const Result& r, bool gpu) {
               label(w).c_str(), (long long)w.batch, (long long)w.heads, (long long)w.kv_heads, (long long)w.seq, w.dim,
               block_str(w.block, w.block).c_str(), to_string(w.layout), 100 * r.kept,
               w.causal || w.layout == LayoutKind::causal ? ", causal" : "", to_string(w.dtype));
-  std::printf("   effective GFLOP %.2f; %s%lld sampled rows checked against the fp64 reference\n", r.eff_flops / 1e9,
-              gpu ? (std::to_string(r.sets) + " input set(s) rotated; ").c_str() : "", (long long)r.checked_rows);
+  const std::string sets = gpu ? std::to_string(r.sets) + " input set(s) rotated; " : "";
+  if (!r.backward)
+    std::printf("   effective GFLOP %.2f; %s%lld sampled rows checked against the fp64 reference\n", r.eff_flops / 1e9,
+                sets.c_str(), (long long)r.checked_rows);
+  else
+    std::printf("   backward (dq, dk, dv): effective GFLOP %.2f (2.5 x the forward's); %sdq of %lld sampled rows and dk, "
+                "dv of %lld sampled key block(s) checked against the fp64 reference\n",
+                r.eff_flops / 1e9, sets.c_str(), (long long)r.checked_rows, (long long)r.checked_key_blocks);
+  if (!r.unchecked.empty()) std::printf("   %s\n", r.unchecked.c_str());
   if (r.rows.empty()) {
     std::printf("   no %s attention variant is registered\n", gpu ? "GPU" : "CPU");
     return;
   }
   std::vector<std::vector<std::string>> rows;
   for (const Row& x : r.rows) {
-    std::string note = x.status == "ok" ? (x.wrong ? "WRONG: error above " + fmt_sci(tolerance(w.dtype)) : "")
-                                        : x.status + ": " + x.reason;
-    rows.push_back({x.name, fmt(x.median_ms, 3), gpu ? fmt(x.eff_tflops, 1) : fmt(x.eff_tflops * 1e3, 2),
-                    fmt_sci(x.err_o), fmt_sci(x.err_lse), note});
+    const std::string wrong =
+        r.backward ? "WRONG: outside the rounding bound" : "WRONG: error above " + fmt_sci(tolerance(w.dtype));
+    std::string note = x.status == "ok" ? (x.wrong ? wrong : "") : x.status + ": " + x.reason;
+    const std::string speed = gpu ? fmt(x.eff_tflops, 1) : fmt(x.eff_tflops * 1e3, 2);
+    if (r.backward)
+      rows.push_back({x.name, fmt(x.median_ms, 3), speed, fmt_sci(x.err_dq), fmt_sci(x.err_dk), fmt_sci(x.err_dv), note});
+    else
+      rows.push_back({x.name, fmt(x.median_ms, 3), speed, fmt_sci(x.err_o), fmt_sci(x.err_lse), note});
   }
-  print_table({"variant", "median ms", gpu ? "eff TFLOPS" : "eff GFLOPS", "max|dO|", "max|dLSE|", "note"}, rows);
+  const char* unit = gpu ? "eff TFLOPS" : "eff GFLOPS";
+  if (r.backward)
+    print_table({"variant", "median ms", unit, "dq err/rms", "dk err/rms", "dv err/rms", "note"}, rows);
+  else
+    print_table({"variant", "median ms", unit, "max|dO|", "max|dLSE|", "note"}, rows);
 }
 
 Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
@@ -382,6 +628,11 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
     x["effective_flops"] = r.eff_flops;
     x["rotation_sets"] = r.sets;
     x["checked_rows"] = r.checked_rows;
+    x["pass"] = r.backward ? "backward" : "forward";
+    if (r.backward) {
+      x["checked_key_blocks"] = r.checked_key_blocks;
+      x["unchecked"] = r.unchecked;
+    }
     Json vs = Json::array();
     for (const Row& v : r.rows) {
       Json y;
@@ -392,6 +643,11 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
       y["effective_tflops"] = num(v.eff_tflops);
       y["max_abs_error_o"] = num(v.err_o);
       y["max_abs_error_lse"] = num(v.err_lse);
+      if (r.backward) {
+        y["max_error_over_rms_dq"] = num(v.err_dq);
+        y["max_error_over_rms_dk"] = num(v.err_dk);
+        y["max_error_over_rms_dv"] = num(v.err_dv);
+      }
       y["wrong"] = v.wrong;
       Json t = Json::array();
       for (double ms : v.times_ms) t.push_back(num(ms));
@@ -417,7 +673,10 @@ int bench_attention_main(const std::vector<std::string>& argv) {
                "Default with a GPU: B=1 Hq=16 S=16384 D=128 bf16, 128x128 blocks, top-k 12.5%; without\n"
                "one, the CPU backend on B=1 Hq=4 S=1024 D=128 f32, and it says so. --suite attention runs\n"
                "the target table (12.5%, 25%, dense layout, D=64, causal top-k 12.5%, GQA 16/2) at that\n"
-               "shape. Exit code 1 when a variant failed, gave a wrong result, or none could run.",
+               "shape. --backward times the backward instead (dq, dk, dv from a random dO after a forward run;\n"
+               "effective FLOPs 2.5 x the forward's), checked against the fp64 backward reference on sampled\n"
+               "rows of dq and sampled key blocks of dk and dv. Exit code 1 when a variant failed, gave a wrong\n"
+               "result, or none could run.",
                kSpecs);
     return 0;
   }
@@ -451,12 +710,18 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   base.dtype = args.dtype("--dtype", gpu ? DType::bf16 : DType::f32);
   if (gpu && base.dtype == DType::f32) args.bad("--dtype", "f32 runs on the CPU only (--backend cpu)");
   const uint64_t seed = args.seed("--seed", 1);
+  const bool backward = args.has("--backward");
   const std::vector<std::string> only = args.list("--variants");
   for (const std::string& name : only)
-    if (!find_attention_variant(name)) {
+    if (backward ? !find_attention_backward_variant(name) : !find_attention_variant(name)) {
       std::string known;
-      for (const AttentionVariant& v : attention_variants()) known += (known.empty() ? "" : ", ") + std::string(v.name);
-      args.bad("--variants", "unknown attention variant '" + name + "' (known: " + known + ")");
+      auto add = [&](const auto& table) {
+        for (const auto& v : table) known += (known.empty() ? "" : ", ") + std::string(v.name);
+      };
+      if (backward) add(attention_backward_variants());
+      else add(attention_variants());
+      args.bad("--variants", std::string("unknown attention ") + (backward ? "backward " : "") + "variant '" + name +
+                                 "' (known: " + known + ")");
     }
   const int reps = int(args.integer("--reps", gpu ? 20 : 3, 1, 100000));
   const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
@@ -501,8 +766,8 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < table.size(); ++i) {
     const std::string prefix =
         "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
-    results.push_back(gpu ? run_gpu(table[i], reps, warmup, seed, only, progress, prefix)
-                          : run_cpu(table[i], reps, warmup, seed, only, progress, prefix));
+    results.push_back(gpu ? run_gpu(table[i], reps, warmup, seed, backward, only, progress, prefix)
+                          : run_cpu(table[i], reps, warmup, seed, backward, only, progress, prefix));
     print_result(results.back(), gpu);
     std::fflush(stdout);
   }
