@@ -296,7 +296,7 @@ __device__ __forceinline__ int box_offset(int line, int byte) {
 // [(k % IC)*IW, +IW) of columns [(k / IC)*OL, +OL) (a line is a column). With beta != 0 the C box
 // is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
 template <class Cfg, bool C_COL>
-__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p,
+__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
                                              const CUtensorMap* tm_c, int row0, int n0, int which,
                                              uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
   using T = typename Cfg::TOut;
@@ -344,7 +344,7 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
           } else {
             if (n / Cfg::CW != k) continue;
           }
-          float v0 = p.alpha * acc[mi][4 * j + 2 * h], v1 = p.alpha * acc[mi][4 * j + 2 * h + 1];
+          float v0 = alpha * acc[mi][4 * j + 2 * h], v1 = alpha * acc[mi][4 * j + 2 * h + 1];
           uint8_t* q0 = buf + (C_COL ? box_offset<LB>(n % OL, (r % IW) * ES) : box_offset<LB>(r, (n % IW) * ES));
           T* e0 = reinterpret_cast<T*>(q0);
           if constexpr (PAIRED) {  // the pair is adjacent in the line (never across a 16-byte granule)
@@ -404,7 +404,7 @@ __device__ __forceinline__ void store_pair(const Params& p, int row0, int n0, in
 
 // Epilogue straight from the registers (C column-major or not TMA-aligned).
 template <class Cfg>
-__device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, int row0,
+__device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha, int row0,
                                                 int n0) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
 #pragma unroll
@@ -416,8 +416,8 @@ __device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC],
         int r, n, r1, n1;
         dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
         dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
-        store_pair<Cfg>(p, row0, n0, r, n, r1, n1, p.alpha * acc[mi][4 * j + 2 * h],
-                        p.alpha * acc[mi][4 * j + 2 * h + 1]);
+        store_pair<Cfg>(p, row0, n0, r, n, r1, n1, alpha * acc[mi][4 * j + 2 * h],
+                        alpha * acc[mi][4 * j + 2 * h + 1]);
       }
 }
 
@@ -497,12 +497,15 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
         continue;
       }
     }
+    // A block row with no stored block is beta * C whatever alpha is (+-Inf or NaN times the empty
+    // sum would make it NaN).
+    const float alpha = nst > 0 ? p.alpha : 0.f;
     if (p.tma_store && p.c_col)
-      epilogue_tma<Cfg, true>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+      epilogue_tma<Cfg, true>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
     else if (p.tma_store)
-      epilogue_tma<Cfg, false>(acc, p, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+      epilogue_tma<Cfg, false>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
     else
-      epilogue_direct<Cfg>(acc, p, row0, n0);
+      epilogue_direct<Cfg>(acc, p, alpha, row0, n0);
     SK_PROF(prof_epi += clock64() - te;)
   }
   SK_PROF(if (tid == 0 && which == 0) {

@@ -247,7 +247,7 @@ __device__ __forceinline__ void store4(void* p, DType t, int64_t i, float4 v) {
 // i the output's contiguous index (< inner_valid) and o the other (< outer_valid). Four
 // consecutive i per thread, consecutive threads along i: every warp store is contiguous.
 template <int OUTER, int INNER>
-__device__ __forceinline__ void write_tile(const float* tile, const Params& p, void* out, int64_t ldo,
+__device__ __forceinline__ void write_tile(const float* tile, const Params& p, float alpha, void* out, int64_t ldo,
                                            int outer_valid, int inner_valid) {
   constexpr int LD = INNER + 4;  // tile row stride (floats)
   const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
@@ -255,7 +255,7 @@ __device__ __forceinline__ void write_tile(const float* tile, const Params& p, v
     const int o = g / (INNER / 4), i = (g % (INNER / 4)) * 4;
     if (o >= outer_valid || i >= inner_valid) continue;
     float4 v = *reinterpret_cast<const float4*>(tile + o * LD + i);
-    v.x *= p.alpha, v.y *= p.alpha, v.z *= p.alpha, v.w *= p.alpha;
+    v.x *= alpha, v.y *= alpha, v.z *= alpha, v.w *= alpha;
     const int64_t off = int64_t(o) * ldo + i;
     if (p.vec_c && i + 4 <= inner_valid) {
       if (read_c) {
@@ -511,6 +511,9 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::MIN_CTAS) portable_kerne
   uint8_t* out = static_cast<uint8_t*>(p.c) +
                  (SDD ? blk * BM * p.bk + n0 : col_major ? int64_t(n0) * p.ldc + row0 : row0 * p.ldc + n0) * es;
   const int64_t ldo = SDD ? p.bk : p.ldc;
+  // An output with no product terms (a block row with no stored block, SDD with K = 0) is beta * C
+  // whatever alpha is: alpha = +-Inf or NaN times the empty sum would make it NaN.
+  const float alpha = (SDD ? p.K == 0 : nblk == 0) ? 0.f : p.alpha;
 #pragma unroll
   for (int pass = 0; pass < G::C_PASSES; ++pass) {
     const int c0 = pass * G::BNP;  // first column of the pass
@@ -536,8 +539,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::MIN_CTAS) portable_kerne
     }
     __syncthreads();
     const int ncols = nvalid - c0 < G::BNP ? nvalid - c0 : G::BNP;
-    if (col_major) write_tile<G::BNP, BM>(tile, p, out + int64_t(c0) * ldo * es, ldo, ncols, BM);
-    else write_tile<BM, G::BNP>(tile, p, out + int64_t(c0) * es, ldo, BM, ncols);
+    if (col_major) write_tile<G::BNP, BM>(tile, p, alpha, out + int64_t(c0) * ldo * es, ldo, ncols, BM);
+    else write_tile<BM, G::BNP>(tile, p, alpha, out + int64_t(c0) * es, ldo, BM, ncols);
   }
 }
 
