@@ -157,13 +157,18 @@ void exchange(const std::vector<ncclComm*>& comms, const std::vector<int>& rank_
   const size_t n = comms.size(), bytes = sizeof(RankProblem);
   std::vector<void*> buf(n, nullptr);
   std::vector<cudaStream_t> streams(n, nullptr);
+  // Frees each stream and buffer once (a handle is cleared when freed: destroying a stream twice is
+  // undefined and crashes), so it may run on any path.
   auto release = [&] {
     for (size_t i = 0; i < n; ++i) {
       DeviceScope d(device_of[i]);
       if (streams[i]) cudaStreamDestroy(streams[i]);
       if (buf[i]) cudaFree(buf[i]);
+      streams[i] = nullptr;
+      buf[i] = nullptr;
     }
   };
+  std::vector<std::vector<RankProblem>> all(n, std::vector<RankProblem>(size_t(ranks)));
   try {
     for (size_t i = 0; i < n; ++i) {
       DeviceScope d(device_of[i]);
@@ -181,19 +186,19 @@ void exchange(const std::vector<ncclComm*>& comms, const std::vector<int>& rank_
     nccl::Result end = api.GroupEnd();
     nccl::check(r, "ncclAllGather (plan exchange)");
     nccl::check(end, "ncclGroupEnd");
-    std::vector<std::vector<RankProblem>> all(n, std::vector<RankProblem>(size_t(ranks)));
     for (size_t i = 0; i < n; ++i) {
       DeviceScope d(device_of[i]);
       check_cuda(cudaMemcpyAsync(all[i].data(), buf[i], bytes * ranks, cudaMemcpyDeviceToHost, streams[i]),
                  "cudaMemcpyAsync (plan exchange)");
       check_cuda(cudaStreamSynchronize(streams[i]), "cudaStreamSynchronize (plan exchange)");
     }
-    release();
-    for (size_t i = 0; i < n; ++i) check_same_problem(all[i]);
   } catch (...) {
     release();
     throw;
   }
+  release();
+  // The comparison throws the ranks' (expected) errors: after the release, outside the try.
+  for (size_t i = 0; i < n; ++i) check_same_problem(all[i]);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // describe different problems get a named error. Skips without a GPU, or when NCCL cannot be loaded.
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,6 +27,13 @@ namespace {
       GTEST_SKIP() << e.what();                                               \
     }                                                                         \
   } while (0)
+
+// A step of a test: named in a failure's trace, and printed at once (stderr is unbuffered) so that a
+// crash, which gtest reports nothing for, shows the step it happened in. Declares a scoped trace:
+// use it as a statement of its own in the step's block.
+#define STEP(text)      \
+  SCOPED_TRACE(text);   \
+  std::fprintf(stderr, "[   STEP   ] %s\n", std::string(text).c_str())
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -195,49 +203,119 @@ TEST(DistributedGpu, OneRankRunIsGraphCapturable) {
   cudaStreamDestroy(s);
 }
 
-TEST(DistributedGpu, NamedErrorsWithACommunicator) {
-  SPARSEK_REQUIRE_GPU();
-  REQUIRE_NCCL();
-  Problem p(PatternKind::fixed_k, 256, 128, 64);
-  CUDA_OK(cudaSetDevice(0));
-  Comms comms(1);
-  OnDevice d(p);
-  auto error = [&](const GemmArgs& g, const DistributedOptions& o) -> std::string {
+// One rank on device 0 (made current first) with a small problem, and plan_distributed's error.
+struct OneRank {
+  Problem p{PatternKind::fixed_k, 256, 128, 64};
+  Comms comms{1};
+  OnDevice d{p};
+  // The error plan_distributed throws for (g, o) ("" when it plans), with its status.
+  std::string error(const GemmArgs& g, const DistributedOptions& o, Status* status = nullptr) {
     try {
       plan_distributed(g, comms.c[0], o);
     } catch (const Error& e) {
+      if (status) *status = e.status();
       return e.what();
     }
     return "";
+  }
+};
+
+// Each bad argument gets its named error on a one-rank communicator (the failed rank still takes
+// part in the exchange; its error comes back from the comparison).
+TEST(DistributedGpu, NamedErrorsWithACommunicator) {
+  SPARSEK_REQUIRE_GPU();
+  REQUIRE_NCCL();
+  CUDA_OK(cudaSetDevice(0));
+  OneRank one;
+  const GemmArgs& good = one.d.g;
+  auto expect_error = [&](const GemmArgs& g, const DistributedOptions& o, const std::string& part) {
+    Status st = Status::ok;
+    const std::string got = one.error(g, o, &st);
+    EXPECT_TRUE(contains(got, part)) << "got \"" << got << "\"";
+    EXPECT_EQ(st, Status::invalid_argument) << got;
   };
+  {
+    STEP("B with other rows than A's columns");
+    GemmArgs g = good;
+    g.b.rows = 64;
+    expect_error(g, {}, "rank 0: B must be");
+  }
+  {
+    STEP("op = trans");
+    GemmArgs g = good;
+    g.op = Op::trans;
+    expect_error(g, {}, "op must be none");
+  }
+  {
+    STEP("C in host memory");
+    GemmArgs g = good;
+    g.c.memory = Memory::host;
+    expect_error(g, {}, "must be in device memory");
+  }
+  {
+    STEP("broadcast_root = 1 with 1 rank");
+    DistributedOptions o;
+    o.broadcast_root = 1;
+    expect_error(good, o, "broadcast_root=1 is not a rank of the communicator (1 ranks)");
+  }
+  {
+    STEP("all_gather with padded C");
+    DistributedOptions o;
+    o.all_gather = true;
+    HostDense padded(one.p.c.view.rows, one.p.c.view.cols, DType::f16, Layout::row_major, 8);
+    Dev cpad(padded.bytes.data(), padded.bytes.size());
+    GemmArgs g = good;
+    g.c.ld = g.c.cols + 8;
+    g.c.data = cpad.p;
+    expect_error(g, o, "all_gather needs C row-major with ld == N");
+  }
+}
+
+// After named errors (exchanges that ended in a throw), the communicator still plans and runs: the
+// one-rank result is the one-GPU result, with B broadcast and C gathered.
+TEST(DistributedGpu, PlanAndRunAfterNamedErrors) {
+  SPARSEK_REQUIRE_GPU();
+  REQUIRE_NCCL();
+  CUDA_OK(cudaSetDevice(0));
+  OneRank one;
+  const std::vector<uint8_t> want = one_gpu(one.p);
+  ASSERT_FALSE(has_nan_f16(want)) << "the one-GPU result left poison in C";
+  {
+    STEP("two errors in a row");
+    GemmArgs g = one.d.g;
+    g.op = Op::trans;
+    EXPECT_NE(one.error(g, {}), "");
+    EXPECT_NE(one.error(g, {}), "");
+  }
+  STEP("plan and run (B broadcast, C gathered)");
   DistributedOptions o;
-  GemmArgs g = d.g;
-  g.b.rows = 64;  // mismatched shapes
-  EXPECT_TRUE(contains(error(g, o), "rank 0: B must be")) << error(g, o);
-  g = d.g;
-  g.op = Op::trans;
-  EXPECT_TRUE(contains(error(g, o), "op must be none")) << error(g, o);
-  g = d.g;
-  g.c.memory = Memory::host;
-  EXPECT_TRUE(contains(error(g, o), "must be in device memory")) << error(g, o);
-  o.broadcast_root = 1;
-  EXPECT_TRUE(contains(error(d.g, o), "broadcast_root=1 is not a rank of the communicator (1 ranks)")) << error(d.g, o);
-  o = {};
+  o.broadcast_root = 0;
   o.all_gather = true;
-  g = d.g;
-  g.c.ld = g.c.cols + 8;
-  HostDense padded(p.c.view.rows, p.c.view.cols, DType::f16, Layout::row_major, 8);
-  Dev cpad(padded.bytes.data(), padded.bytes.size());
-  g.c.data = cpad.p;
-  EXPECT_TRUE(contains(error(g, o), "all_gather needs C row-major with ld == N")) << error(g, o);
-  // A run whose args differ from the plan's.
-  DistributedPlan dp = plan_distributed(d.g, comms.c[0], {});
-  g = d.g;
+  DistributedPlan dp = plan_distributed(one.d.g, one.comms.c[0], o);
+  run(dp, one.d.g, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(one.d.c->download(), want);
+}
+
+// A run whose args differ from the plan's gets a named error (before any collective).
+TEST(DistributedGpu, RunWithOtherArgsThanThePlansGetsANamedError) {
+  SPARSEK_REQUIRE_GPU();
+  REQUIRE_NCCL();
+  CUDA_OK(cudaSetDevice(0));
+  OneRank one;
+  DistributedPlan dp;
+  {
+    STEP("plan");
+    dp = plan_distributed(one.d.g, one.comms.c[0], {});
+  }
+  STEP("run with N = 32 (planned for 64)");
+  GemmArgs g = one.d.g;
   g.c.cols = g.b.cols = 32;
   try {
     run(dp, g, nullptr);
     ADD_FAILURE() << "a run with other shapes was accepted";
   } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
     EXPECT_TRUE(contains(e.what(), "args do not match the plan")) << e.what();
   }
 }
