@@ -301,6 +301,13 @@ def run_attention_case(name, Hq, Hkv, D, density, causal, args):
 
 
 def attention_main(args, header):
+    # Every case compiles flex_attention anew (shapes, GQA, grad mode): past torch's default limit of
+    # 8 recompilations it silently falls back to the unfused eager path (slow, and bf16 throughout, so
+    # it no longer serves as the reference either).
+    import torch._dynamo
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
     print(f"# {header['gpu']}, torch {header['torch']}, sparsek {header['sparsek']}, bf16, B=1, S={args.seq}, "
           f"median of {args.reps}; effective TFLOPS = 4*D*unmasked / time (backward: 2.5x); "
           "SDPA dense: (its own dense TFLOPS)")
