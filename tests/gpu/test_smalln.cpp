@@ -262,14 +262,15 @@ TEST(SmallN, VeryLongRowIsSplitAndRepeatsBitIdentical) {
   }
 }
 
-// Decode shape in miniature, default variant choice: plan() picks smalln for N <= 128 and not
-// above; both runs bit-identical to a forced smalln run.
+// Decode shape in miniature, default variant choice: plan() picks smalln for N <= 64 (one N tile)
+// and not above (hopper takes N = 65..128 where it applies); smalln's picks bit-identical to a
+// forced smalln run.
 TEST(SmallN, DefaultChoiceBySmallN) {
   SPARSEK_REQUIRE_GPU();
   // The heuristic's choice: a tuning cache on the machine may rightly choose otherwise.
   SavedEnv saved("SPARSEK_TUNE");
   setenv("SPARSEK_TUNE", "off", 1);
-  for (int64_t n : {1, 16, 128, 129}) {
+  for (int64_t n : {1, 16, 64, 128, 129}) {
     CaseSpec s = dsd(64, 64, n, uint64_t(700 + n));
     s.rows = 1024;
     s.cols = 512;
@@ -280,11 +281,11 @@ TEST(SmallN, DefaultChoiceBySmallN) {
     Options o;
     o.backend = Backend::cuda;
     const Plan p = plan(dc.args, o);
-    if (n <= 128)
+    if (n <= 64)
       EXPECT_EQ(p.variant(), "smalln") << "N=" << n;
     else
       EXPECT_NE(p.variant(), "smalln") << "N=" << n;
-    if (n <= 128) {
+    if (n <= 64) {
       run(p, dc.args, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<uint8_t> got(gc->c->bytes.size());
