@@ -1,6 +1,6 @@
 """BSRMatrix: a block-sparse matrix whose arrays live in the framework (and on the device) they came from.
 
-Layout (SPEC §2): row_ptr int32 [mb+1], col_idx int32 [nnzb], values [nnzb, bm, bk], each block
+Layout: row_ptr int32 [mb+1], col_idx int32 [nnzb], values [nnzb, bm, bk], each block
 row-major; the matrix is (mb*bm) x (kb*bk). Conversions (dense <-> BSR, transpose) run in the
 array's own framework, so they work on the GPU too; the BSR invariants are checked by the library
 (sparsek::validate) when a matrix is built from user arrays.

@@ -1,4 +1,4 @@
-"""The products (SPEC §1): DSD ``bsr_mm``, DDS ``dense_bsr_mm``, SDD ``sampled_mm``.
+"""The products: DSD ``bsr_mm``, DDS ``dense_bsr_mm``, SDD ``sampled_mm``.
 
 Outputs are allocated by the inputs' framework on their device; GPU work runs on the framework's
 current stream and is not synchronized. torch tensors go through ``_torch_ops`` (plans cached on

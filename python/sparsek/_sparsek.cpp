@@ -747,7 +747,7 @@ NB_MODULE(_sparsek, m) {
     return partition_block_rows(static_cast<const int32_t*>(row_ptr.data()), mb, ranks);
   });
 
-  // The BSR invariants (SPEC §2). Cheap checks always; with check_indices the O(nnzb) index checks
+  // The BSR invariants. Cheap checks always; with check_indices the O(nnzb) index checks
   // too (device indices are copied to the host first, as the library's own validation does).
   m.def(
       "validate_bsr",
