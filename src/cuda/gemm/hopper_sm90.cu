@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.hpp"
@@ -289,14 +290,41 @@ __device__ __forceinline__ int box_offset(int line, int byte) {
   return o ^ (((o >> 7) & (LB / 16 - 1)) << 4);
 }
 
+// Which store box a fragment (mi, j, h) of this warp falls in, along one side of the box: x is
+// the fragment's first coordinate on that side without the lane's part (which is < 8 and never
+// crosses a box edge: edges are multiples of 32). Along the side that holds the warp's 16 rows
+// (m, or n when swapped) that is X64 (a multiple of 64, compile-time) + warp * 16 + h * 8.
+// NOTE: written so that ptxas sees compile-time values and the (uniform) warp index only: a test
+// on each element's full coordinates compiled, for column-major C, to a branch per accumulator
+// pair in every box (4x the instructions, instruction-cache misses): 340 instead of 585 effective
+// TFLOPS at 8192^3 128x128 (docs/KERNELS.md, "Column-major C").
+template <int S>
+__device__ __forceinline__ int box_of_warp_side(int x64, int warp) {
+  static_assert(S == 32 || S == 64, "store boxes are 32 or 64 elements along each side");
+  return S == 64 ? x64 / 64 : x64 / 32 + warp / 2;  // warp * 16 + h * 8 < 64; (..) / 32 = warp / 2
+}
+template <class Cfg, bool C_COL>
+__device__ __forceinline__ bool in_box(int k, int mi, int j, int warp) {
+  if constexpr (C_COL) {  // box k: rows (k % IC) * IW + [0, IW), columns (k / IC) * OL + [0, OL)
+    constexpr int IW = Cfg::COL_IW, OL = Cfg::COL_OL, IC = Cfg::ROWS / IW;
+    const int r_box = Cfg::SWAP ? (j * 8) / IW : IC == 1 ? 0 : box_of_warp_side<IW>(0, warp);
+    const int n_box = Cfg::SWAP ? box_of_warp_side<OL>(mi * 64, warp) : (j * 8) / OL;
+    return r_box == k % IC && n_box == k / IC;
+  } else {  // box k: columns k * CW + [0, CW) of all ROWS rows
+    return (Cfg::SWAP ? box_of_warp_side<Cfg::CW>(mi * 64, warp) : (j * 8) / Cfg::CW) == k;
+  }
+}
+
 // Epilogue through shared memory and TMA stores: the tile goes out in boxes of whole 128-byte
 // lines (one L2 request per line instead of eight 16-byte pieces), alternating between two
 // swizzled buffers so that filling one overlaps the store of the other. Row-major C: box k is
 // columns [k*CW, +CW) of the consumer's ROWS rows (a line is a row). Column-major C: box k is rows
 // [(k % IC)*IW, +IW) of columns [(k / IC)*OL, +OL) (a line is a column). With beta != 0 the C box
 // is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
-template <class Cfg, bool C_COL>
-__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
+// One box per instantiation: K must be a compile-time constant (a `#pragma unroll` over the boxes
+// was not honoured for the larger bodies, which left a run-time membership test on every pair).
+template <class Cfg, bool C_COL, int K>
+__device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
                                              const CUtensorMap* tm_c, int row0, int n0, int which,
                                              uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
   using T = typename Cfg::TOut;
@@ -305,76 +333,89 @@ __device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], co
   constexpr int LB = IW * ES;                           // bytes per line (128; 64 for 32-row pieces of 16-bit C)
   constexpr int OL = C_COL ? Cfg::COL_OL : Cfg::ROWS;   // lines per box
   constexpr int IC = C_COL ? Cfg::ROWS / IW : 1;        // column-major: boxes down one column group
-  // A fragment's pair is adjacent in a line when it runs along the line (non-swapped pairs run
-  // along n, swapped ones along m).
+  // A fragment's pair (e = 0, 1) is adjacent in a line when it runs along the line (non-swapped
+  // pairs run along n, swapped ones along m). Otherwise it spans two lines, and lanes g and g ^ 1
+  // (lane ^ 4), which are neighbours along the line, trade one value each: then every thread again
+  // holds two neighbours of one line (one 4-byte store, 8-byte for f32, instead of two).
   constexpr bool PAIRED = C_COL == Cfg::SWAP;
   static_assert(OL * LB == Cfg::E_BYTES && (LB == 128 || LB == 64), "a box fills one staging buffer");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const bool odd_g = (lane >> 2) & 1;
   const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
-#pragma unroll
-  for (int k = 0; k < Cfg::BN / Cfg::CW; ++k) {
-    uint8_t* buf = ebuf + (k & 1) * Cfg::E_BYTES;
-    const uint32_t buf_s = ebuf_s + (k & 1) * Cfg::E_BYTES;
-    // The box's first element: c0 along C's contiguous dimension, c1 along the other.
-    const int c0 = C_COL ? row0 + (k % IC) * IW : n0 + k * Cfg::CW;
-    const int c1 = C_COL ? n0 + (k / IC) * OL : row0;
-    // The buffer was last used two boxes ago: its store must have read it.
-    if (tid == 0) ptx::bulk_wait_group_read<1>();
-    ptx::named_barrier_sync(3 + which, 128);
-    if (read_c) {
-      if (tid == 0) {
-        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
-        ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
-      }
-      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
-      c_phase ^= 1;
+  uint8_t* buf = ebuf + (K & 1) * Cfg::E_BYTES;
+  const uint32_t buf_s = ebuf_s + (K & 1) * Cfg::E_BYTES;
+  // The box's first element: c0 along C's contiguous dimension, c1 along the other.
+  const int c0 = C_COL ? row0 + (K % IC) * IW : n0 + K * Cfg::CW;
+  const int c1 = C_COL ? n0 + (K / IC) * OL : row0;
+  // The buffer was last used two boxes ago: its store must have read it.
+  if (tid == 0) ptx::bulk_wait_group_read<1>();
+  ptx::named_barrier_sync(3 + which, 128);
+  if (read_c) {
+    if (tid == 0) {
+      ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
+      ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
     }
+    ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
+    c_phase ^= 1;
+  }
 #pragma unroll
-    for (int mi = 0; mi < Cfg::MI; ++mi)
+  for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
-      for (int j = 0; j < Cfg::ACC / 4; ++j)
+    for (int j = 0; j < Cfg::ACC / 4; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int r, n, r1, n1;
-          dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
-          dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
-          // Box membership: compile-time or warp-uniform (the pair shares its box).
-          if constexpr (C_COL) {
-            if (r / IW != k % IC || n / OL != k / IC) continue;
+      for (int h = 0; h < 2; ++h) {
+        if (!in_box<Cfg, C_COL>(K, mi, j, warp)) continue;  // compile-time or warp-uniform
+        int r, n, r1, n1;
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
+        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
+        float v0 = alpha * acc[mi][4 * j + 2 * h], v1 = alpha * acc[mi][4 * j + 2 * h + 1];
+        int line = C_COL ? n % OL : r, pos = C_COL ? r % IW : n % IW;
+        if constexpr (!PAIRED) {
+          // Even g keeps e0 and takes its neighbour's e0 (next along the line); odd g keeps e1
+          // and takes its neighbour's e1 (previous along the line).
+          const float got = __shfl_xor_sync(0xffffffffu, odd_g ? v0 : v1, 4);
+          if (odd_g) {
+            v0 = got;
+            line = C_COL ? n1 % OL : r1;
+            pos = (C_COL ? r1 % IW : n1 % IW) - 1;
           } else {
-            if (n / Cfg::CW != k) continue;
-          }
-          float v0 = alpha * acc[mi][4 * j + 2 * h], v1 = alpha * acc[mi][4 * j + 2 * h + 1];
-          uint8_t* q0 = buf + (C_COL ? box_offset<LB>(n % OL, (r % IW) * ES) : box_offset<LB>(r, (n % IW) * ES));
-          T* e0 = reinterpret_cast<T*>(q0);
-          if constexpr (PAIRED) {  // the pair is adjacent in the line (never across a 16-byte granule)
-            if (read_c) {
-              const float2 old = out_load2(e0, p.out_bf16);
-              v0 += p.beta * old.x;
-              v1 += p.beta * old.y;
-            }
-            out_store2(e0, v0, v1, p.out_bf16);
-          } else {  // the pair spans two lines
-            T* e1 = reinterpret_cast<T*>(
-                buf + (C_COL ? box_offset<LB>(n1 % OL, (r1 % IW) * ES) : box_offset<LB>(r1, (n1 % IW) * ES)));
-            if (read_c) {
-              v0 += p.beta * out_load(e0, p.out_bf16);
-              v1 += p.beta * out_load(e1, p.out_bf16);
-            }
-            out_store(e0, v0, p.out_bf16);
-            out_store(e1, v1, p.out_bf16);
+            v1 = got;
           }
         }
-    ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
-    ptx::named_barrier_sync(3 + which, 128);
-    if (tid == 0) {
-      if constexpr (Cfg::L2_HINTS)
-        ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
-      else
-        ptx::tma_store_2d(tm_c, buf_s, c0, c1);
-      ptx::bulk_commit_group();
-    }
+        T* e0 = reinterpret_cast<T*>(buf + box_offset<LB>(line, pos * ES));
+        if (read_c) {
+          const float2 old = out_load2(e0, p.out_bf16);
+          v0 += p.beta * old.x;
+          v1 += p.beta * old.y;
+        }
+        out_store2(e0, v0, v1, p.out_bf16);
+      }
+  ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
+  ptx::named_barrier_sync(3 + which, 128);
+  if (tid == 0) {
+    if constexpr (Cfg::L2_HINTS)
+      ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
+    else
+      ptx::tma_store_2d(tm_c, buf_s, c0, c1);
+    ptx::bulk_commit_group();
   }
+}
+
+template <class Cfg, bool C_COL, int... K>
+__device__ __forceinline__ void epilogue_boxes(std::integer_sequence<int, K...>, float (&acc)[Cfg::MI][Cfg::ACC],
+                                               const Params& p, float alpha, const CUtensorMap* tm_c, int row0,
+                                               int n0, int which, uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar,
+                                               uint32_t& c_phase) {
+  (epilogue_box<Cfg, C_COL, K>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase), ...);
+}
+
+template <class Cfg, bool C_COL>
+__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
+                                             const CUtensorMap* tm_c, int row0, int n0, int which,
+                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
+  static_assert((Cfg::BN / Cfg::CW) % 2 == 0, "store boxes alternate between two buffers");
+  epilogue_boxes<Cfg, C_COL>(std::make_integer_sequence<int, Cfg::BN / Cfg::CW>{}, acc, p, alpha, tm_c, row0, n0,
+                             which, ebuf, ebuf_s, c_bar, c_phase);
 }
 
 // One accumulator pair (already times alpha) into C at tile coordinates (r, n) and (r1, n1): one
