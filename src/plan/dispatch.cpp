@@ -2,6 +2,7 @@
 // in-process plan cache (plan.cpp holds plan()/run()).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -460,9 +461,12 @@ namespace {
 struct DenseKey {
   int64_t rows = 0, cols = 0, ld = 0;
   int layout = 0, dtype = 0, memory = 0;
+  // Device data: a plan may size workspace by the data's alignment (hopper copies a dense operand
+  // that is not 16-byte aligned into aligned workspace), so a less aligned pointer gets its own plan.
+  bool aligned16 = false;
   bool operator==(const DenseKey& o) const {
     return rows == o.rows && cols == o.cols && ld == o.ld && layout == o.layout && dtype == o.dtype &&
-           memory == o.memory;
+           memory == o.memory && aligned16 == o.aligned16;
   }
 };
 
@@ -487,7 +491,8 @@ struct PlanKey {
 };
 
 DenseKey dense_key(const DenseView& d) {
-  return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory)};
+  return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory),
+          d.memory == Memory::device && reinterpret_cast<uintptr_t>(d.data) % 16 == 0};
 }
 
 PlanCache<PlanKey, Plan>& plan_cache() {

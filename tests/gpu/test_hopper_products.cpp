@@ -373,15 +373,14 @@ TEST(HopperProducts, WhyNotNamesTheOperand) {
   g.sparse.values = storage;
   g.sparse.dtype = DType::f16;
   g.sparse.memory = Memory::device;
-  g.a = DenseView{storage + 2, 40, 128, 128, Layout::row_major, DType::f16, Memory::device};  // misaligned A
+  g.a = DenseView{storage, 40, 128, 128, Layout::row_major, DType::f16, Memory::device};
   g.c = DenseView{storage, 40, 64, 64, Layout::row_major, DType::f32, Memory::device};
+  // DDS's sparse operand is B (a dense A that is not 16-byte aligned is packed by run():
+  // test_hopper_unaligned.cpp).
+  g.sparse.values = storage + 8;
   std::string why = v->why_not(g);
-  EXPECT_NE(why.find("A must be 16-byte aligned"), std::string::npos) << why;
-  g.a.data = storage;
-  g.a.ld = 131;  // 262-byte lines
-  why = v->why_not(g);
-  EXPECT_NE(why.find("A's leading dimension"), std::string::npos) << why;
-  EXPECT_NE(why.find("ld=131"), std::string::npos) << why;
+  EXPECT_NE(why.find("B values must be 16-byte aligned"), std::string::npos) << why;
+  g.sparse.values = storage;
   // SDD: K = 0, and a misaligned B.
   GemmArgs s;
   s.kind = OpKind::sdd;

@@ -140,8 +140,8 @@ Case redraw_case(uint64_t seed, int index, int t) {
   return draw_case(s, int(slot.below(96)));
 }
 // Draws per case before giving up (the case then counts as having no supporting variant). A
-// narrow domain such as hopper's (f16/bf16, bm and bk in {32,64,128}, dense operands with 16-byte
-// aligned lines) holds a few percent of the draws, so 2000 draws practically never miss it. A rejected draw only builds the operands' shapes (and uploads
+// narrow domain such as hopper's (f16/bf16, bm and bk in {32,64,128}; for SDD dense operands with
+// 16-byte aligned lines) holds a few percent of the draws, so 2000 draws practically never miss it. A rejected draw only builds the operands' shapes (and uploads
 // them on a GPU): no values, no oracle.
 constexpr int kMaxDraws = 2000;
 

@@ -21,6 +21,8 @@
 //    loops take turns and one consumer's epilogue runs under the other's math.
 //  - Epilogue: accumulators -> swizzled shared boxes -> TMA stores (full 128-byte L2 rows), in
 //    C's orientation (row- or column-major); C not TMA-aligned is written from the registers.
+//  - B not TMA-aligned (base address or leading dimension not a multiple of 16 bytes): run() first
+//    packs it into workspace with 16-byte aligned lines (pack_lines.cu) and the product reads that.
 //  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
 //    item moved ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
 //    streams across work items, so a short row does not pay the pipeline fill.
@@ -48,6 +50,7 @@
 #include "cuda/common/tma.hpp"
 #include "cuda/common/wgmma_tile.cuh"
 #include "cuda/gemm/hopper_sdd.hpp"
+#include "cuda/gemm/pack_lines.hpp"
 #include "cuda/ptx/async.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "plan/backends.hpp"
@@ -701,7 +704,8 @@ struct HopperState final : VariantState {
   int4* groups = nullptr;    // split items for hopper_split_reduce
   int ngroups = 0;
   float* partials = nullptr;
-  size_t bytes = 0;  // schedule, transposed pattern and split-row buffers on the device
+  void* packed_b = nullptr;  // B not TMA-aligned: its 16-byte aligned copy (see packed_b_bytes())
+  size_t bytes = 0;  // schedule, transposed pattern, split-row buffers and packed B on the device
   size_t workspace_bytes() const override { return bytes; }
   ~HopperState() override {
 #ifdef SPARSEK_HOPPER_PROFILE
@@ -718,7 +722,7 @@ struct HopperState final : VariantState {
     // safe (the one-shot API destroys the state right after enqueueing).
     for (void* q : {static_cast<void*>(items), static_cast<void*>(cta_items), static_cast<void*>(col),
                     static_cast<void*>(perm), static_cast<void*>(slot_of), static_cast<void*>(groups),
-                    static_cast<void*>(partials)})
+                    static_cast<void*>(partials), packed_b})
       if (q) cudaFree(q);
   }
 };
@@ -915,18 +919,17 @@ std::string dsd_why_not(const GemmArgs& args) {
   const DsdShape d = dsd_shape(args);
   const GemmArgs& g = d.g;
   const BsrView& a = g.sparse;
-  const char* dense_in = args.kind == OpKind::dds ? "A" : "B";  // the DSD view's B
   const int64_t N = g.b.cols, K = g.b.rows;
   if (N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) || g.c.rows >= (int64_t(1) << 31))
     return "M, N and K must be below 2^31 (TMA coordinates are 32-bit)";
   if (a.nnzb * a.bm >= (int64_t(1) << 31))
     return "nnzb*bm = " + std::to_string(a.nnzb * a.bm) + " must be below 2^31 (TMA coordinates are 32-bit)";
   if (a.nnzb > 0) {
-    // NOTE: TMA needs 16-byte aligned base addresses and line strides.
+    // NOTE: TMA needs 16-byte aligned base addresses and line strides. A dense B that lacks them
+    // is packed by run() (packed_b_bytes()); the sparse values are not.
     if (reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
       return std::string(args.kind == OpKind::dds ? "B" : "A") + " values must be 16-byte aligned for TMA (address % 16 = " +
              std::to_string(reinterpret_cast<uintptr_t>(a.values) % 16) + ")";
-    return hopper_tma_operand_why_not(g.b, dense_in);
   }
   return "";
 }
@@ -970,6 +973,37 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   if (!v.empty())
     check_cuda(cudaMemcpy(*dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy(hopper schedule)");
   bytes += v.size() * sizeof(T);
+}
+
+// ---- B not TMA-aligned: packed before the product ----
+// The DSD view's B (DDS: the caller's A) whose base address or leading dimension is not a multiple
+// of 16 bytes is copied by run(), one small kernel ahead of the product on the same stream, into
+// workspace whose stored lines (rows when row-major, columns when column-major) start 16 bytes
+// apart; the product then reads the copy. The tensor maps keep B's logical extent, so the copy's
+// line padding is never read (TMA boxes past it are zero-filled), and it is never written either.
+// 0 when B is read in place (TMA-aligned, or no stored block: B is never read).
+size_t packed_b_bytes(const GemmArgs& g) {
+  const DenseView& b = g.b;
+  if (g.sparse.nnzb == 0 || hopper_tma_operand_why_not(b, "B").empty()) return 0;
+  const bool row = b.layout == Layout::row_major;
+  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows)) * dtype_size(b.dtype);
+}
+// Enqueues the copy and returns the view the product reads (g.b itself when it is TMA-aligned).
+DenseView pack_b(const GemmArgs& g, const char* name, const HopperState& st, void* stream) {
+  DenseView b = g.b;
+  if (packed_b_bytes(g) == 0) return b;
+  // ld is pinned by the plan, but a base address may be less aligned than it was at plan time.
+  if (!st.packed_b)
+    throw Error(Status::unsupported, std::string("hopper: ") + name + " is not 16-byte aligned (address % 16 = " +
+                                         std::to_string(reinterpret_cast<uintptr_t>(b.data) % 16) +
+                                         ") but was when the plan was made, so the plan holds no room to copy it "
+                                         "into; make the plan with " + name + " at this address");
+  const bool row = b.layout == Layout::row_major;
+  const int64_t lines = row ? b.rows : b.cols, len = row ? b.cols : b.rows;
+  pack_lines_16bit(b.data, b.ld, st.packed_b, lines, len, stream);
+  b.data = st.packed_b;
+  b.ld = packed_line_elems(len);
+  return b;
 }
 
 std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options&) {
@@ -1048,6 +1082,10 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
     check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
     st->bytes += pbytes;
   }
+  if (const size_t pb = packed_b_bytes(d.g); pb > 0 && st->grid > 0) {
+    check_cuda(cudaMalloc(&st->packed_b, pb), "cudaMalloc(hopper packed B)");
+    st->bytes += pb;
+  }
   return st;
 }
 
@@ -1061,7 +1099,9 @@ void run_hopper(const GemmArgs& args, const Options& o, VariantState* state) {
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
   const Kernel k = pick(d, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
-  k.launch(d.g, *st, static_cast<cudaStream_t>(o.stream));
+  GemmArgs g = d.g;
+  g.b = pack_b(d.g, args.kind == OpKind::dds ? "A" : "B", *st, o.stream);
+  k.launch(g, *st, static_cast<cudaStream_t>(o.stream));
 }
 
 }  // namespace

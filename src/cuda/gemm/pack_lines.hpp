@@ -1,0 +1,18 @@
+// Internal: packs a strided matrix of 16-bit elements into lines whose starts are 16 bytes apart
+// (pack_lines.cu), so that the TMA can read it: the Hopper product does this for a dense operand
+// whose base address or leading dimension is not a multiple of 16 bytes.
+#pragma once
+#include <cstdint>
+
+namespace sparsek {
+
+// Elements of a 16-bit line padded to a whole number of 16-byte granules.
+inline int64_t packed_line_elems(int64_t len) { return (len + 7) / 8 * 8; }
+
+// dst[i * packed_line_elems(len) + j] = src[i * ld + j] for i < lines, j < len, enqueued on
+// `stream` (a cudaStream_t). src needs only 2-byte alignment; dst must be 16-byte aligned and hold
+// lines * packed_line_elems(len) elements. The padding past len in each line is not written.
+// One launch, no allocation, no synchronization (capturable in a CUDA graph).
+void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t lines, int64_t len, void* stream);
+
+}  // namespace sparsek

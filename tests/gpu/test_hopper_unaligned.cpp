@@ -1,0 +1,290 @@
+// GPU tests of the Hopper variant "hopper" on dense operands the TMA cannot read in place: a DSD B
+// (or a DDS A, the DSD view's B) whose base address or leading dimension is not a multiple of 16
+// bytes is packed into aligned workspace ahead of the product. Against the fp64 oracle on
+// NaN-poisoned C with C's padding checked: N in {1, 3, 17, 257, 999}, ld > N, a base address 2
+// bytes off, row- and column-major B, op = T, DDS, beta, empty rows, nnzb = 0, bit-identical
+// repeats, the workspace the plan reports, and a plan that met an aligned B given a misaligned one.
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu/oracle.hpp"
+#include "cuda/gemm/hopper_sdd.hpp"
+#include "cuda/gemm/pack_lines.hpp"
+#include "gpu/device_case.hpp"
+#include "plan/variant.hpp"
+#include "sparsek/plan.hpp"
+#include "test_util.hpp"
+
+namespace sparsek::test {
+namespace {
+
+CaseSpec spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, uint64_t seed) {
+  CaseSpec s;
+  s.kind = kind;
+  s.op = op;
+  s.bm = bm;
+  s.bk = bk;
+  s.rows = mb * bm;
+  s.cols = kb * bk;
+  s.free = free;
+  s.density = 0.5;
+  s.in = DType::f16;
+  s.out = DType::f16;  // 2-byte C: a base address 2 bytes off stays element-aligned
+  s.alpha = 1.5f;
+  s.seed = seed;
+  return s;
+}
+
+// The dense operand the kernel reads as its B (DDS: the caller's A) and whether the TMA can read it.
+const DenseView& dsd_b(const GemmArgs& g) { return g.kind == OpKind::dds ? g.a : g.b; }
+bool tma_readable(const GemmArgs& g) { return hopper_tma_operand_why_not(dsd_b(g), "B").empty(); }
+// Bytes of its packed copy: stored lines x (line length rounded up to 16 bytes).
+size_t packed_bytes(const DenseView& b) {
+  const bool row = b.layout == Layout::row_major;
+  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows)) * dtype_size(b.dtype);
+}
+
+// Runs s through a `hopper` plan with every dense operand's device address moved by `offset`
+// bytes (twice: the repeat must be bit-identical), checks the oracle and C's padding, and that the
+// case really needed the copy; returns C's bytes.
+std::vector<uint8_t> check(const CaseSpec& s, size_t offset = 0) {
+  SCOPED_TRACE(describe(s) + (offset ? " dense pointers +" + std::to_string(offset) + " B" : ""));
+  auto gc = make_case(s);
+  const std::vector<double> ref = oracle(gc->args);  // on the host, before C changes
+  const std::vector<uint8_t> before = gc->c->bytes;
+  DeviceCase dc(*gc, offset);
+  EXPECT_FALSE(tma_readable(dc.args)) << "the case does not exercise the packed copy";
+  const Variant* v = find_variant("hopper");
+  EXPECT_EQ(v->why_not(dc.args), "") << "hopper does not take this case";
+  Options o;
+  o.variant = "hopper";
+  const Plan p = plan(dc.args, o);
+  if (gc->sparse.nnzb() > 0) {
+    EXPECT_GE(p.workspace_bytes(), packed_bytes(dsd_b(dc.args)));
+  }
+  run(p, dc.args);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dc.download(*gc);
+  expect_output_matches(*gc, ref, before);
+  const std::vector<uint8_t> first = gc->c->bytes;
+  // Again from the same C: the same bytes.
+  check_cuda(cudaMemcpy(dc.c->ptr, before.data(), before.size(), cudaMemcpyHostToDevice), "cudaMemcpy C");
+  run(p, dc.args);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dc.download(*gc);
+  EXPECT_TRUE(gc->c->bytes == first) << "a repeated run gave different bytes";
+  return first;
+}
+
+// A pattern with every block row empty except those listed, which hold every block column.
+Pattern rows_only(int64_t mb, int64_t kb, const std::vector<int64_t>& full) {
+  Pattern p;
+  p.mb = mb;
+  p.kb = kb;
+  p.row_ptr.push_back(0);
+  for (int64_t r = 0; r < mb; ++r) {
+    for (int64_t x : full)
+      if (x == r)
+        for (int32_t c = 0; c < kb; ++c) p.col_idx.push_back(c);
+    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+  }
+  return p;
+}
+
+// ---- why_not: runs anywhere (no device memory is touched) ----
+
+TEST(HopperUnaligned, WhyNotNoLongerNamesTheDenseOperandsAlignment) {
+  const Variant* v = find_variant("hopper");
+  ASSERT_NE(v, nullptr);
+  alignas(256) static char storage[1 << 12];
+  static const int32_t rp[3] = {0, 1, 1}, ci[1] = {0};
+  GemmArgs g;
+  g.kind = OpKind::dsd;
+  g.sparse.rows = 128;
+  g.sparse.cols = 64;
+  g.sparse.bm = 64;
+  g.sparse.bk = 64;
+  g.sparse.nnzb = 1;
+  g.sparse.row_ptr = rp;
+  g.sparse.col_idx = ci;
+  g.sparse.values = storage;
+  g.sparse.dtype = DType::f16;
+  g.sparse.memory = Memory::device;
+  g.b = DenseView{storage + 2, 64, 999, 999, Layout::row_major, DType::f16, Memory::device};
+  g.c = DenseView{storage, 128, 999, 999, Layout::row_major, DType::f16, Memory::device};
+  const auto& d = device_info();
+  const bool sm90 = d.available && d.cc_major == 9 && d.cc_minor == 0;
+  auto supported = [&](const GemmArgs& x, const char* what) {
+    const std::string why = v->why_not(x);
+    EXPECT_EQ(why.find("16-byte"), std::string::npos) << what << ": " << why;
+    EXPECT_EQ(why.find("leading dimension"), std::string::npos) << what << ": " << why;
+    if (sm90) {
+      EXPECT_EQ(why, "") << what;
+    } else {
+      EXPECT_TRUE(why.find("sm_90") != std::string::npos || why.find("no CUDA device") != std::string::npos)
+          << what << ": " << why;
+    }
+  };
+  supported(g, "DSD, B 2 bytes off, ld 999");
+  g.b.layout = Layout::col_major;
+  g.b.ld = 67;
+  supported(g, "DSD, column-major B, ld 67");
+  g.op = Op::trans;  // op(A) = A^T: 64 x 128, so B is 128 x 999
+  g.b = DenseView{storage + 2, 128, 999, 131, Layout::col_major, DType::f16, Memory::device};
+  g.c = DenseView{storage, 64, 999, 999, Layout::row_major, DType::f16, Memory::device};
+  supported(g, "DSD op T, column-major B 2 bytes off, ld 131");
+  // DDS: the dense A is the DSD view's B.
+  GemmArgs e = g;
+  e.kind = OpKind::dds;
+  e.op = Op::none;
+  e.b = DenseView{};
+  e.a = DenseView{storage + 2, 40, 128, 131, Layout::row_major, DType::f16, Memory::device};
+  e.c = DenseView{storage, 40, 64, 64, Layout::row_major, DType::f16, Memory::device};
+  supported(e, "DDS, A 2 bytes off, ld 131");
+  // The sparse values stay a refusal.
+  g.sparse.values = storage + 8;
+  EXPECT_NE(v->why_not(g).find("A values must be 16-byte aligned"), std::string::npos) << v->why_not(g);
+}
+
+// ---- correctness on the device ----
+
+// Row-major B with ld = N (rows not whole 16-byte granules), every block height, beta = 0 over NaN
+// and beta != 0, every output dtype.
+TEST(HopperUnaligned, RowMajorBRaggedN) {
+  SPARSEK_REQUIRE_SM90();
+  int n = 0;
+  for (int64_t N : {1, 3, 17, 257})
+    for (int bm : {32, 64, 128}) {
+      CaseSpec s = spec(OpKind::dsd, Op::none, bm, bm == 32 ? 64 : 128, 3, 3, N, uint64_t(1400 + n));
+      s.in = n % 2 ? DType::bf16 : DType::f16;
+      s.out = n % 3 == 0 ? DType::f32 : s.in;
+      s.beta = n % 2 ? 0.5f : 0.f;
+      ++n;
+      check(s);
+    }
+}
+
+// M = 8256 K = 8192 N = 999's shape class, small: N = 999 (4 N tiles, the last one ragged).
+TEST(HopperUnaligned, N999) {
+  SPARSEK_REQUIRE_SM90();
+  CaseSpec s = spec(OpKind::dsd, Op::none, 64, 64, 3, 4, 999, 1450);
+  check(s);
+  s.beta = -1.f;
+  s.bm = s.bk = 128;
+  s.rows = s.cols = 2 * 128;
+  s.seed = 1451;
+  check(s);
+}
+
+// ld > N and not a multiple of 8 elements; the base address 2 bytes off (row- and column-major B).
+TEST(HopperUnaligned, LeadingDimensionAndBaseAddress) {
+  SPARSEK_REQUIRE_SM90();
+  CaseSpec s = spec(OpKind::dsd, Op::none, 64, 64, 3, 3, 100, 1460);
+  s.pad_b = 1;  // ld 101
+  check(s);
+  int n = 0;
+  for (Layout lb : {Layout::row_major, Layout::col_major})
+    for (int64_t N : {96, 100}) {  // 96: rows whole granules, only the address is off
+      CaseSpec t = spec(OpKind::dsd, Op::none, 64, 128, 2, 3, N, uint64_t(1470 + n));
+      t.lb = lb;
+      t.beta = n % 2 ? 0.f : 0.75f;
+      ++n;
+      check(t, /*offset=*/2);
+    }
+  // Column-major B with ld = K + 1.
+  CaseSpec c = spec(OpKind::dsd, Op::none, 128, 64, 2, 3, 40, 1480);
+  c.lb = Layout::col_major;
+  c.pad_b = 1;
+  c.out = DType::f32;
+  check(c);
+}
+
+// op(A) = A^T with an unaligned B, both B layouts.
+TEST(HopperUnaligned, Transposed) {
+  SPARSEK_REQUIRE_SM90();
+  int n = 0;
+  for (Layout lb : {Layout::row_major, Layout::col_major}) {
+    CaseSpec s = spec(OpKind::dsd, Op::trans, 64, 128, 3, 2, 77, uint64_t(1490 + n++));
+    s.lb = lb;
+    s.pad_b = 2;  // ld 79 (row-major) or K + 2 = 194 (column-major)
+    s.beta = 1.f;
+    check(s);
+  }
+}
+
+// DDS: C = A * op(B) with the dense A unaligned (its rows or columns are the DSD view's B lines).
+TEST(HopperUnaligned, DdsUnalignedA) {
+  SPARSEK_REQUIRE_SM90();
+  int n = 0;
+  for (Op op : {Op::none, Op::trans})
+    for (Layout la : {Layout::row_major, Layout::col_major}) {
+      CaseSpec s = spec(OpKind::dds, op, 64, 64, 3, 3, 37, uint64_t(1500 + n));
+      s.la = la;
+      s.lc = n % 2 ? Layout::col_major : Layout::row_major;
+      s.beta = n % 2 ? 0.f : 0.5f;
+      ++n;
+      if (la == Layout::row_major) s.pad_a = 5;  // A's rows are K long (whole granules): ld K + 5
+      check(s);
+      check(s, /*offset=*/2);
+    }
+}
+
+// Empty block rows (beta * C there), and no stored block at all (B never read: nothing packed).
+TEST(HopperUnaligned, EmptyRowsAndNoBlocks) {
+  SPARSEK_REQUIRE_SM90();
+  const Pattern some = rows_only(4, 3, {1, 3});
+  CaseSpec s = spec(OpKind::dsd, Op::none, 64, 64, 4, 3, 33, 1520);
+  s.custom = &some;
+  check(s);
+  s.beta = 2.f;
+  check(s, /*offset=*/2);
+  const Pattern none = rows_only(4, 3, {});
+  CaseSpec z = spec(OpKind::dsd, Op::none, 64, 64, 4, 3, 33, 1530);
+  z.custom = &none;
+  check(z);
+  z.beta = 0.5f;
+  check(z, /*offset=*/2);
+}
+
+// The default choice (no variant named) is hopper for an unaligned N above the small-N range.
+TEST(HopperUnaligned, DefaultChoice) {
+  SPARSEK_REQUIRE_SM90();
+  auto gc = make_case(spec(OpKind::dsd, Op::none, 64, 64, 3, 4, 999, 1540));
+  DeviceCase dc(*gc);
+  ASSERT_FALSE(tma_readable(dc.args));
+  EXPECT_EQ(plan(dc.args).variant(), "hopper");
+}
+
+// A plan made for a 16-byte aligned B holds no room for a copy: given a misaligned B it says so
+// (no crash, nothing written); the one-shot API makes a plan of its own for it.
+TEST(HopperUnaligned, PlanMadeForAnAlignedB) {
+  SPARSEK_REQUIRE_SM90();
+  CaseSpec s = spec(OpKind::dsd, Op::none, 64, 64, 3, 3, 96, 1550);
+  auto gc = make_case(s);
+  const std::vector<double> ref = oracle(gc->args);
+  const std::vector<uint8_t> before = gc->c->bytes;
+  DeviceCase aligned(*gc), off(*gc, 2);
+  off.args.sparse = aligned.args.sparse;  // the plan is for one pattern (its device pointers)
+  Options o;
+  o.variant = "hopper";
+  const Plan p = plan(aligned.args, o);
+  EXPECT_LT(p.workspace_bytes(), packed_bytes(aligned.args.b)) << "aligned B: nothing to copy";
+  try {
+    run(p, off.args);
+    FAIL() << "expected Error(unsupported)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("B is not 16-byte aligned"), std::string::npos) << e.what();
+  }
+  clear_one_shot_plan_cache();
+  gemm(aligned.args, o);
+  gemm(off.args, o);  // same shape, less aligned B: not the cached plan
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  off.download(*gc);
+  expect_output_matches(*gc, ref, before);
+}
+
+}  // namespace
+}  // namespace sparsek::test
