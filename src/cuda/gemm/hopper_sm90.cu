@@ -20,7 +20,8 @@
 //    consumer owns every other item of its CTA (ping-pong): the ring is one FIFO, so the main
 //    loops take turns and one consumer's epilogue runs under the other's math.
 //  - Epilogue: accumulators -> swizzled shared boxes -> TMA stores (full 128-byte L2 rows), in
-//    C's orientation (row- or column-major); C not TMA-aligned is written from the registers.
+//    C's orientation (row- or column-major); C that TMA cannot store (unaligned base, leading
+//    dimension or N) leaves through the same boxes, copied out by the consumer's threads.
 //  - B not TMA-aligned (base address or leading dimension not a multiple of 16 bytes): run() first
 //    packs it into workspace with 16-byte aligned lines (pack_lines.cu) and the product reads that.
 //  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
@@ -318,6 +319,35 @@ __device__ __forceinline__ bool in_box(int k, int mi, int j, int warp) {
   }
 }
 
+// C that TMA cannot store (a base address, leading dimension or line length that is not a
+// 16-byte multiple) goes through the same shared-memory boxes, copied to and from C by the
+// consumer's threads instead of the TMA: a warp per line, lane l on elements l and l + 32 (each
+// warp instruction touches 64 or 128 contiguous bytes of C), masked past N. Raw element copies:
+// the conversion and beta happen in the box exactly as on the TMA path (same rounding).
+template <class Cfg, bool C_COL, bool LOAD>
+__device__ __forceinline__ void copy_box(uint8_t* buf, const Params& p, int c0, int c1, int warp, int lane) {
+  using T = typename Cfg::TOut;
+  constexpr int ES = int(sizeof(T));
+  constexpr int IW = C_COL ? Cfg::COL_IW : Cfg::CW, LB = IW * ES, OL = C_COL ? Cfg::COL_OL : Cfg::ROWS;
+  T* const c = static_cast<T*>(p.c);
+  const int64_t ld = C_COL ? p.c_cs : p.c_rs;
+#pragma unroll 4
+  for (int l = warp; l < OL; l += 4) {
+    const int line = c1 + l;  // a row of C (row-major) or a column (column-major)
+#pragma unroll
+    for (int e = 0; e < IW / 32; ++e) {
+      const int q = lane + 32 * e, pos = c0 + q;
+      const bool inside = (C_COL ? line : pos) < p.n;  // rows always exist (M = block rows * bm)
+      T* const sh = reinterpret_cast<T*>(buf + box_offset<LB>(l, q * ES));
+      T* const gl = c + int64_t(line) * ld + pos;
+      if constexpr (LOAD)
+        *sh = inside ? *gl : T(0);
+      else if (inside)
+        *gl = *sh;
+    }
+  }
+}
+
 // Epilogue through shared memory and TMA stores: the tile goes out in boxes of whole 128-byte
 // lines (one L2 request per line instead of eight 16-byte pieces), alternating between two
 // swizzled buffers so that filling one overlaps the store of the other. Row-major C: box k is
@@ -329,7 +359,8 @@ __device__ __forceinline__ bool in_box(int k, int mi, int j, int warp) {
 template <class Cfg, bool C_COL, int K>
 __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
                                              const CUtensorMap* tm_c, int row0, int n0, int which,
-                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
+                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase,
+                                             bool tma) {
   using T = typename Cfg::TOut;
   constexpr int ES = int(sizeof(T));
   constexpr int IW = C_COL ? Cfg::COL_IW : Cfg::CW;     // elements per line
@@ -350,16 +381,21 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
   // The box's first element: c0 along C's contiguous dimension, c1 along the other.
   const int c0 = C_COL ? row0 + (K % IC) * IW : n0 + K * Cfg::CW;
   const int c1 = C_COL ? n0 + (K / IC) * OL : row0;
-  // The buffer was last used two boxes ago: its store must have read it.
-  if (tid == 0) ptx::bulk_wait_group_read<1>();
+  // The buffer was last used two boxes ago: its store (or copy) must have read it.
+  if (tma && tid == 0) ptx::bulk_wait_group_read<1>();
   ptx::named_barrier_sync(3 + which, 128);
   if (read_c) {
-    if (tid == 0) {
-      ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
-      ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
+    if (!tma) {
+      copy_box<Cfg, C_COL, true>(buf, p, c0, c1, warp, lane);
+      ptx::named_barrier_sync(3 + which, 128);
+    } else {
+      if (tid == 0) {
+        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
+        ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
+      }
+      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
+      c_phase ^= 1;
     }
-    ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
-    c_phase ^= 1;
   }
 #pragma unroll
   for (int mi = 0; mi < Cfg::MI; ++mi)
@@ -393,6 +429,11 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
         }
         out_store2(e0, v0, v1, p.out_bf16);
       }
+  if (!tma) {
+    ptx::named_barrier_sync(3 + which, 128);
+    copy_box<Cfg, C_COL, false>(buf, p, c0, c1, warp, lane);
+    return;
+  }
   ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
   ptx::named_barrier_sync(3 + which, 128);
   if (tid == 0) {
@@ -408,17 +449,19 @@ template <class Cfg, bool C_COL, int... K>
 __device__ __forceinline__ void epilogue_boxes(std::integer_sequence<int, K...>, float (&acc)[Cfg::MI][Cfg::ACC],
                                                const Params& p, float alpha, const CUtensorMap* tm_c, int row0,
                                                int n0, int which, uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar,
-                                               uint32_t& c_phase) {
-  (epilogue_box<Cfg, C_COL, K>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase), ...);
+                                               uint32_t& c_phase, bool tma) {
+  (epilogue_box<Cfg, C_COL, K>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, tma), ...);
 }
 
+// tma: C is TMA-aligned (Params::tma_store); else the boxes are copied by the threads (copy_box).
 template <class Cfg, bool C_COL>
-__device__ __forceinline__ void epilogue_tma(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
-                                             const CUtensorMap* tm_c, int row0, int n0, int which,
-                                             uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase) {
+__device__ __forceinline__ void epilogue_boxed(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
+                                               const CUtensorMap* tm_c, int row0, int n0, int which,
+                                               uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase,
+                                               bool tma) {
   static_assert((Cfg::BN / Cfg::CW) % 2 == 0, "store boxes alternate between two buffers");
   epilogue_boxes<Cfg, C_COL>(std::make_integer_sequence<int, Cfg::BN / Cfg::CW>{}, acc, p, alpha, tm_c, row0, n0,
-                             which, ebuf, ebuf_s, c_bar, c_phase);
+                             which, ebuf, ebuf_s, c_bar, c_phase, tma);
 }
 
 // One accumulator pair (already times alpha) into C at tile coordinates (r, n) and (r1, n1): one
@@ -444,25 +487,6 @@ __device__ __forceinline__ void store_pair(const Params& p, int row0, int n0, in
     if (ok0) out_store(c + off0, v0 + (read_c ? p.beta * out_load(c + off0, p.out_bf16) : 0.f), p.out_bf16);
     if (ok1) out_store(c + off1, v1 + (read_c ? p.beta * out_load(c + off1, p.out_bf16) : 0.f), p.out_bf16);
   }
-}
-
-// Epilogue straight from the registers (C column-major or not TMA-aligned).
-template <class Cfg>
-__device__ __forceinline__ void epilogue_direct(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha, int row0,
-                                                int n0) {
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-#pragma unroll
-  for (int mi = 0; mi < Cfg::MI; ++mi)
-#pragma unroll
-    for (int j = 0; j < Cfg::ACC / 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int r, n, r1, n1;
-        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
-        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
-        store_pair<Cfg>(p, row0, n0, r, n, r1, n1, alpha * acc[mi][4 * j + 2 * h],
-                        alpha * acc[mi][4 * j + 2 * h + 1]);
-      }
 }
 
 // Split rows: a consumer's accumulators as float4 [MI * ACC / 4][128 threads] (thread-major, so
@@ -544,12 +568,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     // A block row with no stored block is beta * C whatever alpha is (+-Inf or NaN times the empty
     // sum would make it NaN).
     const float alpha = nst > 0 ? p.alpha : 0.f;
-    if (p.tma_store && p.c_col)
-      epilogue_tma<Cfg, true>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
-    else if (p.tma_store)
-      epilogue_tma<Cfg, false>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase);
+    if (p.c_col)
+      epilogue_boxed<Cfg, true>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, p.tma_store);
     else
-      epilogue_direct<Cfg>(acc, p, alpha, row0, n0);
+      epilogue_boxed<Cfg, false>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, p.tma_store);
     SK_PROF(prof_epi += clock64() - te;)
   }
   SK_PROF(if (tid == 0 && which == 0) {

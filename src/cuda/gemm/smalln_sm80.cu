@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -435,14 +434,9 @@ std::unique_ptr<VariantState> prepare_smalln(const GemmArgs& g, const Options&) 
     check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
                "cudaMemcpy(row_ptr)");
   // A piece of at least 32 KB of A: below that a CTA's start-up outweighs its streaming.
-  // Experiment switches (docs/KERNELS.md): SPARSEK_SMALLN_LISTS = the CTA count the shares are cut
-  // for (default: one per SM), SPARSEK_SMALLN_MIN_PIECE = the smallest piece in bytes of A.
   const int block_bytes = a.bm * a.bk * 2;
-  const char* lists_env = std::getenv("SPARSEK_SMALLN_LISTS");
-  const char* piece_env = std::getenv("SPARSEK_SMALLN_MIN_PIECE");
-  const int lists = lists_env && *lists_env ? std::max(1, std::atoi(lists_env)) : device_info().sm_count;
-  const int min_piece = piece_env && *piece_env ? std::max(1, std::atoi(piece_env)) : 32768;
-  const StreamSchedule s = build_stream_schedule(row_ptr, lists, std::max(1, min_piece / block_bytes), kColCap);
+  const StreamSchedule s =
+      build_stream_schedule(row_ptr, device_info().sm_count, std::max(1, 32768 / block_bytes), kColCap);
   const int nt = nt_for(st->n), ntiles = int((st->n + 8 * nt - 1) / (8 * nt));
   if (int64_t(s.units.size()) * std::max(1, ntiles) > INT32_MAX)
     throw Error(Status::unsupported, "smalln: too many work units for one launch");
