@@ -15,14 +15,14 @@ Contenders, each timed on identical inputs in this one process:
                sampled_addmm, so the row is torch.sparse.sampled_addmm on W's pattern as CSR (cuSPARSE)
 
 The sparse operand holds exactly k = round(density * cols/bk) random block columns in every block
-row (the SPEC §6 workload), values uniform in [-1, 1). Timing: warm-up, then the median of --reps
+row (the workload table of `sparsek bench`), values uniform in [-1, 1). Timing: warm-up, then the median of --reps
 CUDA-event timings of single calls; inputs are rotated through enough copies that the working set
 exceeds L2 (so nothing is timed from a warm cache). Effective TFLOPS count the stored blocks only:
 2 * nnzb * bm * bk * (the dense extent) / time, for torch dense too, so the columns compare; the
 dense column also shows its own full-matrix rate. Every contender's result is checked against
 torch dense (max |diff| / max |ref|; sdd: on the pattern's blocks) before its time is reported.
 
-    python3 bench/torch_peers.py                       # the SPEC §6 dsd table and the layer's dds, sdd
+    python3 bench/torch_peers.py                       # the dsd workload table and the layer's dds, sdd
     python3 bench/torch_peers.py --op dds --case 4096,14336,4096,64,0.25 --dtype bf16 --json out.json
     python3 bench/torch_peers.py --attention --json attn.json   # attention rows (bf16), one run
 
@@ -47,7 +47,7 @@ import torch
 
 import sparsek
 
-SPEC_CASES = [  # M, N, K, block, density (SPEC §6)
+SPEC_CASES = [  # M, N, K, block, density: the workload table of `sparsek bench`
     (8192, 8192, 8192, 128, 0.125),
     (8192, 8192, 8192, 64, 0.125),
     (8192, 8192, 8192, 32, 0.125),
@@ -347,7 +347,7 @@ def fmt(r, key="eff_tflops"):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", choices=["all", "dsd", "dds", "sdd"], default="all",
-                   help="which product (default: all; dsd runs the SPEC §6 cases, dds/sdd the layer's)")
+                   help="which product (default: all; dsd runs the workload table, dds/sdd the layer's)")
     p.add_argument("--case", action="append", default=[],
                    help="M,N,K,block,density (repeatable; needs one --op; default: the op's table)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")

@@ -116,8 +116,8 @@ if want products; then
 fi
 
 if want tune; then
-  # issue 5's figures: run() overhead over the bare launch, and the tuner's pick against the best
-  # candidate on the SPEC §6 workloads (a second timing pass; nothing stored).
+  # The tuner's figures: run() overhead over the bare launch, and the tuner's pick against the best
+  # candidate on the GPU workload table (a second timing pass; nothing stored).
   export SPARSEK_CACHE=$OUT/tune-cache.json
   $B/sparsek tune --run-overhead > "$OUT/tune-overhead.txt" 2>&1
   note overhead "rc=$? $(grep 'overhead over' "$OUT/tune-overhead.txt")"

@@ -77,6 +77,25 @@ struct CaseSpec {
   uint64_t seed = 1;
 };
 
+// A case of mb x kb blocks of bm x bk at density 0.5, f16 inputs, alpha 1.5 (the GPU product tests).
+inline CaseSpec block_case(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, uint64_t seed,
+                           DType out) {
+  CaseSpec s;
+  s.kind = kind;
+  s.op = op;
+  s.bm = bm;
+  s.bk = bk;
+  s.rows = mb * bm;
+  s.cols = kb * bk;
+  s.free = free;
+  s.density = 0.5;
+  s.in = DType::f16;
+  s.out = out;
+  s.alpha = 1.5f;
+  s.seed = seed;
+  return s;
+}
+
 struct GemmCase {
   CaseSpec spec;
   BsrMatrix sparse;

@@ -53,20 +53,7 @@ Pattern pattern_with(int64_t mb, int64_t kb, double density, uint64_t seed, cons
 }
 
 CaseSpec spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, uint64_t seed) {
-  CaseSpec s;
-  s.kind = kind;
-  s.op = op;
-  s.bm = bm;
-  s.bk = bk;
-  s.rows = mb * bm;
-  s.cols = kb * bk;
-  s.free = free;
-  s.density = 0.5;
-  s.in = DType::f16;
-  s.out = DType::f32;
-  s.alpha = 1.5f;
-  s.seed = seed;
-  return s;
+  return block_case(kind, op, bm, bk, mb, kb, free, seed, DType::f32);
 }
 
 // Runs the case on the device through `hopper` (which must support it), checks it against the

@@ -21,20 +21,8 @@ namespace sparsek::test {
 namespace {
 
 CaseSpec spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, uint64_t seed) {
-  CaseSpec s;
-  s.kind = kind;
-  s.op = op;
-  s.bm = bm;
-  s.bk = bk;
-  s.rows = mb * bm;
-  s.cols = kb * bk;
-  s.free = free;
-  s.density = 0.5;
-  s.in = DType::f16;
-  s.out = DType::f16;  // 2-byte C: a base address 2 bytes off stays element-aligned
-  s.alpha = 1.5f;
-  s.seed = seed;
-  return s;
+  // 2-byte C: a base address 2 bytes off stays element-aligned
+  return block_case(kind, op, bm, bk, mb, kb, free, seed, DType::f16);
 }
 
 // The dense operand the kernel reads as its B (DDS: the caller's A) and whether the TMA can read it.

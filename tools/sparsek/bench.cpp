@@ -1,5 +1,5 @@
 // `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL, SDDMM) and cuBLAS on the
-// densified matrix, on the same inputs, in one process (SPEC §6, DESIGN "Measuring"), for any of
+// densified matrix, on the same inputs, in one process (how docs/BENCHMARKS.md measures), for any of
 // the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout).
 //
 // GPU: per workload, every cuda variant that supports it (+ the peers' core calls timed alone:

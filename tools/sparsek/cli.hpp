@@ -63,7 +63,7 @@ void print_help(const char* usage, const char* about, const std::vector<FlagSpec
 // auto with a GPU.
 bool use_gpu(Backend requested);
 
-// SPEC §6's GPU workload table: size^3 products, fixed_k pattern. `sparsek bench` runs it by
+// The GPU workload table (docs/BENCHMARKS.md): size^3 products, fixed_k pattern. `sparsek bench` runs it by
 // default on a GPU; `sparsek tune --spec-workloads` tunes each one (defined in bench.cpp).
 struct SpecWorkload {
   int64_t size;

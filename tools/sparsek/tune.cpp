@@ -1,6 +1,6 @@
 // `sparsek tune`: tunes one DSD workload offline (the same workload flags as bench) and stores the
 // winner in the tuning cache; `--compare` then re-times the candidates in a second pass and
-// compares the pick with the best (`--spec-workloads`: over SPEC §6's table); `--plan-time`
+// compares the pick with the best (`--spec-workloads`: over the GPU workload table); `--plan-time`
 // measures how long plan() takes on the workload; `--run-overhead` what run(plan) costs over the
 // bare variant launch.
 #include <cuda_runtime.h>

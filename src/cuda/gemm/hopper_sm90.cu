@@ -348,6 +348,32 @@ __device__ __forceinline__ void copy_box(uint8_t* buf, const Params& p, int c0, 
   }
 }
 
+// The TMA half of a staged box: C's box TMA-loaded into the buffer (beta != 0), and the filled
+// buffer stored. Both epilogues below use them.
+template <class Cfg>
+__device__ __forceinline__ void tma_load_box(const CUtensorMap* tm_c, uint32_t buf_s, int c0, int c1, int tid,
+                                             uint32_t c_bar, uint32_t& c_phase) {
+  if (tid == 0) {
+    ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
+    ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
+  }
+  ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
+  c_phase ^= 1;
+}
+template <class Cfg>
+__device__ __forceinline__ void tma_store_box(const CUtensorMap* tm_c, uint32_t buf_s, int c0, int c1, int tid,
+                                              int which) {
+  ptx::fence_proxy_async_smem();  // the st.shared of the fill are read by the TMA (async proxy)
+  ptx::named_barrier_sync(3 + which, 128);
+  if (tid == 0) {
+    if constexpr (Cfg::L2_HINTS)
+      ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
+    else
+      ptx::tma_store_2d(tm_c, buf_s, c0, c1);
+    ptx::bulk_commit_group();
+  }
+}
+
 // Epilogue through shared memory and TMA stores: the tile goes out in boxes of whole 128-byte
 // lines (one L2 request per line instead of eight 16-byte pieces), alternating between two
 // swizzled buffers so that filling one overlaps the store of the other. Row-major C: box k is
@@ -389,12 +415,7 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
       copy_box<Cfg, C_COL, true>(buf, p, c0, c1, warp, lane);
       ptx::named_barrier_sync(3 + which, 128);
     } else {
-      if (tid == 0) {
-        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
-        ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
-      }
-      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
-      c_phase ^= 1;
+      tma_load_box<Cfg>(tm_c, buf_s, c0, c1, tid, c_bar, c_phase);
     }
   }
 #pragma unroll
@@ -434,15 +455,7 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
     copy_box<Cfg, C_COL, false>(buf, p, c0, c1, warp, lane);
     return;
   }
-  ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
-  ptx::named_barrier_sync(3 + which, 128);
-  if (tid == 0) {
-    if constexpr (Cfg::L2_HINTS)
-      ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
-    else
-      ptx::tma_store_2d(tm_c, buf_s, c0, c1);
-    ptx::bulk_commit_group();
-  }
+  tma_store_box<Cfg>(tm_c, buf_s, c0, c1, tid, which);
 }
 
 template <class Cfg, bool C_COL, int... K>
@@ -486,14 +499,7 @@ __device__ __forceinline__ void epilogue_tma_rows(float (&acc)[Cfg::MI][Cfg::ACC
     // The buffer was last used two boxes ago: its store must have read it.
     if (tid == 0) ptx::bulk_wait_group_read<1>();
     ptx::named_barrier_sync(3 + which, 128);
-    if (read_c) {
-      if (tid == 0) {
-        ptx::mbar_arrive_expect_tx(c_bar, Cfg::E_BYTES);
-        ptx::tma_load_2d(buf_s, tm_c, c_bar, c0, c1);
-      }
-      ptx::mbar_wait_or_trap(c_bar, c_phase, kWaitLimit);
-      c_phase ^= 1;
-    }
+    if (read_c) tma_load_box<Cfg>(tm_c, buf_s, c0, c1, tid, c_bar, c_phase);
 #pragma unroll
     for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
@@ -523,15 +529,7 @@ __device__ __forceinline__ void epilogue_tma_rows(float (&acc)[Cfg::MI][Cfg::ACC
             out_store(e1, v1, p.out_bf16);
           }
         }
-    ptx::fence_proxy_async_smem();  // the st.shared above are read by the TMA (async proxy)
-    ptx::named_barrier_sync(3 + which, 128);
-    if (tid == 0) {
-      if constexpr (Cfg::L2_HINTS)
-        ptx::tma_store_2d_hint(tm_c, buf_s, c0, c1, ptx::l2_policy_evict_first());
-      else
-        ptx::tma_store_2d(tm_c, buf_s, c0, c1);
-      ptx::bulk_commit_group();
-    }
+    tma_store_box<Cfg>(tm_c, buf_s, c0, c1, tid, which);
   }
 }
 
