@@ -96,6 +96,24 @@ inline CaseSpec block_case(OpKind kind, Op op, int bm, int bk, int64_t mb, int64
   return s;
 }
 
+// A 128 x 64 f16 BSR view (64 x 64 blocks, one stored block) marked as device memory, its values at
+// `values`: for why_not() tests, which read no data and so run without a GPU.
+inline BsrView one_block_device_view(void* values) {
+  static const int32_t row_ptr[3] = {0, 1, 1}, col_idx[1] = {0};
+  BsrView v;
+  v.rows = 128;
+  v.cols = 64;
+  v.bm = 64;
+  v.bk = 64;
+  v.nnzb = 1;
+  v.row_ptr = row_ptr;
+  v.col_idx = col_idx;
+  v.values = values;
+  v.dtype = DType::f16;
+  v.memory = Memory::device;
+  return v;
+}
+
 struct GemmCase {
   CaseSpec spec;
   BsrMatrix sparse;

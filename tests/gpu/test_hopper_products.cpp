@@ -346,20 +346,9 @@ TEST(HopperProducts, WhyNotNamesTheOperand) {
   const Variant* v = find_variant("hopper");
   ASSERT_NE(v, nullptr);
   alignas(256) static char storage[1 << 12];
-  static const int32_t rp[3] = {0, 1, 1}, ci[1] = {0};
   GemmArgs g;
   g.kind = OpKind::dds;
-  g.sparse = BsrView{};
-  g.sparse.rows = 128;
-  g.sparse.cols = 64;
-  g.sparse.bm = 64;
-  g.sparse.bk = 64;
-  g.sparse.nnzb = 1;
-  g.sparse.row_ptr = rp;
-  g.sparse.col_idx = ci;
-  g.sparse.values = storage;
-  g.sparse.dtype = DType::f16;
-  g.sparse.memory = Memory::device;
+  g.sparse = one_block_device_view(storage);
   g.a = DenseView{storage, 40, 128, 128, Layout::row_major, DType::f16, Memory::device};
   g.c = DenseView{storage, 40, 64, 64, Layout::row_major, DType::f32, Memory::device};
   // DDS's sparse operand is B (a dense A that is not 16-byte aligned is packed by run():
