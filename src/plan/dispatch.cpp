@@ -262,7 +262,8 @@ const std::vector<Variant>& variants() {
   static const std::vector<Variant> table = [] {
     std::vector<Variant> t;
     // smalln first: where it applies (N <= 128) it is the one built for the problem (but see
-    // heuristic_variant: above one 64-column N tile hopper is faster where it applies).
+    // heuristic_variant: hopper is faster where it applies above one 64-column N tile, and below
+    // it for 64- and 128-wide blocks).
     for (auto* f : {&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants})
       for (const Variant& v : f()) t.push_back(v);
     return t;
@@ -398,9 +399,15 @@ Backend resolve_backend(const GemmArgs& g, const Options& o) { return resolve_ba
 
 const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* reasons) {
   const Variant* v = heuristic_in(g, be, reasons);
-  // smalln reads A once per 64-column N tile: past one tile the Hopper tile kernel is faster where it
-  // applies (H100, W 14336x4096 64x64 25%, N = 128: hopper 29 us, smalln 72 us).
-  if (v && std::strcmp(v->name, "smalln") == 0 && g.b.cols > 64)
+  // Where the Hopper tile kernel applies it is faster than smalln past one 64-column N tile (smalln
+  // reads A once per tile), and below it wherever it has its 64-column tiles (blocks of 64 or 128
+  // rows and columns). H100, W 14336x4096 25%, 64x64 blocks: N = 1 / 16 / 64 / 128: hopper 19 / 19
+  // / 17 / 29 us, smalln 20 / 22 / 40 / 72 us; 128x128 N = 16: 17 against 32 us.
+  const auto narrow_tiles = [&] {
+    const BsrView& a = g.sparse;
+    return (a.bm == 64 || a.bm == 128) && (a.bk == 64 || a.bk == 128);
+  };
+  if (v && std::strcmp(v->name, "smalln") == 0 && (g.b.cols > 64 || narrow_tiles()))
     if (const Variant* h = find_in<GemmArgs>("hopper"); h && h->backend == be && h->why_not(g).empty()) return h;
   return v;
 }

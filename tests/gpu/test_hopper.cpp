@@ -706,6 +706,61 @@ TEST(Hopper, LongRowWithFewTilesIsSplit) {
   }
 }
 
+// N <= 64 (decode) runs on 64-column work tiles where they are built (bm >= 64, bk >= 64, op
+// none); SPARSEK_HOPPER_TILE_N=256 forces the wide tile on the same cases. Both against the oracle:
+// N in {1, 2, 7, 16, 33, 64}, both input dtypes, every output dtype, beta = 0 over NaN and beta != 0,
+// C row- and column-major (padded), then split rows with narrow tiles repeat bit-identically.
+TEST(Hopper, NarrowTilesForSmallN) {
+  SPARSEK_REQUIRE_SM90();
+  int n = 0;
+  for (const char* tile : {"64", "256"})
+    for (int bm : {64, 128})
+      for (int bk : {64, 128})
+        for (int64_t N : {1, 2, 7, 16, 33, 64}) {
+          ScopedEnv force("SPARSEK_HOPPER_TILE_N", tile);
+          Case cs;
+          cs.bm = bm;
+          cs.bk = bk;
+          cs.mb = 5;
+          cs.kb = 4;
+          cs.n = N;
+          cs.in = n % 2 ? DType::bf16 : DType::f16;
+          cs.out = n % 3 == 0 ? DType::f32 : cs.in;
+          cs.beta = n % 4 == 1 ? 0.5f : 0.f;
+          cs.c_layout = n % 5 < 2 ? Layout::col_major : Layout::row_major;
+          cs.c_pad = n % 7 == 3 ? 8 : 0;
+          cs.empty_rows = {2};
+          cs.seed = uint64_t(900 + n++);
+          SCOPED_TRACE(std::string("SPARSEK_HOPPER_TILE_N=") + tile);
+          check_case(cs);
+        }
+  for (int bm : {64, 128}) {
+    Case cs;
+    cs.bm = bm;
+    cs.bk = 64;
+    cs.mb = 12;
+    cs.kb = 40;
+    cs.density = 0.3;
+    cs.full_rows = {3};
+    cs.n = 16;
+    cs.out = DType::f16;
+    cs.beta = bm == 64 ? 0.f : 1.f;
+    cs.seed = uint64_t(950 + bm);
+    SCOPED_TRACE(cs.name());
+    Problem p(cs);
+    size_t whole = 0;
+    {
+      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+      whole = hopper_workspace(p);
+    }
+    ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
+    EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
+    check_case(cs);
+    const std::vector<uint8_t> first = p.run();
+    for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs";
+  }
+}
+
 TEST(Hopper, DispatchPicksHopperOnSm90) {
   SPARSEK_REQUIRE_SM90();
   Case cs;

@@ -154,6 +154,26 @@ TEST(HopperProducts, DdsEveryOpAndLayout) {
         }
 }
 
+// Decode through DDS, y = x * W^T with a few rows of x (the DSD view: N = tokens, B = x^T
+// column-major, C^T column-major): 64-column tiles, x and y in both layouts, every output dtype.
+TEST(HopperProducts, DdsFewRowsOnNarrowTiles) {
+  SPARSEK_REQUIRE_SM90();
+  int n = 0;
+  for (int64_t tokens : {1, 3, 16, 64})
+    for (Layout la : kLayouts)
+      for (Layout lc : kLayouts)
+        for (int b : {64, 128}) {
+          CaseSpec s = spec(OpKind::dds, Op::trans, b, b, 3, 4, tokens, uint64_t(1600 + n));
+          s.la = la;
+          s.lc = lc;
+          s.in = n % 2 ? DType::bf16 : DType::f16;
+          s.out = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::f16 : DType::bf16;
+          s.beta = n % 4 == 0 ? 0.5f : 0.f;
+          ++n;
+          check(s);
+        }
+}
+
 // Integer data, alpha = 2, beta = -1, f32 output: exact for DSD (both ops and B layouts), DDS
 // and SDD (both layouts of each dense input).
 TEST(HopperProducts, IntegerDataIsExact) {

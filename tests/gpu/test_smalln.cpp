@@ -262,37 +262,38 @@ TEST(SmallN, VeryLongRowIsSplitAndRepeatsBitIdentical) {
   }
 }
 
-// Decode shape in miniature, default variant choice: plan() picks smalln for N <= 64 (one N tile)
-// and not above (hopper takes N = 65..128 where it applies); smalln's picks bit-identical to a
-// forced smalln run.
+// Decode shape in miniature, default variant choice. Where hopper applies (an sm_90 GPU) it is
+// chosen for 64x64 blocks at every N (its 64-column tiles) and smalln keeps 32x32 blocks up to one
+// 64-column tile; elsewhere smalln takes every N <= 128. smalln's picks bit-identical to a forced
+// smalln run.
 TEST(SmallN, DefaultChoiceBySmallN) {
   SPARSEK_REQUIRE_GPU();
   // The heuristic's choice: a tuning cache on the machine may rightly choose otherwise.
   SavedEnv saved("SPARSEK_TUNE");
   setenv("SPARSEK_TUNE", "off", 1);
-  for (int64_t n : {1, 16, 64, 128, 129}) {
-    CaseSpec s = dsd(64, 64, n, uint64_t(700 + n));
-    s.rows = 1024;
-    s.cols = 512;
-    s.density = 0.25;
-    s.pattern = PatternKind::fixed_k;
-    auto gc = make_case(s);
-    DeviceCase dc(*gc);
-    Options o;
-    o.backend = Backend::cuda;
-    const Plan p = plan(dc.args, o);
-    if (n <= 64)
-      EXPECT_EQ(p.variant(), "smalln") << "N=" << n;
-    else
-      EXPECT_NE(p.variant(), "smalln") << "N=" << n;
-    if (n <= 64) {
-      run(p, dc.args, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<uint8_t> got(gc->c->bytes.size());
-      dc.c->download(got.data());
-      EXPECT_TRUE(got == run_smalln(*gc)) << "N=" << n;
+  for (int blk : {32, 64})
+    for (int64_t n : {1, 16, 64, 128}) {
+      CaseSpec s = dsd(blk, blk, n, uint64_t(700 + n + blk));
+      s.rows = 1024;
+      s.cols = 512;
+      s.density = 0.25;
+      s.pattern = PatternKind::fixed_k;
+      auto gc = make_case(s);
+      DeviceCase dc(*gc);
+      Options o;
+      o.backend = Backend::cuda;
+      const Plan p = plan(dc.args, o);
+      const bool hopper = find_variant("hopper")->why_not(dc.args).empty();
+      const bool want_smalln = !hopper || (blk == 32 && n <= 64);
+      EXPECT_EQ(p.variant(), want_smalln ? "smalln" : "hopper") << blk << "x" << blk << " N=" << n;
+      if (p.variant() == "smalln") {
+        run(p, dc.args, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint8_t> got(gc->c->bytes.size());
+        dc.c->download(got.data());
+        EXPECT_TRUE(got == run_smalln(*gc)) << "N=" << n;
+      }
     }
-  }
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ namespace sm90 {
 constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
 constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
-template <int BM_, int KS_, bool BF16_, class TOut_, int CL_, bool A_MN_, bool B_K_, bool C_COL_>
+template <int BM_, int KS_, bool BF16_, class TOut_, int CL_, bool A_MN_, bool B_K_, bool C_COL_, int BN_ = 256>
 struct Config {
   static constexpr int BM = BM_;   // rows of a work tile = rows of op(A)'s blocks
   static constexpr int KS = KS_;   // K extent of one pipeline stage
@@ -87,7 +87,9 @@ struct Config {
   // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
   // owns every other item (ping-pong).
   static constexpr bool COOP = BM == 128;
-  static constexpr int BN = 256;                      // N extent of a work tile
+  // N extent of a work tile: 256, or 64 for N <= 64 (decode: a few columns, where a 256-wide tile
+  // would spend 4-256x the tensor work and the stage bytes on columns that do not exist).
+  static constexpr int BN = BN_;
   static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
@@ -131,8 +133,9 @@ struct Config {
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
-  static_assert((BN / CW) % 2 == 0, "store boxes alternate between two buffers");
   static_assert(CL == 1 || (CL == 2 && COOP), "clusters only for the cooperative bm = 128 layout");
+  static_assert(BN == 256 || (BN == 64 && !SWAP && CL == 1), "narrow tiles: bm >= 64, no cluster");
+  static constexpr int BOXES = BN / CW;               // store boxes per consumer and item
 };
 
 // Work item: x = block row, y = first column n0, z = first stored block, w = end stored block.
@@ -409,8 +412,9 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
   // The box's first element: c0 along C's contiguous dimension, c1 along the other.
   const int c0 = C_COL ? row0 + (K % IC) * IW : n0 + K * Cfg::CW;
   const int c1 = C_COL ? n0 + (K / IC) * OL : row0;
-  // The buffer was last used two boxes ago: its store (or copy) must have read it.
-  if (tma && tid == 0) ptx::bulk_wait_group_read<1>();
+  // The buffer was last used two boxes ago (an item of one box: one box ago): its store (or copy)
+  // must have read it.
+  if (tma && tid == 0) ptx::bulk_wait_group_read<Cfg::BOXES % 2 == 0 ? 1 : 0>();
   ptx::named_barrier_sync(3 + which, 128);
   if (read_c) {
     if (!tma) {
@@ -474,8 +478,7 @@ __device__ __forceinline__ void epilogue_boxed(float (&acc)[Cfg::MI][Cfg::ACC], 
                                                const CUtensorMap* tm_c, int row0, int n0, int which,
                                                uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase,
                                                bool tma) {
-  static_assert((Cfg::BN / Cfg::CW) % 2 == 0, "store boxes alternate between two buffers");
-  epilogue_boxes<Cfg>(std::make_integer_sequence<int, Cfg::BN / Cfg::CW>{}, acc, p, alpha, tm_c, row0, n0,
+  epilogue_boxes<Cfg>(std::make_integer_sequence<int, Cfg::BOXES>{}, acc, p, alpha, tm_c, row0, n0,
                              which, ebuf, ebuf_s, c_bar, c_phase, tma);
 }
 
@@ -813,25 +816,33 @@ int max_clusters() {
 
 template <class Cfg>
 Kernel kernel_of() {
+  constexpr int partial = 128 * Cfg::MI * Cfg::ACC * int(sizeof(float)) * (Cfg::COOP ? 2 : 1);
   return {&launch<Cfg>, Cfg::SMEM, &setup_kernel<Cfg>, Cfg::CL, &max_clusters<Cfg>,
-          reinterpret_cast<const void*>(&hopper_dsd_kernel<Cfg>)};
+          reinterpret_cast<const void*>(&hopper_dsd_kernel<Cfg>), Cfg::BN, partial};
 }
 
 // Run-time -> compile time within one (BM, KS, input dtype): operand layouts, CTAs per cluster, C's
 // layout and output width (f16 or bf16 C is a run-time parameter of the kernel).
-template <int BM, int KS, int CL, bool BF16, bool AMN, bool BK>
+template <int BM, int KS, int CL, bool BF16, bool AMN, bool BK, int BN = 256>
 Kernel pick_out(bool c_col, DType out) {
   if (c_col)
-    return out == DType::f32 ? kernel_of<Config<BM, KS, BF16, float, CL, AMN, BK, true>>()
-                             : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK, true>>();
-  return out == DType::f32 ? kernel_of<Config<BM, KS, BF16, float, CL, AMN, BK, false>>()
-                           : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK, false>>();
+    return out == DType::f32 ? kernel_of<Config<BM, KS, BF16, float, CL, AMN, BK, true, BN>>()
+                             : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK, true, BN>>();
+  return out == DType::f32 ? kernel_of<Config<BM, KS, BF16, float, CL, AMN, BK, false, BN>>()
+                           : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK, false, BN>>();
 }
 template <int BM, int KS, bool BF16>
-Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, DType out) {
+Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, DType out) {
   // CTA pairs (cluster 2: A multicast) are built for bm = 128 with 64-deep stages and K-major A
   // tiles (op none: DSD, and DDS x * W^T): where they measured faster, and where the targets need
   // them. Instantiating them for every layout and stage depth would add a quarter of the kernels.
+  // Narrow (64-column) tiles are built for op none, bm >= 64 and 64-deep stages: the decode shapes
+  // (block-pruned weights are 64x64 or 128x128 blocks).
+  if constexpr (BM >= 64 && KS == 64) {
+    if (tile_n == 64 && !trans)
+      return b_col ? pick_out<BM, KS, 1, BF16, false, true, 64>(c_col, out)
+                   : pick_out<BM, KS, 1, BF16, false, false, 64>(c_col, out);
+  }
   if constexpr (BM == 128 && KS == 64) {
     if (cluster == 2 && !trans)
       return b_col ? pick_out<BM, KS, 2, BF16, false, true>(c_col, out) : pick_out<BM, KS, 2, BF16, false, false>(c_col, out);

@@ -14,7 +14,6 @@
 namespace sparsek {
 namespace sm90 {
 
-constexpr int kTileN = 256;                                // Config::BN: N extent of a work tile
 inline int stage_k(int bk) { return bk == 32 ? 32 : 64; }  // Config::KS: K extent of a stage
 
 // Profiling build (-DSPARSEK_HOPPER_PROFILE, docs/KERNELS.md): clock64() counters summed over the
@@ -29,6 +28,7 @@ struct HopperState final : VariantState {
   int grid = 0;
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
+  int tile_n = 256;  // N extent of a work tile (Config::BN)
   int4* items = nullptr;
   int* cta_items = nullptr;
   int* col = nullptr;        // op T: the transposed pattern's block columns (Params::col_idx)
@@ -70,14 +70,17 @@ struct Kernel {
   int cluster = 1;                  // CTAs per cluster
   int (*max_clusters)() = nullptr;  // clusters that fit on the device at once (after setup)
   const void* func = nullptr;       // the __global__ function (for cudaFuncGetAttributes)
+  int tile_n = 256;                 // N extent of a work tile (Config::BN)
+  int partial_bytes = 0;            // split rows: one partial slot, per CTA of a cluster
 };
 
 // The kernel for op(A)'s block height BM, stage depth KS and input dtype (bf16 or f16), the operand
 // layouts (trans: op(A) = A^T; b_col, c_col: B, C column-major), CTAs per cluster (2 only where built:
-// BM = 128, KS = 64, op none; else ignored) and C's dtype. Defined in hopper_dsd.cuh and
+// BM = 128, KS = 64, op none; else ignored), the N extent of a work tile (64 only where built:
+// BM >= 64, KS = 64, op none, cluster 1; else 256) and C's dtype. Defined in hopper_dsd.cuh and
 // instantiated in the generated files only: a caller sees this declaration and compiles no kernel.
 template <int BM, int KS, bool BF16>
-Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, DType out);
+Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, DType out);
 
 }  // namespace sm90
 }  // namespace sparsek

@@ -39,10 +39,25 @@ struct DsdShape {
   bool c_col = false;  // C column-major: the store boxes run down C's columns
   int bm = 0, bk = 0;  // op(A)'s blocks
   int64_t mb = 0;      // op(A)'s block rows
+  int tile_n = 256;    // N extent of a work tile: 64 for N <= 64 where built (pick_kernel())
 };
+// A one-column matrix stored with unit stride is the same bytes in either layout; as column-major
+// its line is the whole column (TMA-aligned when the column's bytes are), as row-major every line
+// is one element (2 bytes: never TMA-aligned).
+DenseView one_column_as_col_major(DenseView v) {
+  if (v.cols == 1 && v.layout == Layout::row_major && v.ld == 1) {
+    v.layout = Layout::col_major;
+    v.ld = std::max<int64_t>(v.rows, 1);
+  }
+  return v;
+}
+// 64-column tiles exist for bm >= 64, 64-deep stages and op none (see pick_kernel()).
+bool narrow_built(const DsdShape& d) { return d.bm >= 64 && stage_k(d.bk) == 64 && !d.trans; }
 DsdShape dsd_shape(const GemmArgs& args) {
   DsdShape d;
   d.g = as_dsd(args);
+  d.g.b = one_column_as_col_major(d.g.b);
+  d.g.c = one_column_as_col_major(d.g.c);
   const BsrView& a = d.g.sparse;
   d.trans = d.g.op == Op::trans;
   d.b_col = d.g.b.layout == Layout::col_major;
@@ -50,6 +65,8 @@ DsdShape dsd_shape(const GemmArgs& args) {
   d.bm = d.trans ? a.bk : a.bm;
   d.bk = d.trans ? a.bm : a.bk;
   d.mb = d.trans ? a.kb() : a.mb();
+  // Narrow tiles for N <= 64 (decode): the tensor work and the B bytes of a stage follow N.
+  d.tile_n = narrow_built(d) && d.g.b.cols <= 64 ? 64 : 256;
   return d;
 }
 
@@ -60,10 +77,10 @@ Kernel pick_bm(const DsdShape& d, int cluster) {
   const DType out = d.g.c.dtype;
   const bool bf16 = d.g.sparse.dtype == DType::bf16;
   if (stage_k(d.bk) == 32)
-    return bf16 ? pick_kernel<BM, 32, true>(d.trans, d.b_col, d.c_col, cluster, out)
-                : pick_kernel<BM, 32, false>(d.trans, d.b_col, d.c_col, cluster, out);
-  return bf16 ? pick_kernel<BM, 64, true>(d.trans, d.b_col, d.c_col, cluster, out)
-              : pick_kernel<BM, 64, false>(d.trans, d.b_col, d.c_col, cluster, out);
+    return bf16 ? pick_kernel<BM, 32, true>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out)
+                : pick_kernel<BM, 32, false>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out);
+  return bf16 ? pick_kernel<BM, 64, true>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out)
+              : pick_kernel<BM, 64, false>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out);
 }
 // cluster: 2 selects the A-multicast pair where pairs_built() (other shapes ignore it).
 Kernel pick(const DsdShape& d, int cluster = 1) {
@@ -81,7 +98,7 @@ Kernel pick(const DsdShape& d, int cluster = 1) {
 bool has_sm90a_code() {
   static const bool yes = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, pick_kernel<128, 64, false>(false, false, false, 1, DType::f32).func) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, pick_kernel<128, 64, false>(false, false, false, 1, 256, DType::f32).func) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }
@@ -185,7 +202,7 @@ DenseView pack_b(const GemmArgs& g, const char* name, const HopperState& st, voi
 
 std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options&) {
   if (args.kind == OpKind::sdd) return hopper_sdd_prepare(args);
-  const DsdShape d = dsd_shape(args);
+  DsdShape d = dsd_shape(args);
   const BsrView& a = d.g.sparse;
   auto st = std::make_unique<HopperState>();
 #ifdef SPARSEK_HOPPER_PROFILE
@@ -198,6 +215,10 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   st->bm = d.bm;
   st->bk = d.bk;
   st->trans = d.trans;
+  // SPARSEK_HOPPER_TILE_N = 64 | 256 overrides the N extent of the work tile where both are built.
+  const std::string tn = env_or("SPARSEK_HOPPER_TILE_N", "");
+  if (narrow_built(d) && (tn == "64" || tn == "256")) d.tile_n = std::atoi(tn.c_str());
+  st->tile_n = d.tile_n;
   // op(A)'s block rows: A's own, or those of the transposed pattern (built here, once).
   std::vector<int32_t> row_ptr;
   if (d.trans) {
@@ -222,11 +243,11 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   // 3-7% faster on the H100, and 128x64 (+3-5%); 128x32 measured 4-5% slower (docs/KERNELS.md,
   // third and fourth passes). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on where pairs_built().
   const std::string clu = env_or("SPARSEK_HOPPER_CLUSTER", "");
-  const int64_t tiles = (st->n + kTileN - 1) / kTileN;
+  const int64_t tiles = (st->n + d.tile_n - 1) / d.tile_n;
   const bool pair_default = tiles % 2 == 0;
-  st->cluster = pairs_built(d) && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
+  st->cluster = pairs_built(d) && d.tile_n == 256 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
   const Kernel k = pick(d, st->cluster);
-  if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
+  if (!k.launch || k.tile_n != st->tile_n) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
   // Skewed rows at bm = 128: one N tile's slice of B is 4-8 MB there, so the few tiles L2 holds
@@ -235,11 +256,11 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   // SPARSEK_HOPPER_WINDOW = <tiles> | off overrides (any block height).
   const std::string win = env_or("SPARSEK_HOPPER_WINDOW", "");
   const double window = win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : d.bm == 128 ? 3.0 : 0.0;
-  const Schedule s = build_schedule(row_ptr, st->n, kTileN * k.cluster, d.bk / stage_k(d.bk), std::max(1, lists), order,
+  const Schedule s = build_schedule(row_ptr, st->n, k.tile_n * k.cluster, d.bk / stage_k(d.bk), std::max(1, lists), order,
                                     split_stages, window);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
-    std::fprintf(stderr, "hopper: bm=%d bk=%d%s cluster=%d lists=%d items=%zu split items=%d pieces=%d\n", d.bm,
-                 d.bk, d.trans ? " (op T)" : "", k.cluster, int(s.cta_items.size()) - 1, s.items.size(),
+    std::fprintf(stderr, "hopper: bm=%d bk=%d%s tile_n=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n",
+                 d.bm, d.bk, d.trans ? " (op T)" : "", k.tile_n, k.cluster, int(s.cta_items.size()) - 1, s.items.size(),
                  int(s.groups.size()), s.slots);
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
@@ -254,8 +275,7 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
     upload(s.groups, &st->groups, st->bytes);
     st->ngroups = int(s.groups.size());
     // One partial tile per piece, per CTA of a cluster and per consumer.
-    const size_t per = size_t(128) * (d.bm == 32 ? 64 : 128) * sizeof(float) * (d.bm == 128 ? 2 : 1);
-    const size_t pbytes = size_t(s.slots) * size_t(k.cluster) * per;
+    const size_t pbytes = size_t(s.slots) * size_t(k.cluster) * size_t(k.partial_bytes);
     check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
     st->bytes += pbytes;
   }
@@ -269,11 +289,12 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
 void run_hopper(const GemmArgs& args, const Options& o, VariantState* state) {
   if (args.kind == OpKind::sdd) return hopper_sdd_run(args, o.stream, state);
   auto* st = dynamic_cast<HopperState*>(state);
-  const DsdShape d = dsd_shape(args);
+  DsdShape d = dsd_shape(args);
   if (!st || st->mb != d.mb || st->n != d.g.b.cols || st->nnzb != d.g.sparse.nnzb || st->bm != d.bm ||
       st->bk != d.bk || st->trans != d.trans)
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
+  d.tile_n = st->tile_n;  // as prepare() chose it
   const Kernel k = pick(d, st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   GemmArgs g = d.g;
