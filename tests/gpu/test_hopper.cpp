@@ -708,15 +708,16 @@ TEST(Hopper, LongRowWithFewTilesIsSplit) {
 
 // N <= 64 (decode) runs on 64-column work tiles where they are built (bm >= 64, bk >= 64, op
 // none); SPARSEK_HOPPER_TILE_N=256 forces the wide tile on the same cases. Both against the oracle:
-// N in {1, 2, 7, 16, 33, 64}, both input dtypes, every output dtype, beta = 0 over NaN and beta != 0,
-// C row- and column-major (padded), then split rows with narrow tiles repeat bit-identically.
+// N in {1, 2, 3, 7, 8, 15, 16, 17, 33, 63, 64}, both input dtypes, every output dtype, beta = 0 over
+// NaN and beta != 0, C row- and column-major, B's and C's leading dimensions above N, an empty
+// block row; then split rows with narrow tiles repeat bit-identically.
 TEST(Hopper, NarrowTilesForSmallN) {
   SPARSEK_REQUIRE_SM90();
   int n = 0;
   for (const char* tile : {"64", "256"})
     for (int bm : {64, 128})
       for (int bk : {64, 128})
-        for (int64_t N : {1, 2, 7, 16, 33, 64}) {
+        for (int64_t N : {1, 2, 3, 7, 8, 15, 16, 17, 33, 63, 64}) {
           ScopedEnv force("SPARSEK_HOPPER_TILE_N", tile);
           Case cs;
           cs.bm = bm;
@@ -729,6 +730,7 @@ TEST(Hopper, NarrowTilesForSmallN) {
           cs.beta = n % 4 == 1 ? 0.5f : 0.f;
           cs.c_layout = n % 5 < 2 ? Layout::col_major : Layout::row_major;
           cs.c_pad = n % 7 == 3 ? 8 : 0;
+          cs.b_pad = n % 3 == 2 ? (8 - N % 8) % 8 + 8 : 0;  // 16-byte multiple ld above N: read in place
           cs.empty_rows = {2};
           cs.seed = uint64_t(900 + n++);
           SCOPED_TRACE(std::string("SPARSEK_HOPPER_TILE_N=") + tile);
