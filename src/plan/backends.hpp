@@ -10,6 +10,8 @@ namespace sparsek {
 std::vector<Variant> cpu_variants();       // src/cpu
 std::vector<Variant> smalln_variants();    // src/cuda/gemm/smalln_sm80.cu
 std::vector<Variant> hopper_variants();    // src/cuda/gemm/hopper_sm90.cu
+// Whether hopper runs this DSD/DDS on its 64-column work tiles when N <= 64 (src/cuda/gemm/hopper_sm90.cu).
+bool hopper_has_narrow_tiles(const GemmArgs& g);
 std::vector<Variant> portable_variants();  // src/cuda/gemm/portable_sm80.cu
 std::vector<Variant> peer_variants();      // src/cuda/peers (cuSPARSE, cuBLAS dense)
 

@@ -403,11 +403,7 @@ const Variant* heuristic_variant(const GemmArgs& g, Backend be, std::string* rea
   // reads A once per tile), and below it wherever it has its 64-column tiles (blocks of 64 or 128
   // rows and columns). H100, W 14336x4096 25%, 64x64 blocks: N = 1 / 16 / 64 / 128: hopper 19 / 19
   // / 17 / 29 us, smalln 20 / 22 / 40 / 72 us; 128x128 N = 16: 17 against 32 us.
-  const auto narrow_tiles = [&] {
-    const BsrView& a = g.sparse;
-    return (a.bm == 64 || a.bm == 128) && (a.bk == 64 || a.bk == 128);
-  };
-  if (v && std::strcmp(v->name, "smalln") == 0 && (g.b.cols > 64 || narrow_tiles()))
+  if (v && std::strcmp(v->name, "smalln") == 0 && (g.b.cols > 64 || hopper_has_narrow_tiles(g)))
     if (const Variant* h = find_in<GemmArgs>("hopper"); h && h->backend == be && h->why_not(g).empty()) return h;
   return v;
 }

@@ -621,6 +621,23 @@ size_t hopper_workspace(Problem& p) {
   return v->prepare(p.device_args(), o)->workspace_bytes();
 }
 
+// Runs cs with rows cut into pieces of 3 stages (SPARSEK_HOPPER_SPLIT=3): something must be split
+// (more workspace than with splitting off), the result right against the oracle and the same
+// bytes over two more runs.
+void check_split_rows(const Case& cs) {
+  Problem p(cs);
+  size_t whole = 0;
+  {
+    ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+    whole = hopper_workspace(p);
+  }
+  ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
+  EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
+  check_case(cs);
+  const std::vector<uint8_t> first = p.run();
+  for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs";
+}
+
 // Split rows (SPARSEK_HOPPER_SPLIT=<stages> forces pieces that long): each piece writes its raw
 // sums to a partial slot and a second launch adds them in K order and writes C. Every block
 // shape, output dtype, beta, both C layouts, ragged N, CTA pairs and none; a row holding every
@@ -659,17 +676,7 @@ TEST(Hopper, SplitRowsMatchOracleAndRepeat) {
     SCOPED_TRACE(cs.name());
     std::unique_ptr<ScopedEnv> clu;
     if (*sh.cluster) clu = std::make_unique<ScopedEnv>("SPARSEK_HOPPER_CLUSTER", sh.cluster);
-    Problem p(cs);
-    size_t whole = 0;
-    {
-      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
-      whole = hopper_workspace(p);
-    }
-    ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
-    EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
-    check_case(cs);
-    const std::vector<uint8_t> first = p.run();
-    for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs";
+    check_split_rows(cs);
   }
 }
 
@@ -749,17 +756,7 @@ TEST(Hopper, NarrowTilesForSmallN) {
     cs.beta = bm == 64 ? 0.f : 1.f;
     cs.seed = uint64_t(950 + bm);
     SCOPED_TRACE(cs.name());
-    Problem p(cs);
-    size_t whole = 0;
-    {
-      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
-      whole = hopper_workspace(p);
-    }
-    ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
-    EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
-    check_case(cs);
-    const std::vector<uint8_t> first = p.run();
-    for (int rep = 0; rep < 2; ++rep) EXPECT_TRUE(p.run() == first) << "run " << rep << " differs";
+    check_split_rows(cs);
   }
 }
 

@@ -697,6 +697,24 @@ __global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, c
 // Host side of one kernel: tensor maps, parameters, launch.
 
 
+// A launch of `grid` CTAs of the kernel in clusters of Cfg::CL (attr: storage for the cluster
+// attribute, which the config points to).
+template <class Cfg>
+cudaLaunchConfig_t cluster_launch(unsigned grid, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = Cfg::CL;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Cfg::SMEM;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // g: the DSD view (dsd_shape().g).
 template <class Cfg>
 void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
@@ -765,18 +783,8 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.prof = st.prof;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
   if constexpr (Cfg::CL > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(st.grid));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = Cfg::SMEM;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = Cfg::CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_launch<Cfg>(unsigned(st.grid), stream, attr);
     check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p),
                "hopper_dsd_kernel launch (cluster)");
   } else {
@@ -798,17 +806,9 @@ void setup_kernel() {
 
 template <class Cfg>
 int max_clusters() {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Cfg::SMEM;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = Cfg::CL;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch<Cfg>(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)), nullptr, attr);
   int n = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&n, &hopper_dsd_kernel<Cfg>, &cfg), "cudaOccupancyMaxActiveClusters");
   return n;

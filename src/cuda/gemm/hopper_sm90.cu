@@ -314,6 +314,8 @@ std::string hopper_tma_operand_why_not(const DenseView& d, const char* name) {
   return "";
 }
 
+bool hopper_has_narrow_tiles(const GemmArgs& g) { return g.kind != OpKind::sdd && narrow_built(dsd_shape(g)); }
+
 std::vector<Variant> hopper_variants() {
   return {Variant{"hopper", Backend::cuda, false, &why_not_hopper, &prepare_hopper, &run_hopper}};
 }
