@@ -9,6 +9,7 @@
 namespace sparsek {
 std::vector<Variant> smalln_variants() { return {}; }
 std::vector<Variant> hopper_variants() { return {}; }
+bool hopper_has_narrow_tiles(const GemmArgs&) { return false; }
 std::vector<Variant> portable_variants() { return {}; }
 std::vector<Variant> peer_variants() { return {}; }
 std::vector<AttentionVariant> hopper_attention_variants() { return {}; }
