@@ -234,7 +234,10 @@ void time_case(const Case& c, bool deterministic) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   const std::string filter = argc > 2 ? argv[2] : "";
-  auto matches = [&](const Case& c) { return filter.empty() || c.name.find(filter) != std::string::npos; };
+  // The filter is a substring of the printed name ("[atomic]" included).
+  auto matches = [&](const Case& c, bool det) {
+    return filter.empty() || (c.name + (det ? "" : " [atomic]")).find(filter) != std::string::npos;
+  };
   std::vector<std::pair<Case, bool>> cases;  // (case, deterministic)
   if (mode == "check") {
     auto add = [&](const char* name, auto edit, bool det = true) {
@@ -346,7 +349,7 @@ int main(int argc, char** argv) {
         "d64 b128 bf16", [](Case& c) { c.d = 64; }, false);
     int fails = 0;
     for (const auto& [c, det] : cases)
-      if (matches(c)) fails += check(c, 11, det);
+      if (matches(c, det)) fails += check(c, 11, det);
     std::printf("%d failure(s)\n", fails);
     return fails ? 1 : 0;
   }
@@ -371,6 +374,6 @@ int main(int argc, char** argv) {
   add("bwd D128 12.5% fp16", [](Case& c) { c.bf16 = false; });
   add("bwd D128 64x64 blocks 12.5%", [](Case& c) { c.block = 64; });
   for (const auto& [c, det] : cases)
-    if (matches(c)) time_case(c, det);
+    if (matches(c, det)) time_case(c, det);
   return 0;
 }

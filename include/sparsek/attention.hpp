@@ -146,11 +146,14 @@ std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 // nothing gets dQ = 0; a key that no query attends gets dK = dV = 0 (written, like every element
 // of dq, dk and dv).
 //
-// Same inputs, same GPU -> bit-identical dq, dk, dv by default: the partial sums of dQ are rounded
-// to a grid of 2^-34 * ||dO row|| and added in fp64, where sums of such values are exact and so do
-// not depend on the order they arrive in (guaranteed while max|K| * max||V|| < 2.6e5; beyond that
-// dQ is still summed in fp64). deterministic = false adds fp32 partial sums in arrival order
-// (faster; the last bits of dq vary between runs).
+// Same inputs, same GPU -> bit-identical dq, dk, dv by default: on the GPU the partial sums of a dQ
+// row are rounded to integer multiples of u and added as 32-bit integers, whose sums do not depend
+// on the order they arrive in. u is a power of two with u <= 2^-29 * max|K| * max||V|| * ||dO row||
+// (max over the head's keys), from a bound that |dQ row| (before the scale) cannot exceed, so the
+// sum never overflows; each partial sum (one per key block the row attends) is off by at most u / 2
+// before the scale. A NaN or inf in a head's K or V makes every dq row of that head NaN, one in a
+// row's O, dO or LSE that row's dq (instead of being lost in the rounding). deterministic = false
+// adds fp32 partial sums in arrival order (no K/V pass; the last bits of dq vary between runs).
 struct AttentionBackwardArgs {
   AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
   Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype

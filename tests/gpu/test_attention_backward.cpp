@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -197,6 +198,63 @@ TEST(HopperAttentionBackward, EmptyLayoutGivesZeroGradients) {
   s.kind = LayoutKind::causal;
   for (int64_t r = 0; r < 2 * 2 * 3; ++r) s.empty_rows.push_back(r);  // every row (B 2 x Hkv 2 x 3 blocks)
   check(s);
+}
+
+// K and V scaled far beyond unit size (max|K| * max||V|| ~ 1e6): the deterministic dQ grid follows
+// the head's bound, so dq keeps its accuracy and repeats bit for bit.
+TEST(HopperAttentionBackward, LargeKeysAndValuesStayAccurateAndRepeatable) {
+  SPARSEK_REQUIRE_SM90();
+  for (DType t : {DType::bf16, DType::f16}) {
+    AttnSpec s = base(t, 128, 128, false);
+    s.scale = 1.f / 4096;  // keeps the scores (and so P) of unit size
+    SCOPED_TRACE(s.name());
+    auto x = make_backward_case(s);
+    AttnCase& c = *x->c;
+    for (auto [tensor, mul] : {std::pair{&c.k, 256.f}, std::pair{&c.v, 512.f}})
+      for (int64_t i = 0; i < tensor->elements(); ++i)  // powers of two: exact in bf16 and f16
+        store_from_float(tensor->view.data, t, i, load_as_float(tensor->view.data, t, i) * mul);
+    Options cpu;
+    cpu.backend = Backend::cpu;
+    attention(c.args, cpu);  // O and LSE of the scaled inputs
+    DeviceBwd d(*x);
+    attention_backward(d.args, hopper());
+    d.download(*x);
+    expect_matches(*x, attention_backward_oracle(x->args), t);
+    const std::vector<uint8_t> dq = x->dq.bytes;
+    d.poison();
+    attention_backward(d.args, hopper());
+    d.download(*x);
+    EXPECT_EQ(dq, x->dq.bytes) << "dq differs between two runs";
+  }
+}
+
+// Deterministic dQ rounds partial sums to integers, which would turn a NaN into 0: a NaN in a row's
+// dO (so its Delta) must give a NaN dq row, and an inf in a head's K every dq row of that head;
+// rows untouched by either stay finite.
+TEST(HopperAttentionBackward, NonFiniteInputsGiveNanDqRows) {
+  SPARSEK_REQUIRE_SM90();
+  AttnSpec s = base(DType::bf16, 64, 64, false);  // batch 2, Hq 4, Hkv 2
+  auto x = make_backward_case(s);
+  const Tensor4View& g = x->dout.view;
+  store_from_float(g.data, g.dtype, g.index(0, 0, 5, 3), std::numeric_limits<float>::quiet_NaN());
+  const Tensor4View& k = x->c->k.view;
+  store_from_float(k.data, k.dtype, k.index(1, 1, 7, 0), std::numeric_limits<float>::infinity());
+  DeviceBwd d(*x);
+  attention_backward(d.args, hopper());
+  d.download(*x);
+  const Tensor4View& q = x->dq.view;
+  int wrong = 0;
+  for (int64_t b = 0; b < q.b; ++b)
+    for (int64_t h = 0; h < q.h; ++h)
+      for (int64_t r = 0; r < q.s; ++r) {
+        const bool nan_row = (b == 0 && h == 0 && r == 5) || (b == 1 && h / (q.h / k.h) == 1);
+        for (int64_t c = 0; c < q.d; ++c) {
+          const float v = x->dq.at(b, h, r, c);
+          if ((nan_row ? !std::isnan(v) : !std::isfinite(v)) && wrong++ < 5)
+            ADD_FAILURE() << "dq[" << b << ", " << h << ", " << r << ", " << c << "] = " << v
+                          << (nan_row ? ", expected NaN" : ", expected a finite value");
+        }
+      }
 }
 
 TEST(HopperAttentionBackward, NondeterministicModeIsAccurate) {

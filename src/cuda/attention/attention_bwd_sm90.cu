@@ -8,8 +8,9 @@
 //     (column = key block of a layout row group, query block, full?) record; a stable radix sort by
 //     column orders each column's query blocks ascending; a pass writes q_indices (the sorted
 //     records) and each column's [begin, end) (q_num_blocks = end - begin).
-//  2. Preprocess, per query row: Delta = rowsum(dO o O), LSE * log2(e) (+inf for rows that attend
-//     nothing or lie past Sq, so that P = 0 there), and the dQ grid scale (below).
+//  2. Preprocess: per (batch, key/value head) max|K| and max||V row|| (deterministic mode only);
+//     per query row Delta = rowsum(dO o O), LSE * log2(e) (+inf for rows that attend nothing or lie
+//     past Sq, so that P = 0 there), and the dQ grid scale (below).
 //  3. The main kernel, KV-major (FlashAttention-3's shape): an item is one key block of one (batch,
 //     key/value head); a persistent grid takes items from an atomic counter (head-major order, so
 //     the query tiles and dQ sums of the heads in flight stay in L2). Warp 0 of warpgroup 0 loads
@@ -27,10 +28,17 @@
 //  4. Postprocess: the accumulator times its scale -> dq in the output dtype.
 //
 // Determinism: with deterministic (the default) each dQ contribution is rounded to an integer
-// multiple of the row's grid unit u = 2^(e - 34), 2^(e-1) <= ||dO row|| < 2^e, and the multiples
-// are added as fp64 values: sums of integers below 2^53 are exact, so the result does not depend
-// on the order the contributions arrive in (bit-identical runs) while |dS K row| < 2^19 ||dO row||
-// (guaranteed by max|K| * max||V|| < 2^18: sum |dS| <= 2 ||dO row|| max||V||).
+// multiple of the row's grid unit u and the multiples are added as 32-bit integers. Integer sums
+// modulo 2^32 do not depend on the order the contributions arrive in (bit-identical runs), and they
+// are exact whenever the final sum fits in 32 bits. u comes from a bound of the row's dQ before the
+// softmax scale: |(dS K)_ij| <= max|K| * sum_k |dS_ik| <= 2 max|K| max||V|| ||dO_i|| =: bound_i
+// (sum_k P_ik = 1, |dP_ik| <= ||dO_i|| max||V||, |Delta_i| <= ||dO_i|| ||O_i|| <= ||dO_i|| max||V||);
+// u = 2^(e - 30) with 2^(e-1) <= bound_i < 2^e, so every contribution and the sum lie below 2^30 u
+// (a factor 2 of headroom for the rounding of P, dS and the fp32 products). Each contribution is off
+// by at most u / 2 <= 2^-30 bound_i. The bound needs max|K| and max||V|| of the head: one pass over
+// K and V before the main kernel. A row whose bound, Delta or LSE is not finite (a NaN or inf in the
+// head's K or V, or in the row's O, dO or LSE) gets a NaN dq row: rounding to integers would
+// otherwise turn the NaN into 0.
 // Otherwise the fp32 contributions are added as they come (FlashAttention's atomic dQ).
 // Malformed layouts cannot crash or hang a run: out-of-range indices are dropped, counts clamped.
 #include <cuda_bf16.h>
@@ -85,9 +93,9 @@ struct Config {
   // one tile each (D = 128) or take turns step by step (D = 64); one warpgroup takes them all.
   static constexpr int TN = D / 64;
   static constexpr int MY_TILES = NWG == 1 ? TN : 1;  // dQ tiles of a warpgroup in a step it has any
-  // Per-warpgroup output buffer: its dQ tiles (fp64 grid values at most) for the bulk reduce, or dK
-  // and dV staged for their TMA stores at the end of an item.
-  static constexpr int OUT_BYTES = std::max(MY_TILES * 4096 * 8, 2 * 64 * D * 2);
+  // Per-warpgroup output buffer: its dQ tiles (4-byte grid integers or fp32) for the bulk reduce, or
+  // dK and dV staged for their TMA stores at the end of an item.
+  static constexpr int OUT_BYTES = std::max(MY_TILES * 4096 * 4, 2 * 64 * D * 2);
   static constexpr int FIXED = 2 * KV_BYTES + DS_BYTES + NWG * OUT_BYTES + 256 /* barriers, infos */ + 1024 /* align */;
   static constexpr int STAGE_BYTES = 2 * QS_BYTES + ROW_BYTES;
   static constexpr int CTAS_PER_SM = (NWG == 1 && 2 * (FIXED + 2 * STAGE_BYTES + 1024) <= kSmemLimit) ? 2 : 1;
@@ -124,7 +132,7 @@ struct Params {
   const int* q_indices;   // records: query block | full << 31
   int* item_counter;      // reset to 0 by the layout pass of every run
   const float4* rowinfo;  // [B, Hq, sq_pad]: {LSE * log2e, Delta, dQ grid scale, 0}
-  void* dq_acc;           // fp64 (deterministic) or fp32: [B, Hq, r64, D / 64] tiles of 64 x 64
+  void* dq_acc;           // int32 (deterministic) or fp32: [B, Hq, r64, D / 64] tiles of 64 x 64
   int det, causal;
   float scale_log2, scale;
 };
@@ -189,64 +197,144 @@ __global__ void bwd_layout_columns(const LayoutParams lp, const unsigned* keys, 
 // ---------------------------------------------------------------------------------------------
 // Preprocess (one warp per query row) and postprocess (one block per 64 x 64 dQ tile).
 
-struct RowParams {
-  const void* o;
-  const void* dout;
-  const float* lse;  // [B, Hq, Sq]
-  float4* rowinfo;   // [B, Hq, sq_pad]
-  int64_t o_sb, o_sh, o_ss, do_sb, do_sh, do_ss;
-  int hq, sq, sq_pad, d;
+// The memory-bound passes read rows of D elements 16 bytes (8 elements) per lane: D / 8 lanes per
+// row, 256 / D rows per warp step. Every row starts 16-byte aligned (the TMA checks of why_not).
+template <bool BF16>
+struct Row8 {
+  using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
+  float v[8];
+  __device__ explicit Row8(const void* p) {
+    const uint4 raw = *static_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = dev::to_float<T>(e[i]);
+  }
 };
 
-// The dQ grid of a row: 1 / u with u = 2^(e - 34), 2^(e-1) <= ||dO row|| < 2^e (a power of two, so
-// scaling by it is exact); 1 for a zero row (its contributions are all 0).
-__device__ __forceinline__ float dq_grid_scale(float norm) {
-  if (!(norm > 0.f) || !isfinite(norm)) return 1.f;
-  int e;
-  frexpf(norm, &e);
-  return ldexpf(1.f, min(34 - e, 126));
+// Sum over the LPR lanes of a row (lanes LPR-aligned within the warp).
+template <int LPR>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int m = LPR / 2; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
 }
 
-template <bool BF16>
-__global__ void bwd_preprocess(const RowParams rp, int64_t rows) {
+// Per (batch, key/value head): {max |K element|, max ||V row||^2} as float bit patterns. Both are
+// >= 0, so an unsigned max orders them, and every NaN pattern (sign cleared) lies above +inf's: a
+// non-finite value anywhere in the head leaves a non-finite bound. Zeroed before each run.
+struct KvParams {
+  const void* k;
+  const void* v;
+  unsigned* bounds;  // [B * Hkv][2]
+  int64_t k_sb, k_sh, k_ss, v_sb, v_sh, v_ss;
+  int hkv, skv;
+};
+
+// Grid (B * Hkv, chunks of keys), 256 threads; one atomic per warp at the end.
+template <bool BF16, int D>
+__global__ void __launch_bounds__(256) bwd_kv_bounds(const KvParams kp) {
   using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
-  using T2 = typename dev::Pair<T>::type;
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    const int s = int(r % rp.sq_pad);
-    const int64_t bh = r / rp.sq_pad;
-    const int64_t b = bh / rp.hq, h = bh % rp.hq;
-    float4 info = make_float4(INFINITY, 0.f, 1.f, 0.f);  // rows past Sq: P = 0
-    if (s < rp.sq) {
-      const T* o = static_cast<const T*>(rp.o) + b * rp.o_sb + h * rp.o_sh + s * rp.o_ss;
-      const T* g = static_cast<const T*>(rp.dout) + b * rp.do_sb + h * rp.do_sh + s * rp.do_ss;
-      float delta = 0.f, norm2 = 0.f;
-      for (int c = 2 * lane; c < rp.d; c += 64) {
-        const T2 ov = *reinterpret_cast<const T2*>(o + c), gv = *reinterpret_cast<const T2*>(g + c);
-        const float2 of = {dev::to_float<T>(ov.x), dev::to_float<T>(ov.y)};
-        const float2 gf = {dev::to_float<T>(gv.x), dev::to_float<T>(gv.y)};
-        delta = fmaf(of.x, gf.x, fmaf(of.y, gf.y, delta));
-        norm2 = fmaf(gf.x, gf.x, fmaf(gf.y, gf.y, norm2));
-      }
+  constexpr int LPR = D / 8, RPW = 32 / LPR;
+  const int lane = threadIdx.x % 32, c = (lane % LPR) * 8;
+  const int64_t bh = blockIdx.x, b = bh / kp.hkv, h = bh % kp.hkv;
+  const T* kb = static_cast<const T*>(kp.k) + b * kp.k_sb + h * kp.k_sh + c;
+  const T* vb = static_cast<const T*>(kp.v) + b * kp.v_sb + h * kp.v_sh + c;
+  unsigned kmax = 0, vmax = 0;
+  const int step = gridDim.y * 8 * RPW;
+  for (int s0 = (blockIdx.y * 8 + threadIdx.x / 32) * RPW; s0 < kp.skv; s0 += step) {  // warp-uniform
+    const int s = s0 + lane / LPR;
+    float norm2 = 0.f;
+    if (s < kp.skv) {
+      const Row8<BF16> kr(kb + s * kp.k_ss), vr(vb + s * kp.v_ss);
 #pragma unroll
-      for (int m = 16; m > 0; m /= 2) {
-        delta += __shfl_xor_sync(0xffffffffu, delta, m);
-        norm2 += __shfl_xor_sync(0xffffffffu, norm2, m);
+      for (int i = 0; i < 8; ++i) {
+        kmax = max(kmax, __float_as_uint(kr.v[i]) & 0x7fffffffu);
+        norm2 = fmaf(vr.v[i], vr.v[i], norm2);
       }
-      const float lse = rp.lse[bh * rp.sq + s];
-      // A row that attends nothing has LSE = -inf: +inf makes its P = exp2(s - inf) = 0.
-      info.x = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-      info.y = delta;
-      info.z = dq_grid_scale(sqrtf(norm2));
     }
-    if (lane == 0) rp.rowinfo[r] = info;
+    vmax = max(vmax, __float_as_uint(row_sum<LPR>(norm2)));
+  }
+  kmax = __reduce_max_sync(0xffffffffu, kmax);
+  vmax = __reduce_max_sync(0xffffffffu, vmax);
+  if (lane == 0) {
+    atomicMax(kp.bounds + 2 * bh, kmax);
+    atomicMax(kp.bounds + 2 * bh + 1, vmax);
   }
 }
 
-// dq = accumulator * u * scale. The accumulator tiles hold 64 x 64 elements in the order of a
-// wgmma m64n64 fp32 accumulator: element (register r, thread t) at (r / 4) * 512 + t * 4 + r % 4,
-// i.e. row 16 (t / 32) + (t % 32) / 4 + 8 ((r / 2) % 2), column 8 (r / 4) + 2 (t % 4) + r % 2.
+struct RowParams {
+  const void* o;
+  const void* dout;
+  const float* lse;          // [B, Hq, Sq]
+  const unsigned* bounds;    // [B * Hkv][2] from bwd_kv_bounds (deterministic mode)
+  float4* rowinfo;           // [B, Hq, sq_pad]
+  int64_t o_sb, o_sh, o_ss, do_sb, do_sh, do_ss;
+  int hq, group, sq, sq_pad, det;
+};
+
+// The dQ grid of a row: 1 / u with u = 2^(e - 30), 2^(e-1) <= bound < 2^e (a power of two, so
+// scaling by it and by u is exact); 1 for a zero bound (every contribution is 0); NaN when the bound
+// is not finite (the postprocess then writes NaN). Computed in double so that the product of three
+// finite floats cannot overflow; the exponent is clamped to what a float scale can hold.
+__device__ __forceinline__ float dq_grid_scale(double bound) {
+  if (!(bound < INFINITY)) return NAN;  // NaN or +inf
+  if (!(bound > 0.0)) return 1.f;
+  int e;
+  frexp(bound, &e);
+  return ldexpf(1.f, max(-126, min(30 - e, 126)));
+}
+
+// Every padded query row: {LSE * log2e, Delta, dQ grid scale, 0}. Grid (B * Hq, chunks), 256 threads:
+// a block takes chunks of 64 rows of one (batch, head), a warp RPW rows at a time.
+template <bool BF16, int D>
+__global__ void __launch_bounds__(256) bwd_preprocess(const RowParams rp) {
+  using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
+  constexpr int LPR = D / 8, RPW = 32 / LPR;
+  const int lane = threadIdx.x % 32, c = (lane % LPR) * 8;
+  const int64_t bh = blockIdx.x, b = bh / rp.hq, h = bh % rp.hq;
+  for (int chunk = blockIdx.y; chunk < rp.sq_pad / 64; chunk += gridDim.y) {
+#pragma unroll 1
+    for (int s0 = chunk * 64 + (threadIdx.x / 32) * RPW; s0 < chunk * 64 + 64; s0 += 8 * RPW) {  // warp-uniform
+      const int s = s0 + lane / LPR;
+      const int64_t r = bh * rp.sq_pad + s;
+      const bool live = s < rp.sq;
+      float delta = 0.f, norm2 = 0.f;
+      if (live) {
+        const Row8<BF16> o(static_cast<const T*>(rp.o) + b * rp.o_sb + h * rp.o_sh + s * rp.o_ss + c);
+        const Row8<BF16> g(static_cast<const T*>(rp.dout) + b * rp.do_sb + h * rp.do_sh + s * rp.do_ss + c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          delta = fmaf(o.v[i], g.v[i], delta);
+          norm2 = fmaf(g.v[i], g.v[i], norm2);
+        }
+      }
+      delta = row_sum<LPR>(delta);
+      norm2 = row_sum<LPR>(norm2);
+      if (lane % LPR != 0) continue;
+      float4 info = make_float4(INFINITY, 0.f, 1.f, 0.f);  // rows past Sq: P = 0
+      if (live) {
+        const float lse = rp.lse[bh * rp.sq + s];
+        // A row that attends nothing has LSE = -inf: +inf makes its P = exp2(s - inf) = 0.
+        info.x = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        info.y = delta;
+        if (rp.det) {
+          const unsigned* hb = rp.bounds + 2 * (b * (rp.hq / rp.group) + h / rp.group);
+          const double bound = 2.0 * __uint_as_float(hb[0]) * sqrt(double(__uint_as_float(hb[1]))) * sqrt(double(norm2));
+          // A NaN Delta or LSE (a NaN in O, dO or Q's row) would vanish in the integer rounding.
+          const bool finite = isfinite(delta) && !isnan(lse) && lse != INFINITY;
+          info.z = finite ? dq_grid_scale(bound) : NAN;
+        }
+      }
+      rp.rowinfo[r] = info;
+    }
+  }
+}
+
+// dq = accumulator * u * scale (u = 1 / the grid scale; NaN for a row marked non-finite). The
+// accumulator tiles hold 64 x 64 elements in the order of a wgmma m64n64 fp32 accumulator: element
+// (register r, thread t) at (r / 4) * 512 + t * 4 + r % 4, i.e. row 16 (t / 32) + (t % 32) / 4 +
+// 8 ((r / 2) % 2), column 8 (r / 4) + 2 (t % 4) + r % 2. Read 16 bytes per thread, transposed
+// through shared memory, written a 128-byte row per warp instruction.
 struct DqParams {
   const void* acc;
   const float4* rowinfo;
@@ -265,37 +353,31 @@ __global__ void __launch_bounds__(128) bwd_postprocess(const DqParams dp) {
   const int dchunk = int(t_idx % dp.tn), rt = int((t_idx / dp.tn) % dp.r64);
   const int64_t bh = t_idx / (int64_t(dp.tn) * dp.r64);
   const int row_base = rt * 64;
-  const float4* ri = dp.rowinfo + bh * dp.sq_pad + row_base;
+  const int r = 16 * warp + lane / 4, c = 2 * (lane % 4);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 16 * warp + lane / 4 + 8 * h;
-    const float mul = (dp.det ? 1.f / ri[r].z : 1.f) * dp.scale;  // 1 / z: a power of two, exact
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const int64_t pos = t_idx * 4096 + q * 512 + tid * 4 + 2 * h;
-      float a, b;
-      if (dp.det) {
-        const double2 v = *reinterpret_cast<const double2*>(static_cast<const double*>(dp.acc) + pos);
-        a = float(v.x) * mul;
-        b = float(v.y) * mul;
-      } else {
-        const float2 v = *reinterpret_cast<const float2*>(static_cast<const float*>(dp.acc) + pos);
-        a = v.x * mul;
-        b = v.y * mul;
-      }
-      tile[r][8 * q + 2 * (lane % 4)] = a;
-      tile[r][8 * q + 2 * (lane % 4) + 1] = b;
+  for (int q = 0; q < 8; ++q) {
+    const int64_t pos = t_idx * 4096 + q * 512 + tid * 4;
+    float4 v;
+    if (dp.det) {
+      const int4 x = *reinterpret_cast<const int4*>(static_cast<const int*>(dp.acc) + pos);
+      v = make_float4(float(x.x), float(x.y), float(x.z), float(x.w));
+    } else {
+      v = *reinterpret_cast<const float4*>(static_cast<const float*>(dp.acc) + pos);
     }
+    tile[r][8 * q + c] = v.x;
+    tile[r][8 * q + c + 1] = v.y;
+    tile[r + 8][8 * q + c] = v.z;
+    tile[r + 8][8 * q + c + 1] = v.w;
   }
   __syncthreads();
-  // Two threads per row, 32 columns each.
-  const int r = tid / 2, c0 = (tid % 2) * 32;
-  if (row_base + r >= dp.sq) return;
   const int64_t b = bh / dp.hq, h = bh % dp.hq;
-  T* out = static_cast<T*>(dp.dq) + b * dp.sb + h * dp.sh + int64_t(row_base + r) * dp.ss + dchunk * 64 + c0;
-#pragma unroll
-  for (int c = 0; c < 32; c += 2)
-    *reinterpret_cast<typename dev::Pair<T>::type*>(out + c) = dev::make_pair2<T>(tile[r][c0 + c], tile[r][c0 + c + 1]);
+  const float4* ri = dp.rowinfo + bh * dp.sq_pad + row_base;
+  for (int rr = warp; rr < 64 && row_base + rr < dp.sq; rr += 4) {
+    const float mul = (dp.det ? 1.f / ri[rr].z : 1.f) * dp.scale;  // 1 / z: a power of two (or NaN), exact
+    T* out = static_cast<T*>(dp.dq) + b * dp.sb + h * dp.sh + int64_t(row_base + rr) * dp.ss + dchunk * 64;
+    *reinterpret_cast<typename dev::Pair<T>::type*>(out + 2 * lane) =
+        dev::make_pair2<T>(tile[rr][2 * lane] * mul, tile[rr][2 * lane + 1] * mul);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -561,12 +643,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
 #pragma unroll
           for (int c = 0; c < 8; ++c) {
             const int pos = t * 4096 + c * 512 + tid * 4;
-            if (p.det) {
-              double* o = reinterpret_cast<double*>(out_ptr) + pos;
-              *reinterpret_cast<double2*>(o) =
-                  make_double2(double(rintf(dq[4 * c] * qs0)), double(rintf(dq[4 * c + 1] * qs0)));
-              *reinterpret_cast<double2*>(o + 2) =
-                  make_double2(double(rintf(dq[4 * c + 2] * qs1)), double(rintf(dq[4 * c + 3] * qs1)));
+            if (p.det) {  // round to the grid (cvt.rni saturates; a NaN marker row gives 0)
+              *reinterpret_cast<int4*>(reinterpret_cast<int*>(out_ptr) + pos) =
+                  make_int4(__float2int_rn(dq[4 * c] * qs0), __float2int_rn(dq[4 * c + 1] * qs0),
+                            __float2int_rn(dq[4 * c + 2] * qs1), __float2int_rn(dq[4 * c + 3] * qs1));
             } else {
               *reinterpret_cast<float4*>(reinterpret_cast<float*>(out_ptr) + pos) =
                   make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
@@ -596,7 +676,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
                                                                                                              : 0);
           constexpr uint32_t elems = Cfg::MY_TILES * 4096;
           if (p.det)
-            ptx::bulk_reduce_add_f64(static_cast<double*>(p.dq_acc) + tile * 4096, out, elems * 8);
+            ptx::bulk_reduce_add_u32(static_cast<int*>(p.dq_acc) + tile * 4096, out, elems * 4);
           else
             ptx::bulk_reduce_add_f32(static_cast<float*>(p.dq_acc) + tile * 4096, out, elems * 4);
           ptx::bulk_commit_group();
@@ -788,7 +868,8 @@ struct BackwardState final : VariantState {
   int *slots = nullptr, *slots_sorted = nullptr, *q_indices = nullptr;
   int *col_begin = nullptr, *col_end = nullptr, *item_counter = nullptr;
   float4* rowinfo = nullptr;
-  void* acc = nullptr;  // the dQ accumulator, 8 bytes per element (fp64; fp32 uses half)
+  unsigned* bounds = nullptr;  // [B * Hkv][2]: max|K|, max||V||^2 (bit patterns)
+  void* acc = nullptr;         // the dQ accumulator, 4 bytes per element (int32 or fp32)
   void* sort_temp = nullptr;
   size_t sort_bytes = 0, bytes = 0;
   size_t workspace_bytes() const override { return bytes; }
@@ -797,7 +878,8 @@ struct BackwardState final : VariantState {
     for (void* q :
          {static_cast<void*>(keys), static_cast<void*>(keys_sorted), static_cast<void*>(slots),
           static_cast<void*>(slots_sorted), static_cast<void*>(q_indices), static_cast<void*>(col_begin),
-          static_cast<void*>(col_end), static_cast<void*>(item_counter), static_cast<void*>(rowinfo), acc, sort_temp})
+          static_cast<void*>(col_end), static_cast<void*>(item_counter), static_cast<void*>(rowinfo), static_cast<void*>(bounds),
+          acc, sort_temp})
       if (q) cudaFree(q);
   }
 };
@@ -841,7 +923,8 @@ std::unique_ptr<VariantState> prepare_hopper_bwd(const AttentionBackwardArgs& a,
   alloc(st->col_end, lp.ncols, total, "cudaMalloc(attention backward columns)");
   alloc(st->item_counter, 1, total, "cudaMalloc(attention backward item counter)");
   alloc(st->rowinfo, st->rows, total, "cudaMalloc(attention backward row statistics)");
-  double* acc = nullptr;
+  alloc(st->bounds, 2 * f.k.b * f.k.h, total, "cudaMalloc(attention backward K/V bounds)");
+  int* acc = nullptr;
   alloc(acc, st->acc_elems, total, "cudaMalloc(attention backward dQ accumulator)");
   st->acc = acc;
   if (lp.slots > 0) {
@@ -889,23 +972,48 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
     check_cuda(cudaGetLastError(), "bwd_layout_columns launch");
   }
 
-  // 2. Row statistics, and a zero dQ accumulator.
+  // 2. The heads' K/V bounds (deterministic dQ), row statistics, and a zero dQ accumulator.
+  if (st->rows > 0 && a.deterministic) {
+    check_cuda(cudaMemsetAsync(st->bounds, 0, size_t(2 * f.k.b * f.k.h) * sizeof(unsigned), stream),
+               "cudaMemsetAsync(K/V bounds)");
+    KvParams kp{};
+    kp.k = f.k.data;
+    kp.v = f.v.data;
+    kp.bounds = st->bounds;
+    kp.k_sb = f.k.stride_b, kp.k_sh = f.k.stride_h, kp.k_ss = f.k.stride_s;
+    kp.v_sb = f.v.stride_b, kp.v_sh = f.v.stride_h, kp.v_ss = f.v.stride_s;
+    kp.hkv = int(f.k.h);
+    kp.skv = int(f.k.s);
+    // About 8 blocks (2048 threads) per SM over all heads.
+    const int64_t heads = f.k.b * f.k.h;
+    const int64_t by = std::max<int64_t>(
+        1, std::min<int64_t>({(f.k.s + 127) / 128, (8 * device_info().sm_count + heads - 1) / heads, 65535}));
+    if (heads > 0 && f.k.s > 0) {
+      const auto kernel = bf16 ? (f.k.d == 64 ? bwd_kv_bounds<true, 64> : bwd_kv_bounds<true, 128>)
+                               : (f.k.d == 64 ? bwd_kv_bounds<false, 64> : bwd_kv_bounds<false, 128>);
+      kernel<<<dim3(unsigned(heads), unsigned(by)), 256, 0, stream>>>(kp);
+      check_cuda(cudaGetLastError(), "bwd_kv_bounds launch");
+    }
+  }
   if (st->rows > 0) {
     RowParams rp{};
     rp.o = f.o.data;
     rp.dout = a.dout.data;
     rp.lse = f.lse;
+    rp.bounds = st->bounds;
+    rp.det = a.deterministic;
+    rp.group = int(f.q.h / f.k.h);
     rp.rowinfo = st->rowinfo;
     rp.o_sb = f.o.stride_b, rp.o_sh = f.o.stride_h, rp.o_ss = f.o.stride_s;
     rp.do_sb = a.dout.stride_b, rp.do_sh = a.dout.stride_h, rp.do_ss = a.dout.stride_s;
     rp.hq = int(f.q.h);
     rp.sq = int(f.q.s);
     rp.sq_pad = int(mq * block);
-    rp.d = int(f.q.d);
-    (bf16 ? bwd_preprocess<true> : bwd_preprocess<false>)<<<blocks_for(st->rows * 32, 256), 256, 0, stream>>>(rp,
-                                                                                                              st->rows);
+    const auto kernel = bf16 ? (f.q.d == 64 ? bwd_preprocess<true, 64> : bwd_preprocess<true, 128>)
+                             : (f.q.d == 64 ? bwd_preprocess<false, 64> : bwd_preprocess<false, 128>);
+    kernel<<<dim3(unsigned(f.q.b * f.q.h), unsigned(std::min<int64_t>(mq * block / 64, 65535))), 256, 0, stream>>>(rp);
     check_cuda(cudaGetLastError(), "bwd_preprocess launch");
-    check_cuda(cudaMemsetAsync(st->acc, 0, size_t(st->acc_elems) * (a.deterministic ? 8 : 4), stream),
+    check_cuda(cudaMemsetAsync(st->acc, 0, size_t(st->acc_elems) * 4, stream),
                "cudaMemsetAsync(dQ accumulator)");
   }
 

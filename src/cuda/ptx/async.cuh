@@ -138,15 +138,15 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 // Bulk element-wise add of `bytes` contiguous bytes of shared memory into global memory (bulk async
-// group; performed in L2, each element atomically). f32 and f64 elements.
-__device__ __forceinline__ void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+// group; performed in L2, each element atomically). u32 (two's complement: s32 too) and f32.
+__device__ __forceinline__ void bulk_reduce_add_u32(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%0], [%1], %2;\n" ::"l"(
                    reinterpret_cast<uint64_t>(dst)),
                "r"(src), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void bulk_reduce_add_f64(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 [%0], [%1], %2;\n" ::"l"(
+__device__ __forceinline__ void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
                    reinterpret_cast<uint64_t>(dst)),
                "r"(src), "r"(bytes)
                : "memory");
