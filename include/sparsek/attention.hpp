@@ -148,12 +148,15 @@ std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 //
 // Same inputs, same GPU -> bit-identical dq, dk, dv by default: on the GPU the partial sums of a dQ
 // row are rounded to integer multiples of u and added as 32-bit integers, whose sums do not depend
-// on the order they arrive in. u is a power of two with u <= 2^-29 * max|K| * max||V|| * ||dO row||
-// (max over the head's keys), from a bound that |dQ row| (before the scale) cannot exceed, so the
-// sum never overflows; each partial sum (one per key block the row attends) is off by at most u / 2
-// before the scale. A NaN or inf in a head's K or V makes every dq row of that head NaN, one in a
-// row's O, dO or LSE that row's dq (instead of being lost in the rounding). deterministic = false
-// adds fp32 partial sums in arrival order (no K/V pass; the last bits of dq vary between runs).
+// on the order they arrive in. u is a power of two with u <= 2^-29 * bound, bound = max|K| *
+// (max||V|| * ||dO row|| + |Delta row|) <= 2 max|K| max||V|| ||dO row|| (max over the head's keys),
+// which |dQ row| (before the scale) cannot exceed, so the sum never overflows; each partial sum (one
+// per key block the row attends) is off by at most u / 2 before the scale (for bounds above 2^-96;
+// u is at least 2^-126). A row whose LSE is -inf (it attends nothing) gets dq = 0; in any other row
+// a NaN or inf in the head's K or V, or in the row's O, dO or LSE, makes the dq row NaN (instead of
+// being lost in the rounding).
+// deterministic = false adds fp32 partial sums in arrival order (no K/V pass; the last bits of dq
+// vary between runs).
 struct AttentionBackwardArgs {
   AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
   Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype

@@ -213,10 +213,7 @@ TEST(HopperAttentionBackward, LargeKeysAndValuesStayAccurateAndRepeatable) {
     for (auto [tensor, mul] : {std::pair{&c.k, 256.f}, std::pair{&c.v, 512.f}})
       for (int64_t i = 0; i < tensor->elements(); ++i)  // powers of two: exact in bf16 and f16
         store_from_float(tensor->view.data, t, i, load_as_float(tensor->view.data, t, i) * mul);
-    Options cpu;
-    cpu.backend = Backend::cpu;
-    attention(c.args, cpu);  // O and LSE of the scaled inputs
-    DeviceBwd d(*x);
+    DeviceBwd d(*x);  // O and LSE of the scaled inputs from the GPU forward
     attention_backward(d.args, hopper());
     d.download(*x);
     expect_matches(*x, attention_backward_oracle(x->args), t);
@@ -229,32 +226,46 @@ TEST(HopperAttentionBackward, LargeKeysAndValuesStayAccurateAndRepeatable) {
 }
 
 // Deterministic dQ rounds partial sums to integers, which would turn a NaN into 0: a NaN in a row's
-// dO (so its Delta) must give a NaN dq row, and an inf in a head's K every dq row of that head;
-// rows untouched by either stay finite.
+// dO (so its Delta) must give a NaN dq row, and an inf in a head's K every dq row of that head whose
+// forward LSE is not -inf; rows with LSE = -inf (nothing attended) stay exactly 0, all other rows
+// finite. dq is poisoned with a finite value here (NaN poison could not be told from a NaN result).
 TEST(HopperAttentionBackward, NonFiniteInputsGiveNanDqRows) {
   SPARSEK_REQUIRE_SM90();
-  AttnSpec s = base(DType::bf16, 64, 64, false);  // batch 2, Hq 4, Hkv 2
+  AttnSpec s = base(DType::bf16, 64, 64, false);  // batch 2, Hq 4, Hkv 2, Sq 300: 5 query blocks
+  s.empty_rows = {-1};  // the last layout row: batch 1, kv head 1, queries 256..299 attend nothing
   auto x = make_backward_case(s);
   const Tensor4View& g = x->dout.view;
   store_from_float(g.data, g.dtype, g.index(0, 0, 5, 3), std::numeric_limits<float>::quiet_NaN());
   const Tensor4View& k = x->c->k.view;
   store_from_float(k.data, k.dtype, k.index(1, 1, 7, 0), std::numeric_limits<float>::infinity());
   DeviceBwd d(*x);
+  ASSERT_EQ(cudaMemset(d.dq->ptr, 0x7B, d.dq->bytes), cudaSuccess);  // bf16 0x7B7B: about 1.3e36
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   attention_backward(d.args, hopper());
   d.download(*x);
+  std::vector<float> lse(x->c->lse.size());  // the GPU forward's, as the backward read it
+  ASSERT_EQ(cudaMemcpy(lse.data(), d.args.forward.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   const Tensor4View& q = x->dq.view;
-  int wrong = 0;
+  int wrong = 0, nan_rows = 0, empty_rows = 0;
   for (int64_t b = 0; b < q.b; ++b)
     for (int64_t h = 0; h < q.h; ++h)
       for (int64_t r = 0; r < q.s; ++r) {
-        const bool nan_row = (b == 0 && h == 0 && r == 5) || (b == 1 && h / (q.h / k.h) == 1);
+        const bool attends = lse[size_t((b * q.h + h) * q.s + r)] != -std::numeric_limits<float>::infinity();
+        const bool inf_head = b == 1 && h / (q.h / k.h) == 1, empty = inf_head && !attends;
+        const bool nan_row = attends && ((b == 0 && h == 0 && r == 5) || inf_head);
+        nan_rows += nan_row;
+        empty_rows += empty;
         for (int64_t c = 0; c < q.d; ++c) {
           const float v = x->dq.at(b, h, r, c);
-          if ((nan_row ? !std::isnan(v) : !std::isfinite(v)) && wrong++ < 5)
+          const bool ok = empty ? v == 0.f : nan_row ? std::isnan(v) : std::fabs(v) < 1e30f;
+          if (!ok && wrong++ < 5)
             ADD_FAILURE() << "dq[" << b << ", " << h << ", " << r << ", " << c << "] = " << v
-                          << (nan_row ? ", expected NaN" : ", expected a finite value");
+                          << (empty ? ", expected 0" : nan_row ? ", expected NaN" : ", expected a finite value");
         }
       }
+  EXPECT_GE(empty_rows, 88) << "the inf head's queries 256..299 attend nothing (two query heads)";
+  EXPECT_GT(nan_rows, 44) << "the case must have rows that attend something in the inf head";
 }
 
 TEST(HopperAttentionBackward, NondeterministicModeIsAccurate) {

@@ -31,14 +31,17 @@
 // multiple of the row's grid unit u and the multiples are added as 32-bit integers. Integer sums
 // modulo 2^32 do not depend on the order the contributions arrive in (bit-identical runs), and they
 // are exact whenever the final sum fits in 32 bits. u comes from a bound of the row's dQ before the
-// softmax scale: |(dS K)_ij| <= max|K| * sum_k |dS_ik| <= 2 max|K| max||V|| ||dO_i|| =: bound_i
-// (sum_k P_ik = 1, |dP_ik| <= ||dO_i|| max||V||, |Delta_i| <= ||dO_i|| ||O_i|| <= ||dO_i|| max||V||);
-// u = 2^(e - 30) with 2^(e-1) <= bound_i < 2^e, so every contribution and the sum lie below 2^30 u
-// (a factor 2 of headroom for the rounding of P, dS and the fp32 products). Each contribution is off
-// by at most u / 2 <= 2^-30 bound_i. The bound needs max|K| and max||V|| of the head: one pass over
-// K and V before the main kernel. A row whose bound, Delta or LSE is not finite (a NaN or inf in the
-// head's K or V, or in the row's O, dO or LSE) gets a NaN dq row: rounding to integers would
-// otherwise turn the NaN into 0.
+// softmax scale: |(dS K)_ij| <= max|K| * sum_k |dS_ik| <= max|K| (max||V|| ||dO_i|| + |Delta_i|)
+// =: bound_i (sum_k P_ik = 1, |dP_ik| <= ||dO_i|| max||V||; the row's own Delta rather than its
+// bound ||dO_i|| max||V||, which also covers an O inconsistent with V), at most
+// 2 max|K| max||V|| ||dO_i||. u = 2^(e - 30) with 2^(e-1) <= bound_i < 2^e, so every contribution
+// and the sum lie below 2^30 u (a factor 2 of headroom for the rounding of P, dS and the fp32
+// products). Each contribution is off by at most u / 2 <= 2^-30 bound_i. The bound needs max|K| and
+// max||V|| of the head: one pass over K and V before the main kernel. A row with LSE = -inf (it
+// attends nothing, or the forward returned -inf for it) has P = 0, no contributions, and keeps
+// dq = 0; any other row whose bound, Delta or LSE is not finite (a NaN or inf in the head's K or V,
+// or in the row's O, dO or LSE) gets a NaN dq row: rounding to integers would otherwise turn the
+// NaN into 0.
 // Otherwise the fp32 contributions are added as they come (FlashAttention's atomic dQ).
 // Malformed layouts cannot crash or hang a run: out-of-range indices are dropped, counts clamped.
 #include <cuda_bf16.h>
@@ -317,12 +320,12 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const RowParams rp) {
         // A row that attends nothing has LSE = -inf: +inf makes its P = exp2(s - inf) = 0.
         info.x = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
         info.y = delta;
-        if (rp.det) {
+        if (rp.det && lse != -INFINITY) {  // (a row that attends nothing has no contributions: z = 1)
           const unsigned* hb = rp.bounds + 2 * (b * (rp.hq / rp.group) + h / rp.group);
-          const double bound = 2.0 * __uint_as_float(hb[0]) * sqrt(double(__uint_as_float(hb[1]))) * sqrt(double(norm2));
+          const double bound = double(__uint_as_float(hb[0])) *
+                               (sqrt(double(__uint_as_float(hb[1]))) * sqrt(double(norm2)) + fabs(double(delta)));
           // A NaN Delta or LSE (a NaN in O, dO or Q's row) would vanish in the integer rounding.
-          const bool finite = isfinite(delta) && !isnan(lse) && lse != INFINITY;
-          info.z = finite ? dq_grid_scale(bound) : NAN;
+          info.z = isfinite(delta) && isfinite(lse) ? dq_grid_scale(bound) : NAN;
         }
       }
       rp.rowinfo[r] = info;
