@@ -130,7 +130,7 @@ void make_panel(const DenseView& d, bool pad16, int threads, Panel& out) {
   });
 }
 
-// The pattern-dependent part of a product (SPEC §4: prepared once per pattern).
+// The pattern-dependent part of a product (prepared once per pattern by plan()).
 struct CpuState : VariantState {
   // The planned pattern (the caller's row_ptr / col_idx are not read again).
   std::vector<int32_t> row_ptr, col_idx;

@@ -1,4 +1,4 @@
-// The owning BSR matrix and the host conversions (SPEC §2): dense, CSR, COO, transpose,
+// The owning BSR matrix and the host conversions: dense, CSR, COO, transpose,
 // Blocked-ELL. Every builder ends in the BsrMatrix constructor, so every result is validated.
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-// Block-pattern generators (SPEC §2), for tests, benchmarks and users. All seeded: the same
+// Block-pattern generators, for tests, benchmarks and users. All seeded: the same
 // (kind, mb, kb, density, seed) gives the same pattern with every compiler and standard library,
 // because we draw only raw std::mt19937_64 output (whose sequence the standard fixes) and never
 // use std::*_distribution (whose algorithms are implementation-defined).

@@ -1,4 +1,4 @@
-// BSR and dense validation (SPEC §2). Every message names the array, the first offending index
+// BSR and dense validation. Every message names the array, the first offending index
 // and its value, so a user can find the bad entry without a debugger.
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The autotuner (SPEC §4): every supporting variant of the backend is planned and run on the
+// The autotuner: every supporting variant of the backend is planned and run on the
 // tuner's own random operands of the problem's shapes and pattern, checked against a reference,
 // then timed (warm-up, median of repetitions, inputs rotated beyond L2 on the device).
 #include <cuda_runtime.h>

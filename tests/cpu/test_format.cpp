@@ -1,5 +1,5 @@
 // BSR building and conversions (dense, CSR, COO, transpose, Blocked-ELL) and the pattern
-// generators (SPEC §2).
+// generators.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Every validation rule (SPEC §2 BSR invariants, dense operands, GemmArgs) is rejected with an
+// Every validation rule (the BSR invariants, dense operands, GemmArgs) is rejected with an
 // invalid_argument Error whose message names the array / argument and the offending index or
 // value. Each test breaks exactly one rule of an otherwise valid input, so removing the rule makes
 // the test fail (no throw, or a message about something else).

@@ -18,7 +18,7 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.
 
 def default_dtype(device):
     # The GPU variants are tensor-core kernels: f16/bf16 inputs (f32 output allowed); f32 inputs
-    # run on the CPU backend only (SPEC §1), and on CUDA they raise NotImplementedError.
+    # run on the CPU backend only, and on CUDA they raise NotImplementedError.
     return torch.float32 if device == "cpu" else torch.float16
 
 

@@ -140,7 +140,7 @@ void scale_c(const DenseView& c, float beta, cudaStream_t s) {
   check_cuda(cudaGetLastError(), "scale_matrix launch");
 }
 
-// NOTE: cuSPARSE does not promise to leave C unread when beta = 0, and SPEC §1 says NaN in C
+// NOTE: cuSPARSE does not promise to leave C unread when beta = 0, and our semantics say NaN in C
 // must not leak; zero C first (a cheap memset next to the product).
 void zero_c(const DenseView& c, cudaStream_t s) {
   int64_t major = c.layout == Layout::row_major ? c.rows : c.cols;
