@@ -198,7 +198,7 @@ __global__ void bwd_layout_columns(const LayoutParams lp, const unsigned* keys, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Preprocess (one warp per query row) and postprocess (one block per 64 x 64 dQ tile).
+// The memory-bound passes: K/V bounds and preprocess (before the main kernel), postprocess (after).
 
 // The memory-bound passes read rows of D elements 16 bytes (8 elements) per lane: D / 8 lanes per
 // row, 256 / D rows per warp step. Every row starts 16-byte aligned (the TMA checks of why_not).
