@@ -6,6 +6,7 @@
 // repeats, the workspace the plan reports, and a plan that met an aligned B given a misaligned one.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,50 @@ TEST(HopperUnaligned, WhyNotNoLongerNamesTheDenseOperandsAlignment) {
 }
 
 // ---- correctness on the device ----
+
+// The copy itself, bit for bit: every source offset within a 16-byte granule (0..7 elements),
+// line lengths around granule and warp-step edges, ld = len and ld > len, lines that are whole
+// granules and lines that are not. The source allocation ends exactly at the matrix's last
+// element (compute-sanitizer memcheck flags any read past it); the copy is poisoned first and its
+// padding must come back zero.
+TEST(HopperUnaligned, PackLinesEveryOffsetAndLength) {
+  SPARSEK_REQUIRE_GPU();
+  struct Shape {
+    int64_t lines, len, pad;
+  };
+  int n = 0;
+  for (const Shape sh : {Shape{1, 1, 0}, Shape{3, 3, 0}, Shape{5, 7, 1}, Shape{4, 8, 0}, Shape{6, 9, 5},
+                         Shape{3, 17, 0}, Shape{7, 255, 2}, Shape{2, 1023, 0}, Shape{3, 1025, 7}, Shape{9, 999, 0},
+                         Shape{5, 1000, 0}, Shape{2, 4100, 3}})
+    for (int64_t offset = 0; offset < 8; ++offset) {
+      SCOPED_TRACE("lines " + std::to_string(sh.lines) + " len " + std::to_string(sh.len) + " ld " +
+                   std::to_string(sh.len + sh.pad) + " offset " + std::to_string(offset) + " elements");
+      const int64_t ld = sh.len + sh.pad, ldp = packed_line_elems(sh.len);
+      const int64_t elems = offset + (sh.lines - 1) * ld + sh.len;  // the allocation ends at the last element
+      std::vector<uint16_t> src(static_cast<size_t>(elems));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(0x3c00 + (i * 2654435761u + uint64_t(n)) % 30011);
+      ++n;
+      uint16_t *d_src = nullptr, *d_dst = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_src, size_t(elems) * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_dst, size_t(sh.lines * ldp) * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_src, src.data(), size_t(elems) * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(d_dst, 0x7f, size_t(sh.lines * ldp) * 2), cudaSuccess);  // poison
+      pack_lines_16bit(d_src + offset, ld, d_dst, sh.lines, sh.len, nullptr);
+      std::vector<uint16_t> out(static_cast<size_t>(sh.lines * ldp));
+      EXPECT_EQ(cudaMemcpy(out.data(), d_dst, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      cudaFree(d_src);
+      cudaFree(d_dst);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < sh.lines; ++i)
+        for (int64_t j = 0; j < ldp; ++j) {
+          const uint16_t want = j < sh.len ? src[size_t(offset + i * ld + j)] : uint16_t(0);
+          if (out[size_t(i * ldp + j)] != want && bad++ < 5)
+            ADD_FAILURE() << "line " << i << " element " << j << ": " << out[size_t(i * ldp + j)] << ", want "
+                          << want;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
 
 // Row-major B with ld = N (rows not whole 16-byte granules), every block height, beta = 0 over NaN
 // and beta != 0, every output dtype.

@@ -11,7 +11,7 @@ inline int64_t packed_line_elems(int64_t len) { return (len + 7) / 8 * 8; }
 
 // dst[i * packed_line_elems(len) + j] = src[i * ld + j] for i < lines, j < len, enqueued on
 // `stream` (a cudaStream_t). src needs only 2-byte alignment; dst must be 16-byte aligned and hold
-// lines * packed_line_elems(len) elements. The padding past len in each line is not written.
+// lines * packed_line_elems(len) elements; the padding past len in each line is written as zeros.
 // One launch, no allocation, no synchronization (capturable in a CUDA graph).
 void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t lines, int64_t len, void* stream);
 
