@@ -546,6 +546,42 @@ void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uint
   run(p.plan, a, reinterpret_cast<void*>(stream));
 }
 
+// A backward problem made once from the arrays (their shapes, strides, dtypes, device); later
+// calls pass only data pointers, skipping the array conversions (tens of microseconds per call
+// from PyTorch). Each run still goes through the one-shot attention_backward(), which validates
+// the arguments and keeps the plan (with its workspace) in its cache.
+struct PyAttentionBackwardProblem {
+  AttentionBackwardArgs problem;
+  int device = -1;
+};
+
+void run_attention_backward_problem(const PyAttentionBackwardProblem& p, uintptr_t q, uintptr_t k, uintptr_t v,
+                                    uintptr_t o, uintptr_t lse, uintptr_t dout, uintptr_t dq, uintptr_t dk,
+                                    uintptr_t dv, uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx,
+                                    uintptr_t stream) {
+  AttentionBackwardArgs b = p.problem;
+  AttentionArgs& a = b.forward;
+  a.q.data = reinterpret_cast<void*>(q);
+  a.k.data = reinterpret_cast<void*>(k);
+  a.v.data = reinterpret_cast<void*>(v);
+  a.o.data = reinterpret_cast<void*>(o);
+  a.lse = reinterpret_cast<float*>(lse);
+  b.dout.data = reinterpret_cast<void*>(dout);
+  b.dq.data = reinterpret_cast<void*>(dq);
+  b.dk.data = reinterpret_cast<void*>(dk);
+  b.dv.data = reinterpret_cast<void*>(dv);
+  a.layout.kv_num_blocks = reinterpret_cast<const int32_t*>(num);
+  a.layout.kv_indices = reinterpret_cast<const int32_t*>(idx);
+  if (a.layout.has_full()) {
+    a.layout.full_kv_num_blocks = reinterpret_cast<const int32_t*>(fnum);
+    a.layout.full_kv_indices = reinterpret_cast<const int32_t*>(fidx);
+  }
+  PlanDevice guard(p.device);
+  Options opt = options_for(stream, false);
+  nb::gil_scoped_release release;
+  attention_backward(b, opt);
+}
+
 // The gate's problem from its arrays (outputs included; the workspace is set by the caller).
 GateArgs gate_args(const In& q, const In& k, int topk, int block, bool causal, int sink, int local, float scale,
                    const std::optional<AttentionLayout>& candidates, const OptIn& given, const Out& num,
@@ -868,6 +904,27 @@ NB_MODULE(_sparsek, m) {
       nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
       nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
       nb::arg("scale"), nb::arg("deterministic") = true, nb::arg("stream") = 0, nb::arg("check_indices") = true);
+  m.def(
+      "attention_backward_problem",
+      [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
+         int block, bool causal, float scale, bool deterministic) {
+        std::vector<Place> places;
+        PyAttentionBackwardProblem p;
+        p.problem = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block, causal, scale,
+                                  deterministic, places);
+        DeviceGuard guard(places);  // one device for every array, or a clear error
+        for (const Place& x : places)
+          if (x.memory == Memory::device) p.device = x.device;
+        return p;
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
+      nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
+      nb::arg("scale"), nb::arg("deterministic") = true);
+  nb::class_<PyAttentionBackwardProblem>(m, "AttentionBackwardProblem")
+      .def("run", &run_attention_backward_problem, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("dout"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"),
+           nb::arg("kv_indices"), nb::arg("full_kv_num_blocks"), nb::arg("full_kv_indices"), nb::arg("stream"));
   m.def(
       "attention_backward_unsupported_reasons",
       [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,

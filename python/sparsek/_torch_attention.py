@@ -32,6 +32,7 @@ from ._torch_ops import _capture_error, _direct, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
+_backward_problems: "OrderedDict[tuple, object]" = OrderedDict()  # backward problems (pointers per call)
 _gate_ws: dict = {}  # gate workspace bytes per problem
 
 
@@ -127,9 +128,20 @@ def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, s
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    # The layout was checked by the forward.
-    _ext.attention_backward(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block, causal, scale,
-                            True, _stream(q), False)
+    # The problem (shapes, strides, dtypes) is made once; later calls pass only data pointers. The
+    # gradients are new contiguous tensors, so q's, k's and v's signatures pin theirs. The layout was
+    # checked by the forward.
+    key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(lse), _sig(dout), _sig(num), _sig(idx), _sig(fnum), _sig(fidx),
+           block, causal, scale)
+    p = _backward_problems.get(key)
+    if p is None:
+        p = _ext.attention_backward_problem(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
+                                            dout.detach(), dq, dk, dv, num, idx, fnum, fidx, block, causal, scale)
+        if len(_backward_problems) >= _MAX_PLANS:
+            _backward_problems.popitem(last=False)
+        _backward_problems[key] = p
+    p.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+          dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), _stream(q))
     return dq, dk, dv
 
 
@@ -152,15 +164,23 @@ def _attention_setup(ctx, inputs, output):
     q, k, v, num, idx, fnum, fidx, block, causal, scale, check = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
+    # LSE's gradient is never used: not materialized, autograd passes None instead of a zero tensor
+    # (a fill kernel and its host time on every backward).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, o, lse, num, idx, fnum, fidx)
     ctx.block, ctx.causal, ctx.scale = block, causal, scale
 
 
 def _attention_backward(ctx, do, dlse):
     # dlse: LSE is marked non-differentiable, its gradient is never used.
+    if do is None:  # o did not reach the loss (grads are not materialized)
+        return None, None, None, None, None, None, None, None, None, None, None
     q, k, v, o, lse, num, idx, fnum, fidx = ctx.saved_tensors
-    dq, dk, dv = torch.ops.sparsek.attention_backward(q, k, v, o, lse, do.to(q.dtype), num, idx, fnum, fidx,
-                                                      ctx.block, ctx.causal, ctx.scale)
+    do = do.to(q.dtype)
+    # Eager: straight to the launch (the custom-op dispatch costs ~0.1 ms of host time per call);
+    # under torch.compile (and for tensor subclasses) through the op, which it can trace.
+    impl = _backward_impl if _direct(q, k, v, o, lse, do) else torch.ops.sparsek.attention_backward
+    dq, dk, dv = impl(q, k, v, o, lse, do, num, idx, fnum, fidx, ctx.block, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

@@ -125,6 +125,27 @@ def test_torch_compile_with_backward():
         torch.testing.assert_close(g, w, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_repeated_backward_with_new_data_and_strides(device):
+    """The eager backward keeps the problem made on the first call and passes only pointers later:
+    new tensors of the same shapes must give their own gradients, and an upstream gradient with other
+    strides (same shape) must not reuse the first call's problem."""
+    need_backward(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lay = random_layout(torch.Generator().manual_seed(6), 1, 2, 2, 2, block=64, density=0.7, device=device)
+    tol = dict(atol=1e-4, rtol=1e-4) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
+    for seed, strided in ((7, False), (8, False), (9, True)):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = qkv(gen, 1, 2, 2, 128, 128, 64, dtype, device)
+        dout = torch.randn(1, 2, 128, 96 if strided else 64, generator=gen).to(device=device, dtype=dtype)
+        dout = dout[..., :64]  # strided: rows 96 elements apart
+        got, _ = grads_of(lambda q, k, v: sparsek.attention(q, k, v, lay)[0], q, k, v, dout=dout)
+        want, _ = grads_of(lambda q, k, v: reference(q, k, v, lay, False)[0], q.double(), k.double(), v.double(),
+                           dout=dout.double())
+        for g, w, n in zip(got, want, "qkv"):
+            torch.testing.assert_close(g.double(), w, **tol, msg=lambda m: f"seed {seed} d{n}: {m}")
+
+
 def test_lse_carries_no_gradient():
     need_backward()
     q, k, v = (x.requires_grad_(True) for x in qkv(torch.Generator().manual_seed(5), 1, 1, 1, 64, 64, 64))

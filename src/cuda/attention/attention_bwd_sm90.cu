@@ -956,26 +956,7 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
   const bool bf16 = f.q.dtype == DType::bf16;
   const int64_t mq = (f.q.s + block - 1) / block;
 
-  // 1. The transposed layout (and the item counter's reset).
-  LayoutParams lp = st->lp;
-  lp.kv_num = l.kv_num_blocks;
-  lp.kv_idx = l.kv_indices;
-  lp.full_num = l.has_full() ? l.full_kv_num_blocks : nullptr;
-  lp.full_idx = l.has_full() ? l.full_kv_indices : nullptr;
-  bwd_layout_keys<<<blocks_for(std::max<int64_t>(lp.slots, lp.ncols), 256), 256, 0, stream>>>(
-      lp, st->keys, st->slots, st->col_begin, st->col_end, st->item_counter);
-  check_cuda(cudaGetLastError(), "bwd_layout_keys launch");
-  if (lp.slots > 0) {
-    size_t bytes = st->sort_bytes;
-    check_cuda(cub::DeviceRadixSort::SortPairs(st->sort_temp, bytes, st->keys, st->keys_sorted, st->slots,
-                                               st->slots_sorted, int(lp.slots), 0, st->key_bits, stream),
-               "cub::DeviceRadixSort (transposed layout)");
-    bwd_layout_columns<<<blocks_for(lp.slots, 256), 256, 0, stream>>>(lp, st->keys_sorted, st->slots_sorted,
-                                                                      st->q_indices, st->col_begin, st->col_end);
-    check_cuda(cudaGetLastError(), "bwd_layout_columns launch");
-  }
-
-  // 2. The heads' K/V bounds (deterministic dQ), row statistics, and a zero dQ accumulator.
+  // 1. The heads' K/V bounds (deterministic dQ), row statistics, and a zero dQ accumulator.
   if (st->rows > 0 && a.deterministic) {
     check_cuda(cudaMemsetAsync(st->bounds, 0, size_t(2 * f.k.b * f.k.h) * sizeof(unsigned), stream),
                "cudaMemsetAsync(K/V bounds)");
@@ -1018,6 +999,26 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
     check_cuda(cudaGetLastError(), "bwd_preprocess launch");
     check_cuda(cudaMemsetAsync(st->acc, 0, size_t(st->acc_elems) * 4, stream),
                "cudaMemsetAsync(dQ accumulator)");
+  }
+
+  // 2. The transposed layout (and the item counter's reset): many short launches, enqueued while
+  //    the GPU runs the memory-bound passes above, so that their host time is hidden.
+  LayoutParams lp = st->lp;
+  lp.kv_num = l.kv_num_blocks;
+  lp.kv_idx = l.kv_indices;
+  lp.full_num = l.has_full() ? l.full_kv_num_blocks : nullptr;
+  lp.full_idx = l.has_full() ? l.full_kv_indices : nullptr;
+  bwd_layout_keys<<<blocks_for(std::max<int64_t>(lp.slots, lp.ncols), 256), 256, 0, stream>>>(
+      lp, st->keys, st->slots, st->col_begin, st->col_end, st->item_counter);
+  check_cuda(cudaGetLastError(), "bwd_layout_keys launch");
+  if (lp.slots > 0) {
+    size_t bytes = st->sort_bytes;
+    check_cuda(cub::DeviceRadixSort::SortPairs(st->sort_temp, bytes, st->keys, st->keys_sorted, st->slots,
+                                               st->slots_sorted, int(lp.slots), 0, st->key_bits, stream),
+               "cub::DeviceRadixSort (transposed layout)");
+    bwd_layout_columns<<<blocks_for(lp.slots, 256), 256, 0, stream>>>(lp, st->keys_sorted, st->slots_sorted,
+                                                                      st->q_indices, st->col_begin, st->col_end);
+    check_cuda(cudaGetLastError(), "bwd_layout_columns launch");
   }
 
   // 3. The main kernel.
