@@ -527,9 +527,9 @@ PyAttentionPlan make_attention_plan(const AttentionArgs& a, const std::vector<Pl
   return p;
 }
 
-void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-                        uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t stream) {
-  AttentionArgs a = p.problem;
+// A problem's data pointers replaced (lse and the full-block lists only where the problem has them).
+void set_pointers(AttentionArgs& a, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t num,
+                  uintptr_t idx, uintptr_t fnum, uintptr_t fidx) {
   a.q.data = reinterpret_cast<void*>(q);
   a.k.data = reinterpret_cast<void*>(k);
   a.v.data = reinterpret_cast<void*>(v);
@@ -541,6 +541,12 @@ void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uint
     a.layout.full_kv_num_blocks = reinterpret_cast<const int32_t*>(fnum);
     a.layout.full_kv_indices = reinterpret_cast<const int32_t*>(fidx);
   }
+}
+
+void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                        uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t stream) {
+  AttentionArgs a = p.problem;
+  set_pointers(a, q, k, v, o, lse, num, idx, fnum, fidx);
   PlanDevice guard(p.device);
   nb::gil_scoped_release release;
   run(p.plan, a, reinterpret_cast<void*>(stream));
@@ -560,22 +566,11 @@ void run_attention_backward_problem(const PyAttentionBackwardProblem& p, uintptr
                                     uintptr_t dv, uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx,
                                     uintptr_t stream) {
   AttentionBackwardArgs b = p.problem;
-  AttentionArgs& a = b.forward;
-  a.q.data = reinterpret_cast<void*>(q);
-  a.k.data = reinterpret_cast<void*>(k);
-  a.v.data = reinterpret_cast<void*>(v);
-  a.o.data = reinterpret_cast<void*>(o);
-  a.lse = reinterpret_cast<float*>(lse);
+  set_pointers(b.forward, q, k, v, o, lse, num, idx, fnum, fidx);  // the backward's lse is never null
   b.dout.data = reinterpret_cast<void*>(dout);
   b.dq.data = reinterpret_cast<void*>(dq);
   b.dk.data = reinterpret_cast<void*>(dk);
   b.dv.data = reinterpret_cast<void*>(dv);
-  a.layout.kv_num_blocks = reinterpret_cast<const int32_t*>(num);
-  a.layout.kv_indices = reinterpret_cast<const int32_t*>(idx);
-  if (a.layout.has_full()) {
-    a.layout.full_kv_num_blocks = reinterpret_cast<const int32_t*>(fnum);
-    a.layout.full_kv_indices = reinterpret_cast<const int32_t*>(fidx);
-  }
   PlanDevice guard(p.device);
   Options opt = options_for(stream, false);
   nb::gil_scoped_release release;
@@ -887,23 +882,8 @@ NB_MODULE(_sparsek, m) {
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
       nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream"));
 
-  // dq, dk, dv of attention for the upstream gradient dout (o and lse: the forward's outputs).
-  m.def(
-      "attention_backward",
-      [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
-         int block, bool causal, float scale, bool deterministic, uintptr_t stream, bool check_indices) {
-        std::vector<Place> places;
-        AttentionBackwardArgs b = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block,
-                                                causal, scale, deterministic, places);
-        DeviceGuard guard(places);
-        Options opt = options_for(stream, check_indices);
-        nb::gil_scoped_release release;
-        attention_backward(b, opt);
-      },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
-      nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
-      nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
-      nb::arg("scale"), nb::arg("deterministic") = true, nb::arg("stream") = 0, nb::arg("check_indices") = true);
+  // dq, dk, dv of attention for the upstream gradient dout (o and lse: the forward's outputs): the
+  // problem is made once from the arrays, each run passes data pointers.
   m.def(
       "attention_backward_problem",
       [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
