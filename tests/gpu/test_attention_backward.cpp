@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_util.hpp"
@@ -266,6 +267,52 @@ TEST(HopperAttentionBackward, NonFiniteInputsGiveNanDqRows) {
       }
   EXPECT_GE(empty_rows, 88) << "the inf head's queries 256..299 attend nothing (two query heads)";
   EXPECT_GT(nan_rows, 44) << "the case must have rows that attend something in the inf head";
+}
+
+// The plan's workspace (transposed layout, row statistics, dQ accumulator) is reused by every run:
+// nothing of one run may leak into the next. One plan, several runs on the same buffers with new
+// values and layouts -- query blocks without entries in between, the fp32 mode in between -- each
+// against its own reference; the first case again at the end, bit for bit as the first time.
+TEST(HopperAttentionBackward, RunsOfOnePlanLeaveNothingBehind) {
+  SPARSEK_REQUIRE_SM90();
+  for (auto [t, d, block] : {std::tuple{DType::bf16, 128, 128}, std::tuple{DType::bf16, 64, 128},
+                             std::tuple{DType::f16, 128, 64}}) {
+    const AttnSpec s = base(t, d, block, false);
+    SCOPED_TRACE(s.name());
+    auto first = make_backward_case(s);
+    DeviceBwd dev(*first);
+    std::vector<uint8_t> first_dq;
+    struct Run {
+      uint64_t seed;
+      bool empty_blocks, deterministic;
+    };
+    for (const Run& r : {Run{s.seed, false, true}, Run{s.seed + 7, true, true}, Run{s.seed + 11, false, false},
+                         Run{s.seed + 13, true, true}, Run{s.seed, false, true}}) {
+      SCOPED_TRACE("seed " + std::to_string(r.seed) + (r.empty_blocks ? " with empty query blocks" : "") +
+                   (r.deterministic ? "" : " fp32 mode"));
+      AttnSpec u = s;
+      u.seed = r.seed;
+      if (r.empty_blocks) u.empty_rows = {0, 2, -1};
+      auto n = make_backward_case(u);
+      ASSERT_EQ(n->c->layout.kmax, first->c->layout.kmax);
+      dev.upload(n->c->q.bytes.data(), dev.q);
+      dev.upload(n->c->k.bytes.data(), dev.k);
+      dev.upload(n->c->v.bytes.data(), dev.v);
+      dev.upload(n->dout.bytes.data(), dev.dout);
+      dev.upload(n->c->layout.num.data(), dev.num);
+      dev.upload(n->c->layout.idx.data(), dev.idx);
+      attention(dev.args.forward, hopper());  // O and LSE of the new values
+      dev.poison();
+      dev.args.deterministic = r.deterministic;
+      attention_backward(dev.args, hopper());
+      dev.download(*n);
+      expect_matches(*n, attention_backward_oracle(n->args), t);
+      if (r.seed == s.seed && !r.empty_blocks) {
+        if (first_dq.empty()) first_dq = n->dq.bytes;
+        else EXPECT_EQ(first_dq, n->dq.bytes) << "dq of the first case differs after the other runs";
+      }
+    }
+  }
 }
 
 TEST(HopperAttentionBackward, NondeterministicModeIsAccurate) {

@@ -875,8 +875,16 @@ struct BackwardState final : VariantState {
   void* acc = nullptr;         // the dQ accumulator, 4 bytes per element (int32 or fp32)
   void* sort_temp = nullptr;
   size_t sort_bytes = 0, bytes = 0;
+  // The transposed layout (short, latency-bound launches) runs on a side stream beside the
+  // memory-bound passes: forked from the caller's stream at the start of a run, joined before the
+  // main kernel (also under CUDA graph capture, where this becomes a fork and a join of the graph).
+  cudaStream_t side = nullptr;
+  cudaEvent_t forked = nullptr, joined = nullptr;
   size_t workspace_bytes() const override { return bytes; }
   ~BackwardState() override {
+    if (forked) cudaEventDestroy(forked);
+    if (joined) cudaEventDestroy(joined);
+    if (side) cudaStreamDestroy(side);
     // NOTE: cudaFree waits for the device, so a launch still using the workspace is safe.
     for (void* q :
          {static_cast<void*>(keys), static_cast<void*>(keys_sorted), static_cast<void*>(slots),
@@ -927,6 +935,9 @@ std::unique_ptr<VariantState> prepare_hopper_bwd(const AttentionBackwardArgs& a,
   alloc(st->item_counter, 1, total, "cudaMalloc(attention backward item counter)");
   alloc(st->rowinfo, st->rows, total, "cudaMalloc(attention backward row statistics)");
   alloc(st->bounds, 2 * f.k.b * f.k.h, total, "cudaMalloc(attention backward K/V bounds)");
+  check_cuda(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking), "cudaStreamCreate(attention backward layout)");
+  check_cuda(cudaEventCreateWithFlags(&st->forked, cudaEventDisableTiming), "cudaEventCreate(attention backward)");
+  check_cuda(cudaEventCreateWithFlags(&st->joined, cudaEventDisableTiming), "cudaEventCreate(attention backward)");
   int* acc = nullptr;
   alloc(acc, st->acc_elems, total, "cudaMalloc(attention backward dQ accumulator)");
   st->acc = acc;
@@ -955,6 +966,8 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
   const cudaStream_t stream = static_cast<cudaStream_t>(o.stream);
   const bool bf16 = f.q.dtype == DType::bf16;
   const int64_t mq = (f.q.s + block - 1) / block;
+  check_cuda(cudaEventRecord(st->forked, stream), "cudaEventRecord(attention backward fork)");
+  check_cuda(cudaStreamWaitEvent(st->side, st->forked, 0), "cudaStreamWaitEvent(attention backward fork)");
 
   // 1. The heads' K/V bounds (deterministic dQ), row statistics, and a zero dQ accumulator.
   if (st->rows > 0 && a.deterministic) {
@@ -1001,25 +1014,28 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
                "cudaMemsetAsync(dQ accumulator)");
   }
 
-  // 2. The transposed layout (and the item counter's reset): many short launches, enqueued while
-  //    the GPU runs the memory-bound passes above, so that their host time is hidden.
+  // 2. The transposed layout (and the item counter's reset): many short launches on the side
+  //    stream, enqueued while the GPU runs the memory-bound passes above (their host time hidden),
+  //    and run beside them.
   LayoutParams lp = st->lp;
   lp.kv_num = l.kv_num_blocks;
   lp.kv_idx = l.kv_indices;
   lp.full_num = l.has_full() ? l.full_kv_num_blocks : nullptr;
   lp.full_idx = l.has_full() ? l.full_kv_indices : nullptr;
-  bwd_layout_keys<<<blocks_for(std::max<int64_t>(lp.slots, lp.ncols), 256), 256, 0, stream>>>(
+  bwd_layout_keys<<<blocks_for(std::max<int64_t>(lp.slots, lp.ncols), 256), 256, 0, st->side>>>(
       lp, st->keys, st->slots, st->col_begin, st->col_end, st->item_counter);
   check_cuda(cudaGetLastError(), "bwd_layout_keys launch");
   if (lp.slots > 0) {
     size_t bytes = st->sort_bytes;
     check_cuda(cub::DeviceRadixSort::SortPairs(st->sort_temp, bytes, st->keys, st->keys_sorted, st->slots,
-                                               st->slots_sorted, int(lp.slots), 0, st->key_bits, stream),
+                                               st->slots_sorted, int(lp.slots), 0, st->key_bits, st->side),
                "cub::DeviceRadixSort (transposed layout)");
-    bwd_layout_columns<<<blocks_for(lp.slots, 256), 256, 0, stream>>>(lp, st->keys_sorted, st->slots_sorted,
+    bwd_layout_columns<<<blocks_for(lp.slots, 256), 256, 0, st->side>>>(lp, st->keys_sorted, st->slots_sorted,
                                                                       st->q_indices, st->col_begin, st->col_end);
     check_cuda(cudaGetLastError(), "bwd_layout_columns launch");
   }
+  check_cuda(cudaEventRecord(st->joined, st->side), "cudaEventRecord(attention backward join)");
+  check_cuda(cudaStreamWaitEvent(stream, st->joined, 0), "cudaStreamWaitEvent(attention backward join)");
 
   // 3. The main kernel.
   Params p{};
