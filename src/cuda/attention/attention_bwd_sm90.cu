@@ -3,7 +3,7 @@
 // "Hopper attention backward" holds the design, the numbers and the ladder.
 //
 // One run is a short sequence of launches on the caller's stream (no host sync, no allocation:
-// capturable):
+// capturable); step 1 runs on a side stream of the plan, forked from and joined back into it:
 //  1. The transposed layout, O(nnz) on the GPU: every in-range entry of the forward layout becomes a
 //     (column = key block of a layout row group, query block, full?) record; a stable radix sort by
 //     column orders each column's query blocks ascending; a pass writes q_indices (the sorted
