@@ -351,12 +351,17 @@ template <bool BF16>
 __global__ void __launch_bounds__(128) bwd_postprocess(const DqParams dp) {
   using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
   __shared__ float tile[64][65];
+  __shared__ float row_mul[64];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t t_idx = blockIdx.x;
   const int dchunk = int(t_idx % dp.tn), rt = int((t_idx / dp.tn) % dp.r64);
   const int64_t bh = t_idx / (int64_t(dp.tn) * dp.r64);
   const int row_base = rt * 64;
   const int r = 16 * warp + lane / 4, c = 2 * (lane % 4);
+  // The rows' multipliers, loaded with the tile (a load per row inside the store loop below would
+  // put one L2 round trip per row on each warp's path).
+  const float4* ri = dp.rowinfo + bh * dp.sq_pad + row_base;
+  if (tid < 64) row_mul[tid] = (dp.det ? 1.f / ri[tid].z : 1.f) * dp.scale;  // 1 / z: a power of two (or NaN), exact
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
     const int64_t pos = t_idx * 4096 + q * 512 + tid * 4;
@@ -374,9 +379,8 @@ __global__ void __launch_bounds__(128) bwd_postprocess(const DqParams dp) {
   }
   __syncthreads();
   const int64_t b = bh / dp.hq, h = bh % dp.hq;
-  const float4* ri = dp.rowinfo + bh * dp.sq_pad + row_base;
   for (int rr = warp; rr < 64 && row_base + rr < dp.sq; rr += 4) {
-    const float mul = (dp.det ? 1.f / ri[rr].z : 1.f) * dp.scale;  // 1 / z: a power of two (or NaN), exact
+    const float mul = row_mul[rr];
     T* out = static_cast<T*>(dp.dq) + b * dp.sb + h * dp.sh + int64_t(row_base + rr) * dp.ss + dchunk * 64;
     *reinterpret_cast<typename dev::Pair<T>::type*>(out + 2 * lane) =
         dev::make_pair2<T>(tile[rr][2 * lane] * mul, tile[rr][2 * lane + 1] * mul);
