@@ -206,8 +206,8 @@ template <bool BF16>
 struct Row8 {
   using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
   float v[8];
-  __device__ explicit Row8(const void* p) {
-    const uint4 raw = *static_cast<const uint4*>(p);
+  __device__ explicit Row8(const void* p) : Row8(*static_cast<const uint4*>(p)) {}
+  __device__ explicit Row8(const uint4 raw) {
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = dev::to_float<T>(e[i]);
@@ -244,18 +244,29 @@ __global__ void __launch_bounds__(256) bwd_kv_bounds(const KvParams kp) {
   const T* vb = static_cast<const T*>(kp.v) + b * kp.v_sb + h * kp.v_sh + c;
   unsigned kmax = 0, vmax = 0;
   const int step = gridDim.y * 8 * RPW;
-  for (int s0 = (blockIdx.y * 8 + threadIdx.x / 32) * RPW; s0 < kp.skv; s0 += step) {  // warp-uniform
-    const int s = s0 + lane / LPR;
-    float norm2 = 0.f;
-    if (s < kp.skv) {
-      const Row8<BF16> kr(kb + s * kp.k_ss), vr(vb + s * kp.v_ss);
+  constexpr int U = 4;  // rows per thread whose loads are in flight together (a missing row reads as 0)
+  for (int s0 = (blockIdx.y * 8 + threadIdx.x / 32) * RPW; s0 < kp.skv; s0 += U * step) {  // warp-uniform
+    uint4 k_raw[U], v_raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * step + lane / LPR;
+      k_raw[u] = v_raw[u] = make_uint4(0, 0, 0, 0);
+      if (s < kp.skv) {
+        k_raw[u] = *reinterpret_cast<const uint4*>(kb + s * kp.k_ss);
+        v_raw[u] = *reinterpret_cast<const uint4*>(vb + s * kp.v_ss);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const Row8<BF16> kr(k_raw[u]), vr(v_raw[u]);
+      float norm2 = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         kmax = max(kmax, __float_as_uint(kr.v[i]) & 0x7fffffffu);
         norm2 = fmaf(vr.v[i], vr.v[i], norm2);
       }
+      vmax = max(vmax, __float_as_uint(row_sum<LPR>(norm2)));
     }
-    vmax = max(vmax, __float_as_uint(row_sum<LPR>(norm2)));
   }
   kmax = __reduce_max_sync(0xffffffffu, kmax);
   vmax = __reduce_max_sync(0xffffffffu, vmax);
@@ -295,16 +306,39 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const RowParams rp) {
   constexpr int LPR = D / 8, RPW = 32 / LPR;
   const int lane = threadIdx.x % 32, c = (lane % LPR) * 8;
   const int64_t bh = blockIdx.x, b = bh / rp.hq, h = bh % rp.hq;
+  // The head's bounds (deterministic mode): once per block.
+  float k_max = 0.f, v_max2 = 0.f;
+  if (rp.det) {
+    const unsigned* hb = rp.bounds + 2 * (b * (rp.hq / rp.group) + h / rp.group);
+    k_max = __uint_as_float(hb[0]), v_max2 = __uint_as_float(hb[1]);
+  }
+  constexpr int ITERS = 64 / (8 * RPW);  // a warp's row groups in a chunk of 64 rows
   for (int chunk = blockIdx.y; chunk < rp.sq_pad / 64; chunk += gridDim.y) {
-#pragma unroll 1
-    for (int s0 = chunk * 64 + (threadIdx.x / 32) * RPW; s0 < chunk * 64 + 64; s0 += 8 * RPW) {  // warp-uniform
-      const int s = s0 + lane / LPR;
+    // Every load of the chunk first (the rowinfo stores below could alias them for the compiler,
+    // which would otherwise keep one row's loads behind the previous row's store).
+    uint4 o_raw[ITERS], g_raw[ITERS];
+    float lse_of[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int s = chunk * 64 + (threadIdx.x / 32) * RPW + it * 8 * RPW + lane / LPR;
+      o_raw[it] = g_raw[it] = make_uint4(0, 0, 0, 0);
+      lse_of[it] = 0.f;
+      if (s < rp.sq) {
+        o_raw[it] = *reinterpret_cast<const uint4*>(static_cast<const T*>(rp.o) + b * rp.o_sb + h * rp.o_sh +
+                                                    s * rp.o_ss + c);
+        g_raw[it] = *reinterpret_cast<const uint4*>(static_cast<const T*>(rp.dout) + b * rp.do_sb +
+                                                    h * rp.do_sh + s * rp.do_ss + c);
+        lse_of[it] = rp.lse[bh * rp.sq + s];
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int s = chunk * 64 + (threadIdx.x / 32) * RPW + it * 8 * RPW + lane / LPR;
       const int64_t r = bh * rp.sq_pad + s;
       const bool live = s < rp.sq;
       float delta = 0.f, norm2 = 0.f;
       if (live) {
-        const Row8<BF16> o(static_cast<const T*>(rp.o) + b * rp.o_sb + h * rp.o_sh + s * rp.o_ss + c);
-        const Row8<BF16> g(static_cast<const T*>(rp.dout) + b * rp.do_sb + h * rp.do_sh + s * rp.do_ss + c);
+        const Row8<BF16> o(o_raw[it]), g(g_raw[it]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           delta = fmaf(o.v[i], g.v[i], delta);
@@ -316,14 +350,13 @@ __global__ void __launch_bounds__(256) bwd_preprocess(const RowParams rp) {
       if (lane % LPR != 0) continue;
       float4 info = make_float4(INFINITY, 0.f, 1.f, 0.f);  // rows past Sq: P = 0
       if (live) {
-        const float lse = rp.lse[bh * rp.sq + s];
+        const float lse = lse_of[it];
         // A row that attends nothing has LSE = -inf: +inf makes its P = exp2(s - inf) = 0.
         info.x = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
         info.y = delta;
         if (rp.det && lse != -INFINITY) {  // (a row that attends nothing has no contributions: z = 1)
-          const unsigned* hb = rp.bounds + 2 * (b * (rp.hq / rp.group) + h / rp.group);
-          const double bound = double(__uint_as_float(hb[0])) *
-                               (sqrt(double(__uint_as_float(hb[1]))) * sqrt(double(norm2)) + fabs(double(delta)));
+          const double bound =
+              double(k_max) * (sqrt(double(v_max2)) * sqrt(double(norm2)) + fabs(double(delta)));
           // A NaN Delta or LSE (a NaN in O, dO or Q's row) would vanish in the integer rounding.
           info.z = isfinite(delta) && isfinite(lse) ? dq_grid_scale(bound) : NAN;
         }
