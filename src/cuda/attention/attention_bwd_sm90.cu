@@ -202,11 +202,11 @@ __global__ void bwd_layout_columns(const LayoutParams lp, const unsigned* keys, 
 
 // The memory-bound passes read rows of D elements 16 bytes (8 elements) per lane: D / 8 lanes per
 // row, 256 / D rows per warp step. Every row starts 16-byte aligned (the TMA checks of why_not).
+// The 16 bytes are loaded first (several rows' loads in flight), then widened here.
 template <bool BF16>
 struct Row8 {
   using T = std::conditional_t<BF16, __nv_bfloat16, __half>;
   float v[8];
-  __device__ explicit Row8(const void* p) : Row8(*static_cast<const uint4*>(p)) {}
   __device__ explicit Row8(const uint4 raw) {
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
