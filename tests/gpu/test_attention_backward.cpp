@@ -75,7 +75,19 @@ struct DeviceBwd {
     dv->download(x.dv.bytes.data());
   }
   void upload(const void* host, DeviceBuffer* d) const {
-    check_cuda(cudaMemcpy(d->ptr, host, d->bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (d->bytes) check_cuda(cudaMemcpy(d->ptr, host, d->bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  // Another case's inputs and layout contents (same extents) into these buffers; O and LSE are not
+  // recomputed here.
+  void upload_inputs(const BwdCase& n) const {
+    upload(n.c->q.bytes.data(), q);
+    upload(n.c->k.bytes.data(), k);
+    upload(n.c->v.bytes.data(), v);
+    upload(n.dout.bytes.data(), dout);
+    upload(n.c->layout.num.data(), num);
+    upload(n.c->layout.idx.data(), idx);
+    upload(n.c->layout.full_num.data(), fnum);
+    upload(n.c->layout.full_idx.data(), fidx);
   }
 };
 
@@ -295,12 +307,7 @@ TEST(HopperAttentionBackward, RunsOfOnePlanLeaveNothingBehind) {
       if (r.empty_blocks) u.empty_rows = {0, 2, -1};
       auto n = make_backward_case(u);
       ASSERT_EQ(n->c->layout.kmax, first->c->layout.kmax);
-      dev.upload(n->c->q.bytes.data(), dev.q);
-      dev.upload(n->c->k.bytes.data(), dev.k);
-      dev.upload(n->c->v.bytes.data(), dev.v);
-      dev.upload(n->dout.bytes.data(), dev.dout);
-      dev.upload(n->c->layout.num.data(), dev.num);
-      dev.upload(n->c->layout.idx.data(), dev.idx);
+      dev.upload_inputs(*n);
       attention(dev.args.forward, hopper());  // O and LSE of the new values
       dev.poison();
       dev.args.deterministic = r.deterministic;
@@ -353,14 +360,7 @@ TEST(HopperAttentionBackward, OneShotInACudaGraphFollowsNewValuesAndLayouts) {
     auto n = make_backward_case(t);
     ASSERT_EQ(n->c->layout.kmax, x->c->layout.kmax);
     ASSERT_EQ(n->c->layout.full_kmax, x->c->layout.full_kmax);
-    d.upload(n->c->q.bytes.data(), d.q);
-    d.upload(n->c->k.bytes.data(), d.k);
-    d.upload(n->c->v.bytes.data(), d.v);
-    d.upload(n->dout.bytes.data(), d.dout);
-    d.upload(n->c->layout.num.data(), d.num);
-    d.upload(n->c->layout.idx.data(), d.idx);
-    d.upload(n->c->layout.full_num.data(), d.fnum);
-    d.upload(n->c->layout.full_idx.data(), d.fidx);
+    d.upload_inputs(*n);
     d.poison();
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
