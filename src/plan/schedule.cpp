@@ -165,4 +165,45 @@ StreamSchedule build_stream_schedule(const std::vector<int32_t>& row_ptr, int ct
   return s;
 }
 
+RowPairs pair_rows(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb) {
+  RowPairs rp;
+  const int64_t pairs = (mb + 1) / 2;
+  rp.row_ptr.reserve(size_t(pairs + 1));
+  rp.row_ptr.push_back(0);
+  struct Entry {
+    int32_t col, half, blk;
+  };
+  std::vector<Entry> e;
+  for (int64_t g = 0; g < pairs; ++g) {
+    e.clear();
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = 2 * g + half;
+      if (r >= mb) break;
+      for (int32_t j = row_ptr[r]; j < row_ptr[r + 1]; ++j) e.push_back({col_idx[j], half, j});
+    }
+    // Column order; within a column row 2g's copies first, each row's copies in stored order.
+    std::stable_sort(e.begin(), e.end(), [](const Entry& x, const Entry& y) {
+      return x.col != y.col ? x.col < y.col : x.half < y.half;
+    });
+    // Per column: its k-th copy in row 2g and its k-th copy in row 2g + 1 share position k.
+    for (size_t i = 0; i < e.size();) {
+      size_t mid = i, end = i;
+      while (end < e.size() && e[end].col == e[i].col) {
+        if (e[end].half == 0) ++mid;
+        ++end;
+      }
+      const size_t n0 = mid - i, n1 = end - mid;
+      for (size_t k = 0; k < std::max(n0, n1); ++k) {
+        const int2 b = make_int2(k < n0 ? e[i + k].blk : -1, k < n1 ? e[mid + k].blk : -1);
+        rp.col.push_back(e[i].col);
+        rp.blk.push_back(b);
+        rp.stored += (b.x >= 0) + (b.y >= 0);
+      }
+      i = end;
+    }
+    rp.row_ptr.push_back(int32_t(rp.col.size()));
+  }
+  return rp;
+}
+
 }  // namespace sparsek

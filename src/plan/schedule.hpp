@@ -50,6 +50,24 @@ constexpr int kMinPieceStages = 16;
 Schedule build_schedule(const std::vector<int32_t>& row_ptr, int64_t n, int bn, int kslices, int ctas, Order order,
                         int split_stages, double window_tiles = 0);
 
+// Row pairs (the Hopper kernel's 128-row tiles over 64-row blocks): block rows 2g and 2g + 1 of a
+// pattern walked together over the union of their block columns, so that one B panel load serves
+// both rows. Position j of pair g (j in [row_ptr[g], row_ptr[g + 1])) is block column col[j], and
+// blk[j] = {stored block of row 2g there, of row 2g + 1} (-1: that row has none at col[j]; a column
+// stored several times in a row: its k-th copies in the two rows share a position). Positions run
+// in ascending column order, so a row's sum runs over its blocks in column order. A pattern with an odd number
+// of block rows ends with a pair whose second row does not exist (always -1).
+struct RowPairs {
+  std::vector<int32_t> row_ptr;  // [pairs + 1]
+  std::vector<int32_t> col;      // [positions]
+  std::vector<int2> blk;         // [positions]
+  int64_t stored = 0;            // stored blocks (every one appears exactly once)
+  // Fraction of the pairs' half-tiles that hold a stored block: the share of the 128-row tiles'
+  // tensor work that is not spent on a missing half (1: neighbouring rows share every column).
+  double fill() const { return col.empty() ? 0.0 : double(stored) / (2.0 * double(col.size())); }
+};
+RowPairs pair_rows(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
+
 // Schedule of the small-N streaming kernel (src/cuda/gemm/smalln_sm80.cu): one unit per CTA, the
 // whole of N (in N tiles that the kernel adds itself). A unit is a block row, or a piece of one:
 // {block row, first stored block, end stored block, partial slot (-1: the whole row, written to C)}.

@@ -1,7 +1,7 @@
 // The product schedules (src/plan/schedule.cpp), checked on the host. Persistent Hopper: every
 // (block row, N tile) is covered exactly once (split items by contiguous pieces in slot order),
 // lists are balanced, and the order rules hold. Small-N streaming: every row once, whole or in
-// pieces no longer than asked.
+// pieces no longer than asked. Row pairs: every stored block once, on its row's half, in column order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -281,6 +281,99 @@ TEST(StreamSchedule, RandomPatternsAndEmptyOnes) {
   StreamSchedule z = build_stream_schedule(row_ptr_of({0, 0, 0}), 132, 4, 1024);
   check_stream_cover(z, row_ptr_of({0, 0, 0}), 1024);
   EXPECT_EQ(z.units.size(), 3u);  // empty rows still get their beta * C
+}
+
+// Row pairs from explicit rows (block columns per row).
+RowPairs pairs_of(const std::vector<std::vector<int32_t>>& rows) {
+  std::vector<int32_t> rp{0}, ci;
+  for (const auto& r : rows) {
+    ci.insert(ci.end(), r.begin(), r.end());
+    rp.push_back(int32_t(ci.size()));
+  }
+  return pair_rows(rp.data(), ci.data(), int64_t(rows.size()));
+}
+
+TEST(RowPairs, UnionInColumnOrderWithDuplicatesAndAnOddRow) {
+  // Row 0 sorted, row 1 unsorted with column 5 stored twice, row 2 empty (its pair has no row 3).
+  const RowPairs r = pairs_of({{1, 3, 5}, {3, 0, 5, 5}, {}});
+  EXPECT_EQ(r.row_ptr, (std::vector<int32_t>{0, 5, 5}));
+  EXPECT_EQ(r.col, (std::vector<int32_t>{0, 1, 3, 5, 5}));
+  // Stored blocks: row 0 = 0, 1, 2 (columns 1, 3, 5); row 1 = 3, 4, 5, 6 (columns 3, 0, 5, 5).
+  const std::vector<std::pair<int, int>> want{{-1, 4}, {0, -1}, {1, 3}, {2, 5}, {-1, 6}};
+  ASSERT_EQ(r.blk.size(), want.size());
+  for (size_t j = 0; j < want.size(); ++j) {
+    EXPECT_EQ(r.blk[j].x, want[j].first) << "position " << j;
+    EXPECT_EQ(r.blk[j].y, want[j].second) << "position " << j;
+  }
+  EXPECT_EQ(r.stored, 7);
+  EXPECT_DOUBLE_EQ(r.fill(), 0.7);
+  const RowPairs none = pairs_of({});
+  EXPECT_EQ(none.row_ptr, (std::vector<int32_t>{0}));
+  EXPECT_EQ(none.fill(), 0.0);
+}
+
+TEST(RowPairs, EveryBlockOnceOnItsRowRandomPatterns) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int mb = 1 + int(rng() % 17), kb = 1 + int(rng() % 24);
+    std::vector<std::vector<int32_t>> rows(static_cast<size_t>(mb));
+    for (auto& row : rows)
+      for (int c = 0; c < kb; ++c)
+        if (rng() % 3 == 0) row.push_back(int32_t(rng() % kb));  // unsorted, duplicates possible
+    std::vector<int32_t> rp{0}, ci;
+    for (const auto& row : rows) {
+      ci.insert(ci.end(), row.begin(), row.end());
+      rp.push_back(int32_t(ci.size()));
+    }
+    const RowPairs r = pair_rows(rp.data(), ci.data(), mb);
+    ASSERT_EQ(r.row_ptr.size(), size_t((mb + 1) / 2 + 1));
+    ASSERT_EQ(r.col.size(), r.blk.size());
+    std::vector<int> seen(ci.size(), 0);
+    for (int g = 0; g + 1 < int(r.row_ptr.size()); ++g) {
+      std::map<int32_t, int> per_col[2];
+      for (int32_t j = r.row_ptr[size_t(g)]; j < r.row_ptr[size_t(g) + 1]; ++j) {
+        if (j > r.row_ptr[size_t(g)]) EXPECT_LE(r.col[size_t(j) - 1], r.col[size_t(j)]) << "column order";
+        const int b[2] = {r.blk[size_t(j)].x, r.blk[size_t(j)].y};
+        EXPECT_TRUE(b[0] >= 0 || b[1] >= 0) << "a position with no block";
+        for (int h = 0; h < 2; ++h) {
+          if (b[h] < 0) continue;
+          const int row = 2 * g + h;
+          ASSERT_LT(row, mb);
+          EXPECT_GE(b[h], rp[size_t(row)]);
+          EXPECT_LT(b[h], rp[size_t(row) + 1]) << "block on the other row's half";
+          EXPECT_EQ(ci[size_t(b[h])], r.col[size_t(j)]);
+          ++seen[size_t(b[h])];
+          ++per_col[h][r.col[size_t(j)]];
+        }
+      }
+      // Positions per column: the larger of the two rows' copies there (the union, with repeats).
+      std::map<int32_t, int> want;
+      for (int h = 0; h < 2 && 2 * g + h < mb; ++h)
+        for (int32_t j = rp[size_t(2 * g + h)]; j < rp[size_t(2 * g + h) + 1]; ++j) ++want[ci[size_t(j)]];
+      size_t positions = 0;
+      for (const auto& kv : want) {
+        positions += size_t(std::max(per_col[0][kv.first], per_col[1][kv.first]));
+        EXPECT_EQ(per_col[0][kv.first] + per_col[1][kv.first], kv.second);
+      }
+      EXPECT_EQ(positions, size_t(r.row_ptr[size_t(g) + 1] - r.row_ptr[size_t(g)]));
+    }
+    for (size_t j = 0; j < seen.size(); ++j) EXPECT_EQ(seen[j], 1) << "stored block " << j;
+    EXPECT_EQ(r.stored, int64_t(ci.size()));
+  }
+}
+
+TEST(RowPairs, FillSeparatesBandsFromIndependentRows) {
+  // A band of 16 blocks (rows r..r+15 of 128 block columns) shares 15 of 16 columns with its
+  // neighbour: fill 32 / 34. Rows drawn independently at 12.5% share few.
+  std::vector<std::vector<int32_t>> band(64), random(64);
+  std::mt19937 rng(3);
+  for (int r = 0; r < 64; ++r) {
+    for (int c = r; c < r + 16; ++c) band[size_t(r)].push_back(int32_t(c));
+    for (int c = 0; c < 128; ++c)
+      if (rng() % 8 == 0) random[size_t(r)].push_back(int32_t(c));
+  }
+  EXPECT_NEAR(pairs_of(band).fill(), 32.0 / 34.0, 1e-12);
+  EXPECT_LT(pairs_of(random).fill(), 0.6);
 }
 
 TEST(Schedule, ParseOrder) {

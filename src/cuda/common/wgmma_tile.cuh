@@ -75,10 +75,15 @@ __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MI][Cfg::ACC], uint3
 // the last stage has been seen full (its math still runs), so the tensor cores get the other
 // consumer's wgmmas without a gap. wait_cycles (profiling builds; null otherwise): the clock64
 // cycles spent waiting for full stages are added to it.
+// half_flags (cooperative tiles over row pairs; 0 otherwise): the shared-memory address of a word
+// per ring slot whose bit h says whether half h of the stage's A tile was loaded; a consumer whose
+// half is missing gives the stage back without a wgmma (a zero half would turn Inf or NaN in B rows
+// that only the other row reads into NaN here). Returns whether any stage held this consumer's rows
+// (false: its rows have no stored block in this item, so alpha must not touch them).
 template <class Cfg, class Ring, class Release>
-__device__ __forceinline__ void mainloop(float (&acc)[Cfg::MI][Cfg::ACC], int nst, Ring& ring, uint32_t s_a,
+__device__ __forceinline__ bool mainloop(float (&acc)[Cfg::MI][Cfg::ACC], int nst, Ring& ring, uint32_t s_a,
                                          uint32_t s_b, uint32_t full, int which, int hand_to, Release&& release,
-                                         long long* wait_cycles) {
+                                         uint32_t half_flags, long long* wait_cycles) {
   const int lane = threadIdx.x % 32;
   if (nst == 0 && hand_to >= 0) ptx::named_barrier_arrive(hand_to, 256);
 #pragma unroll
@@ -86,26 +91,52 @@ __device__ __forceinline__ void mainloop(float (&acc)[Cfg::MI][Cfg::ACC], int ns
 #pragma unroll
     for (int i = 0; i < Cfg::ACC; ++i) acc[mi][i] = 0.f;
   uint32_t prev = 0;
+  bool have_prev = false;
+  bool used = nst > 0 && !half_flags;
   for (int s = 0; s < nst; ++s) {
     const long long t0 = wait_cycles ? clock64() : 0;
     ptx::mbar_wait_or_trap(full + 8 * ring.stage, ring.phase, kWaitLimit);
     if (wait_cycles) *wait_cycles += clock64() - t0;
     if (s == nst - 1 && hand_to >= 0) ptx::named_barrier_arrive(hand_to, 256);
+    if (half_flags) {
+      // Lane 0 reads the flag and hands it to the others, so that the read comes before the slot's
+      // release in the releasing thread's own program order.
+      const uint32_t f =
+          __shfl_sync(0xffffffffu, lane == 0 ? ptx::ld_shared_u32(half_flags + 4 * ring.stage) : 0u, 0);
+      // NOTE: a stage without this consumer's half is given back at once and the loop goes on
+      // (`continue`), rather than its wgmmas sitting in an `if`: ptxas serialized every wgmma of
+      // the kernel around a conditional one (C7520), which cost the 128x128 product 15% on the H100.
+      if (!((f >> which) & 1u)) {
+        // The slot of the last stage with this half goes back first: holding it while skipping
+        // STAGES - 1 more would wait on its own refill (two rows with few shared columns deadlocked).
+        if (have_prev) {
+          ptx::wgmma_wait<0>();
+          if (lane == 0) release(prev);
+          have_prev = false;
+        }
+        if (lane == 0) release(ring.stage);
+        ring.advance();
+        continue;
+      }
+      used = true;
+    }
     ptx::wgmma_fence();
     mma_stage<Cfg>(acc, s_a + ring.stage * Cfg::A_BYTES, s_b + ring.stage * Cfg::B_BYTES, which);
     ptx::wgmma_commit();
     // Keep this stage's group in flight; the previous one is done, so its slot goes back.
     ptx::wgmma_wait<1>();
-    if (s > 0 && lane == 0) release(prev);
+    if (have_prev && lane == 0) release(prev);
     prev = ring.stage;
+    have_prev = true;
     ring.advance();
   }
   ptx::wgmma_wait<0>();
-  if (nst > 0 && lane == 0) release(prev);
+  if (have_prev && lane == 0) release(prev);
 #pragma unroll
   for (int mi = 0; mi < Cfg::MI; ++mi)
 #pragma unroll
     for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(acc[mi][i]);
+  return used;
 }
 
 // Where accumulator register 4*j + 2*h + e of instruction mi lands in the consumer's tile (tile

@@ -32,6 +32,10 @@
 //    second, small launch adds each item's slots in a fixed order and writes C (deterministic).
 //  - bm = 32 swaps A and B: the tile is computed as C^T (256 x 32) so that the wide N side is the
 //    wgmma M side (wgmma needs M = 64).
+//  - Row pairs (64-row blocks whose neighbouring rows share most columns; prepare() decides): the
+//    128-row kernel runs block rows 2x and 2x + 1 over the union of their columns, one 64-row half
+//    of the A tile per row, so that each B panel is loaded once for both; a half with no block
+//    there is not loaded and its consumer skips the stage (produce_pairs(), dev::mainloop()).
 //
 // This header is the kernels' source; it is compiled only by the generated instance files (see
 // hopper_dsd.hpp), each of which instantiates pick_kernel() for one (BM, KS, input dtype).
@@ -87,6 +91,9 @@ struct Config {
   // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
   // owns every other item (ping-pong).
   static constexpr bool COOP = BM == 128;
+  // Row pairs (Params::pair_blk): a 128-row tile over two 64-row block rows, one half each; only
+  // the cooperative wide-tile kernels with K-major A carry that code.
+  static constexpr bool PAIRS_BUILT = COOP && !A_MN_ && BN_ == 256;
   // N extent of a work tile: 256, or 64 for N <= 64 (decode: a few columns, where a 256-wide tile
   // would spend 4-256x the tensor work and the stage bytes on columns that do not exist).
   static constexpr int BN = BN_;
@@ -118,7 +125,9 @@ struct Config {
   static constexpr int COL_OL = E_BYTES / COL_LB;
   static constexpr int E_TOTAL = 2 * 2 * E_BYTES;
   static constexpr int STAGES = std::min(12, (kSmemLimit - E_TOTAL - 2048) / STAGE_BYTES);
-  static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + 1024;  // + align
+  // Row pairs: a flag word per stage and the producer's stash of 32 16-byte positions (half_flags()).
+  static constexpr int PAIR_BYTES = PAIRS_BUILT ? STAGES * 4 + 32 * 16 : 0;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + E_TOTAL + 2 * STAGES * 8 + 16 + PAIR_BYTES + 1024;  // + align
   // L2 priorities: A loads evict_last (A is re-read once per N tile), C stores evict_first (never
   // read again): +1-2% on 128x64 / 128x128 blocks on the H100. Not for small stages: there the
   // single producer thread's issue rate is the limit, and the extra instructions cost 3-18%
@@ -131,6 +140,7 @@ struct Config {
                 "swizzled tiles must start 1024-byte aligned (descriptor base offset 0)");
   static_assert(!A_MN || CL == 1 || A_PART == ATile::CHUNK, "a CTA of a pair loads one 64-wide chunk of A");
   static_assert(STAGES >= 3, "the ring needs at least 3 stages to overlap load and math");
+  static_assert(!PAIRS_BUILT || STAGES % 2 == 0, "the row-pair stash after the flag words must be 8-byte aligned");
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
   static_assert(CL == 1 || (CL == 2 && COOP), "clusters only for the cooperative bm = 128 layout");
@@ -143,10 +153,20 @@ struct Params {
   const int4* items;      // [total items], grouped by CTA
   const int* cta_items;   // [grid + 1]: CTA b runs items [cta_items[b], cta_items[b + 1])
   const int* col_idx;     // [nnzb]: the block column of op(A) (op T: of the transposed pattern)
-  const int* perm;        // op T: [nnzb], where block j of the transposed pattern sits in A's values
+  // NOTE: op T never runs row pairs, so the two share a field: Params past 128 bytes made ptxas
+  // spill in the 64-row kernels with f32 column-major C.
+  union {
+    const int* perm;      // op T: [nnzb], where block j of the transposed pattern sits in A's values
+    // Row pairs (128-row kernels over a pattern of 64-row blocks, see RowPairs in
+    // src/plan/schedule.hpp; null otherwise): an item's block row x is the pair (2x, 2x + 1), its
+    // positions index col_idx (the pairs' union columns) and pair_blk: the stored block of each row
+    // there (-1: none; that half of the A tile is not loaded and its consumer skips the stage).
+    const int2* pair_blk;
+  };
   void* c;                // C(m, n) at c[m * c_rs + n * c_cs]
   int64_t c_rs, c_cs;
   int n;                  // N
+  int m;                  // M (rows of C): a pair's second block row may lie past it
   int bk;                 // op(A)'s block depth
   int kslices;            // bk / KS: stages per stored block
   int c_pairs;            // direct stores: an accumulator pair is two adjacent, aligned elements
@@ -181,6 +201,22 @@ using dev::out_load;
 using dev::out_load2;
 using dev::out_store;
 using dev::out_store2;
+
+// B rows k0 .. k0 + KS of the N tile at n0 (one stage's slice) into b_stage.
+template <class Cfg>
+__device__ __forceinline__ void load_b_slice(const CUtensorMap* tm_b, const Params& p, uint32_t bar, uint32_t b_stage,
+                                             int n0, int k0) {
+  if constexpr (Cfg::B_K) {
+    // B column-major, (N rows of K): one box (KS, BN) at (k0, n0), K-major
+    ptx::tma_load_2d(b_stage, tm_b, bar, k0, n0);
+  } else if (p.b3d) {
+    // B row-major: BN/64 boxes (64, KS) side by side as one 3-D box (N is whole 64-column chunks)
+    ptx::tma_load_3d(b_stage, tm_b, bar, 0, k0, n0 / 64);
+  } else {
+#pragma unroll
+    for (int c = 0; c < Cfg::BN / 64; ++c) ptx::tma_load_2d(b_stage + c * Cfg::B_CHUNK, tm_b, bar, n0 + 64 * c, k0);
+  }
+}
 
 // Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
 // block indices in registers (32 at a time, the next item's first 32 prefetched a whole item
@@ -260,19 +296,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                   ptx::tma_load_2d(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay);
               }
             }
-            // B rows col*bk + h*KS of this rank's N tile.
-            const uint32_t b_stage = s_b + stage * Cfg::B_BYTES;
-            const int n0 = w.y + rank * Cfg::BN, k0 = col * p.bk + h * Cfg::KS;
-            if constexpr (Cfg::B_K) {
-              // B column-major, (N rows of K): one box (KS, BN) at (k0, n0), K-major
-              ptx::tma_load_2d(b_stage, tm_b, bar, k0, n0);
-            } else if (p.b3d) {
-              // B row-major: BN/64 boxes (64, KS) side by side as one 3-D box (N is whole 64-column chunks)
-              ptx::tma_load_3d(b_stage, tm_b, bar, 0, k0, n0 / 64);
-            } else {
-#pragma unroll
-              for (int c = 0; c < Cfg::BN / 64; ++c) ptx::tma_load_2d(b_stage + c * Cfg::B_CHUNK, tm_b, bar, n0 + 64 * c, k0);
-            }
+            load_b_slice<Cfg>(tm_b, p, bar, s_b + stage * Cfg::B_BYTES, w.y + rank * Cfg::BN, col * p.bk + h * Cfg::KS);
             ring.advance();
           }
         }
@@ -286,6 +310,97 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
     atomicAdd(&p.prof[kProfProducer], (unsigned long long)(clock64() - t_start));
     atomicAdd(&p.prof[kProfEmptyWait], (unsigned long long)prof_wait);
   })
+}
+
+// Row pairs (Params::pair_blk): after the full and empty barriers and the two C-load barriers
+// (see the kernel's layout), a word per ring slot whose bit r says whether half r of the slot's A
+// tile was loaded, then the producer's stash of 32 positions (16 bytes each: the block column, then
+// the blocks of rows 2x and 2x + 1). Computed from `empty` rather than carried in a register.
+template <class Cfg>
+__device__ __forceinline__ uint32_t half_flags(uint32_t empty) {
+  return empty + 8 * Cfg::STAGES + 16;
+}
+template <class Cfg>
+__device__ __forceinline__ uint32_t pair_stash(uint32_t empty) {
+  return half_flags<Cfg>(empty) + 4 * Cfg::STAGES;
+}
+
+// Row pairs, one stage: its flag, the barrier's expected bytes and the A tile's halves. Half r (row
+// 2x + r's block blk_r, K slice h: 64 rows) goes to rows 64 r.. of the tile; a missing half (-1) is
+// not loaded, and the flag tells the consumers, which read it after their wait on this stage's
+// barrier (the arrive below releases it). Both CTAs of a cluster see the same halves, so each
+// expects the bytes both send.
+template <class Cfg>
+__device__ __forceinline__ void load_pair_halves(const CUtensorMap* tm_a, const Params& p, uint32_t bar,
+                                                 uint32_t a_stage, int h, int blk0, int blk1, int rank,
+                                                 uint32_t flag) {
+  constexpr uint32_t HALF = Cfg::A_BYTES / 2;
+  const uint32_t halves = uint32_t(blk0 >= 0) | (uint32_t(blk1 >= 0) << 1);
+  ptx::st_shared_u32(flag, halves);
+  ptx::mbar_arrive_expect_tx(bar, Cfg::B_BYTES + uint32_t(__popc(halves)) * HALF);
+  auto load = [&](int r, bool multicast) {
+    const int x = h * Cfg::KS, y = (r == 0 ? blk0 : blk1) * (Cfg::BM / 2);
+    const uint32_t dst = a_stage + uint32_t(r) * HALF;
+    if constexpr (Cfg::CL > 1) {
+      if (multicast) {
+        ptx::tma_load_2d_multicast_hint(dst, tm_a, bar, x, y, uint16_t((1u << Cfg::CL) - 1), ptx::l2_policy_evict_last());
+        return;
+      }
+    }
+    if constexpr (Cfg::L2_HINTS)
+      ptx::tma_load_2d_hint(dst, tm_a, bar, x, y, ptx::l2_policy_evict_last());
+    else
+      ptx::tma_load_2d(dst, tm_a, bar, x, y);
+  };
+  if (Cfg::CL > 1 && p.cluster_mode == 0) {  // each CTA of the pair multicasts its own half
+    if ((halves >> rank) & 1) load(rank, true);
+  } else {
+    for (int r = 0; r < 2; ++r)
+      if ((halves >> r) & 1) load(r, false);
+  }
+}
+
+// The producer of row pairs: produce()'s loop, but the warp stages 32 positions at a time in shared
+// memory (pair_stash) and lane 0 reads each there, instead of three index registers per lane carried
+// across the loop and the next item's prefetched (the 40-register producer spilled with them). The
+// item and index loads are not hidden a whole item ahead: with 48 KB stages the producer waits on
+// free slots most of the time, and the stages in flight cover the loads.
+template <class Cfg>
+__device__ __forceinline__ void produce_pairs(const CUtensorMap* tm_a, const CUtensorMap* tm_b, const Params& p,
+                                              int first, int last, uint32_t s_a, uint32_t s_b, uint32_t full,
+                                              uint32_t empty) {
+  const int lane = threadIdx.x % 32;
+  dev::Ring<Cfg::STAGES> ring;
+  const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
+  const uint32_t stash = pair_stash<Cfg>(empty);
+  for (int it = first; it < last; ++it) {
+    const int4 w = p.items[it];
+    for (int j0 = w.z; j0 < w.w; j0 += 32) {
+      const int count = min(32, w.w - j0);
+      if (lane < count) {
+        ptx::st_shared_u32(stash + 16 * lane, uint32_t(p.col_idx[j0 + lane]));
+        const int2 b = p.pair_blk[j0 + lane];
+        ptx::st_shared_v2(stash + 16 * lane + 8, b.x, b.y);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        for (int t = 0; t < count; ++t) {
+          const int col = int(ptx::ld_shared_u32(stash + 16 * t));
+          const int2 b = ptx::ld_shared_v2(stash + 16 * t + 8);
+          for (int h = 0; h < p.kslices; ++h) {
+            const uint32_t bar = full + 8 * ring.stage;
+            ptx::mbar_wait_or_trap(empty + 8 * ring.stage, ring.phase ^ 1, kWaitLimit);
+            load_pair_halves<Cfg>(tm_a, p, bar, s_a + ring.stage * Cfg::A_BYTES, h, b.x, b.y, rank,
+                                  half_flags<Cfg>(empty) + 4 * ring.stage);
+            load_b_slice<Cfg>(tm_b, p, bar, s_b + ring.stage * Cfg::B_BYTES, w.y + rank * Cfg::BN,
+                              col * p.bk + h * Cfg::KS);
+            ring.advance();
+          }
+        }
+      }
+      __syncwarp();  // lane 0 is done with the stash before it is refilled
+    }
+  }
 }
 
 // Byte offset of (line, byte) in a TMA box of LB-byte lines, swizzled as the TMA writes and reads
@@ -341,7 +456,9 @@ __device__ __forceinline__ void copy_box(uint8_t* buf, const Params& p, int c0, 
 #pragma unroll
     for (int e = 0; e < IW / 32; ++e) {
       const int q = lane + 32 * e, pos = c0 + q;
-      const bool inside = (C_COL ? line : pos) < p.n;  // rows always exist (M = block rows * bm)
+      // A row pair's second block row may lie past M (an odd number of block rows); other tiles'
+      // rows always exist (M = block rows * bm).
+      const bool inside = (C_COL ? line : pos) < p.n && (!Cfg::PAIRS_BUILT || (C_COL ? pos : line) < p.m);
       T* const sh = reinterpret_cast<T*>(buf + box_offset<LB>(l, q * ES));
       T* const gl = c + int64_t(line) * ld + pos;
       if constexpr (LOAD)
@@ -542,6 +659,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
                                         uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint8_t* ebuf,
                                         uint32_t ebuf_s, uint32_t c_bar) {
   const int tid = threadIdx.x % 128;
+  const bool pairs = Cfg::PAIRS_BUILT && p.pair_blk != nullptr;  // (PAIRS_BUILT: op none, perm unused)
   dev::Ring<Cfg::STAGES> ring;
   uint32_t c_phase = 0;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
@@ -572,7 +690,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     }
     if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
     const bool hand_over = !Cfg::COOP && it + 1 < last;  // the other consumer runs item it+1
-    dev::mainloop<Cfg>(acc, nst, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release, full_wait);
+    const bool used = dev::mainloop<Cfg>(acc, nst, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release,
+                                         pairs ? half_flags<Cfg>(empty) : 0u, full_wait);
     SK_PROF(const long long te = clock64();)
     const int row0 = w.x * Cfg::BM + (Cfg::COOP ? which * 64 : 0), n0 = w.y + rank * Cfg::BN;
     if (p.slot_of) {  // split rows: a piece leaves its sums to hopper_split_reduce
@@ -584,8 +703,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
       }
     }
     // A block row with no stored block is beta * C whatever alpha is (+-Inf or NaN times the empty
-    // sum would make it NaN).
-    const float alpha = nst > 0 ? p.alpha : 0.f;
+    // sum would make it NaN); with row pairs, one of the two rows may have none.
+    const float alpha = used ? p.alpha : 0.f;
     epilogue_boxed<Cfg>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, p.tma_store);
     SK_PROF(prof_epi += clock64() - te;)
   }
@@ -609,6 +728,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // smem: A stages [STAGES][A_BYTES] | B stages [STAGES][B_BYTES] | C boxes [2 consumers][2][E_BYTES]
   //       | full[STAGES] | empty[STAGES] | cload[2] (C boxes loaded for beta != 0)
+  //       | row pairs only: half flags[STAGES] | the producer's stash [32][16 B] (half_flags())
   const uint32_t raw = ptx::smem_addr(smem_raw);
   const uint32_t s_a = (raw + 1023u) & ~1023u;
   const uint32_t s_b = s_a + Cfg::STAGES * Cfg::A_BYTES;
@@ -635,7 +755,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first = range.first, last = range.last;
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+    if (threadIdx.x < 32) {
+      if constexpr (Cfg::PAIRS_BUILT) {
+        if (p.pair_blk) {
+          produce_pairs<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+        } else {
+          produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+        }
+      } else {
+        produce<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
+      }
+    }
     // A CTA stays until its peer no longer writes into it or arrives on its barriers.
     if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   } else {
@@ -727,9 +857,10 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   const bool b3d = !Cfg::B_K && g.b.cols % 64 == 0;
   if (a.nnzb > 0) {  // no stored block: the maps are never used (and a zero-size map is invalid)
     // vals: (nnzb * bm_stored, bk_stored). op none: boxes (KS, BM / CL) of a block's rows;
-    // op T: boxes (64 or 32 of the stored columns, KS of the stored rows).
+    // op T: boxes (64 or 32 of the stored columns, KS of the stored rows); row pairs: (KS, 64), a
+    // half of the tile is one stored block's rows.
     const uint32_t box_inner = Cfg::A_MN ? uint32_t(Cfg::ATile::W) : uint32_t(Cfg::KS);
-    const uint32_t box_outer = Cfg::A_MN ? uint32_t(Cfg::KS) : uint32_t(Cfg::BM / Cfg::CL);
+    const uint32_t box_outer = Cfg::A_MN ? uint32_t(Cfg::KS) : uint32_t(st.pair_blk ? Cfg::BM / 2 : Cfg::BM / Cfg::CL);
     tm_a = tma_map_2d(a.values, a.dtype, uint64_t(a.bk), uint64_t(a.nnzb) * a.bm, uint64_t(a.bk) * 2, box_inner,
                       box_outer, tma_swizzle(Cfg::ATile::ROW_BYTES), "A values");
     if constexpr (Cfg::B_K) {
@@ -747,14 +878,19 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.b3d = b3d;
   p.items = st.items;
   p.cta_items = st.cta_items;
-  p.col_idx = st.trans ? st.col : a.col_idx;
-  p.perm = st.perm;
+  p.col_idx = st.trans || st.pair_blk ? st.col : a.col_idx;
+  if (st.pair_blk && !Cfg::PAIRS_BUILT) throw Error(Status::internal, "hopper: row pairs need the 128-row wide-tile kernel");
+  if (st.pair_blk)
+    p.pair_blk = st.pair_blk;
+  else
+    p.perm = st.perm;
   p.c = g.c.data;
   const bool c_row = g.c.layout == Layout::row_major;
   if (c_row == Cfg::C_COL) throw Error(Status::internal, "hopper: kernel built for the other layout of C");
   p.c_rs = c_row ? g.c.ld : 1;
   p.c_cs = c_row ? 1 : g.c.ld;
   p.n = int(g.b.cols);
+  p.m = int(g.c.rows);
   p.bk = st.bk;
   p.kslices = st.bk / Cfg::KS;
   // Direct stores: the pair of a fragment runs along n (along m when swapped); one 2-element

@@ -33,6 +33,10 @@ struct HopperState final : VariantState {
   int* cta_items = nullptr;
   int* col = nullptr;        // op T: the transposed pattern's block columns (Params::col_idx)
   int* perm = nullptr;       // op T: Params::perm
+  // Row pairs (bm = 64 patterns whose neighbouring block rows share most columns; see
+  // prepare_hopper()): the 128-row kernel runs pairs of block rows over the union of their
+  // columns (col: the union's block columns); null otherwise.
+  int2* pair_blk = nullptr;
   int* slot_of = nullptr;    // split rows (Params::slot_of); null when nothing was split
   int4* groups = nullptr;    // split items for hopper_split_reduce
   int ngroups = 0;
@@ -55,8 +59,8 @@ struct HopperState final : VariantState {
     // NOTE: cudaFree waits for the device to finish, so a launch still reading the schedule is
     // safe (the one-shot API destroys the state right after enqueueing).
     for (void* q : {static_cast<void*>(items), static_cast<void*>(cta_items), static_cast<void*>(col),
-                    static_cast<void*>(perm), static_cast<void*>(slot_of), static_cast<void*>(groups),
-                    static_cast<void*>(partials), packed_b, static_cast<void*>(prof)})
+                    static_cast<void*>(perm), static_cast<void*>(pair_blk), static_cast<void*>(slot_of),
+                    static_cast<void*>(groups), static_cast<void*>(partials), packed_b, static_cast<void*>(prof)})
       if (q) cudaFree(q);
   }
 };

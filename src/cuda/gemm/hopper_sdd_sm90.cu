@@ -206,7 +206,7 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
     const int4 w = p.items[it];
     if (!Cfg::COOP && it > first) ptx::named_barrier_sync(1 + which, 256);  // other one saw item it-1
     const bool hand_over = !Cfg::COOP && it + 1 < last;                    // the other consumer runs item it+1
-    dev::mainloop<Cfg>(acc, p.kstages, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release, nullptr);
+    dev::mainloop<Cfg>(acc, p.kstages, ring, s_a, s_b, full, which, hand_over ? 2 - which : -1, release, 0u, nullptr);
     epilogue<Cfg>(acc, p, w, Cfg::COOP ? which * 64 : 0);
   }
 }

@@ -72,6 +72,20 @@ DsdShape dsd_shape(const GemmArgs& args) {
 
 // CTA pairs exist for bm = 128 with 64-deep stages and op none (see pick_kernel()).
 bool pairs_built(const DsdShape& d) { return d.bm == 128 && stage_k(d.bk) == 64 && !d.trans; }
+
+// Row pairs: 64-row blocks, op none, 256-column tiles (the 128-row kernels that carry the code,
+// Config::PAIRS_BUILT). The kernel is then picked as for 128-row blocks (kernel_shape()).
+bool row_pairs_apply(const DsdShape& d) { return d.bm == 64 && !d.trans && d.tile_n == 256; }
+DsdShape kernel_shape(DsdShape d, bool row_pairs) {
+  if (row_pairs) d.bm = 128;
+  return d;
+}
+// Row pairs run when at least this share of the pairs' half-tiles hold a stored block
+// (RowPairs::fill()): the 128-row kernel measured ~1.4x the 64-row one's rate on the H100 (8192^3,
+// 12.5%: 128x128 blocks ~560-585 effective TFLOPS, 64x64 ~400), so below ~0.7 the halves it
+// leaves idle cost more than the B loads it saves. Banded and lower-triangular rows pair at
+// 0.94-1.0, independent random rows at ~0.5 (12.5%); docs/KERNELS.md, "Row pairs".
+constexpr double kRowPairMinFill = 0.75;
 template <int BM>
 Kernel pick_bm(const DsdShape& d, int cluster) {
   const DType out = d.g.c.dtype;
@@ -219,14 +233,27 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   const std::string tn = env_or("SPARSEK_HOPPER_TILE_N", "");
   if (narrow_built(d) && (tn == "64" || tn == "256")) d.tile_n = std::atoi(tn.c_str());
   st->tile_n = d.tile_n;
-  // op(A)'s block rows: A's own, or those of the transposed pattern (built here, once).
+  // op(A)'s block rows: A's own, or those of the transposed pattern (built here, once), or pairs
+  // of A's block rows. SPARSEK_HOPPER_ROW_PAIRS = on | off overrides the choice of pairs.
   std::vector<int32_t> row_ptr;
+  const std::string rp = env_or("SPARSEK_HOPPER_ROW_PAIRS", "");
+  bool row_pairs = false;
+  if (row_pairs_apply(d) && a.nnzb > 0 && rp != "off") {
+    const HostPattern hp = host_pattern(a, true);
+    RowPairs pr = pair_rows(hp.row_ptr, hp.col_idx, d.mb);
+    row_pairs = rp == "on" || pr.fill() >= kRowPairMinFill;
+    if (row_pairs) {
+      row_ptr = std::move(pr.row_ptr);
+      upload(pr.col, &st->col, st->bytes);
+      upload(pr.blk, &st->pair_blk, st->bytes);
+    }
+  }
   if (d.trans) {
     PatternTranspose t = transposed_pattern(a);
     row_ptr = std::move(t.row_ptr);
     upload(t.col_idx, &st->col, st->bytes);
     upload(t.src, &st->perm, st->bytes);
-  } else {
+  } else if (!row_pairs) {
     row_ptr.assign(size_t(st->mb + 1), 0);
     if (st->mb > 0)
       check_cuda(cudaMemcpy(row_ptr.data(), a.row_ptr, row_ptr.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
@@ -235,7 +262,9 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   // Experiment switches (docs/KERNELS.md): SPARSEK_HOPPER_SCHEDULE = deadline (default) | bigtile |
   // longest | single; SPARSEK_HOPPER_SPLIT = off | <piece length in stages> (default: automatic).
   const Order order = parse_order(env_or("SPARSEK_HOPPER_SCHEDULE", "deadline"));
-  const std::string split = env_or("SPARSEK_HOPPER_SPLIT", "");
+  // Row pairs never split: a piece's partial sums would need to know which of its two rows had a
+  // block (alpha must not touch a row without one), and rows that share columns are rarely skewed.
+  const std::string split = row_pairs ? "off" : env_or("SPARSEK_HOPPER_SPLIT", "");
   const int split_stages = split.empty() ? 0 : split == "off" ? -1 : std::max(1, std::atoi(split.c_str()));
   // Pairs of CTAs (a cluster of 2) share A by multicast; an item then spans two neighbouring N
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
@@ -245,8 +274,9 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   const std::string clu = env_or("SPARSEK_HOPPER_CLUSTER", "");
   const int64_t tiles = (st->n + d.tile_n - 1) / d.tile_n;
   const bool pair_default = tiles % 2 == 0;
-  st->cluster = pairs_built(d) && d.tile_n == 256 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
-  const Kernel k = pick(d, st->cluster);
+  const DsdShape dk = kernel_shape(d, row_pairs);
+  st->cluster = pairs_built(dk) && d.tile_n == 256 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
+  const Kernel k = pick(dk, st->cluster);
   if (!k.launch || k.tile_n != st->tile_n) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
@@ -255,13 +285,13 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   // worth of a CTA's time (docs/KERNELS.md, "Skewed rows at 128-row blocks").
   // SPARSEK_HOPPER_WINDOW = <tiles> | off overrides (any block height).
   const std::string win = env_or("SPARSEK_HOPPER_WINDOW", "");
-  const double window = win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : d.bm == 128 ? 3.0 : 0.0;
+  const double window = row_pairs || win == "off" ? 0.0 : !win.empty() ? std::atof(win.c_str()) : d.bm == 128 ? 3.0 : 0.0;
   const Schedule s = build_schedule(row_ptr, st->n, k.tile_n * k.cluster, d.bk / stage_k(d.bk), std::max(1, lists), order,
                                     split_stages, window);
   if (std::getenv("SPARSEK_HOPPER_VERBOSE"))
-    std::fprintf(stderr, "hopper: bm=%d bk=%d%s tile_n=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n",
-                 d.bm, d.bk, d.trans ? " (op T)" : "", k.tile_n, k.cluster, int(s.cta_items.size()) - 1, s.items.size(),
-                 int(s.groups.size()), s.slots);
+    std::fprintf(stderr, "hopper: bm=%d bk=%d%s%s tile_n=%d cluster=%d lists=%d items=%zu split items=%d pieces=%d\n",
+                 d.bm, d.bk, d.trans ? " (op T)" : "", row_pairs ? " (row pairs)" : "", k.tile_n, k.cluster,
+                 int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
@@ -295,7 +325,7 @@ void run_hopper(const GemmArgs& args, const Options& o, VariantState* state) {
     throw Error(Status::internal, "hopper: run() got a state prepared for another shape or pattern");
   if (st->grid == 0) return;  // M == 0 or N == 0: nothing to write
   d.tile_n = st->tile_n;  // as prepare() chose it
-  const Kernel k = pick(d, st->cluster);
+  const Kernel k = pick(kernel_shape(d, st->pair_blk != nullptr), st->cluster);
   if (!k.launch) throw Error(Status::internal, "hopper: no kernel for this configuration");
   GemmArgs g = d.g;
   g.b = pack_b(d.g, args.kind == OpKind::dds ? "A" : "B", *st, o.stream);

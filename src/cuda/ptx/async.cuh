@@ -247,6 +247,14 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, int x, int y) {
   asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
 }
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t x) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ int2 ld_shared_v2(uint32_t addr) {
   int2 v;
   asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");

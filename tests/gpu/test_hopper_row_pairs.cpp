@@ -1,0 +1,261 @@
+// Row pairs on the Hopper variant: 64-row blocks whose neighbouring block rows share most columns
+// (banded, lower-triangular, block-diagonal) run on the 128-row kernel, two block rows per tile
+// over the union of their columns (SPARSEK_HOPPER_ROW_PAIRS = on | off forces the choice). Against
+// the fp64 oracle with NaN-poisoned C and C's padding checked: every pattern kind, an odd number of
+// block rows, ragged N, bk 32 / 64 / 128, both B and C layouts, padded C that the TMA cannot store,
+// beta, CTA pairs on and off, a half-row without any block (with alpha = Inf), the two rows of a
+// pair on disjoint columns, B values that only one row of a pair reads being infinite; bit-identical
+// repeats; plan()'s default choice.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu/oracle.hpp"
+#include "gpu/device_case.hpp"
+#include "sparsek/plan.hpp"
+#include "test_util.hpp"
+
+namespace sparsek::test {
+namespace {
+
+bool sm90() {
+  const auto& d = device_info();
+  return d.available && d.cc_major == 9 && d.cc_minor == 0;
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope; restores it after.
+struct EnvFor {
+  SavedEnv saved;
+  EnvFor(const char* name, const char* value) : saved(name) {
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+};
+
+// A fresh plan through "hopper" (prepare() reads the switches; the one-shot cache would not), run
+// once; C downloaded into the case. Returns C's bytes.
+std::vector<uint8_t> run_hopper(GemmCase& gc) {
+  DeviceCase dc(gc);
+  Options o;
+  o.backend = Backend::cuda;
+  o.variant = "hopper";
+  const Plan p = plan(dc.args, o);
+  run(p, dc.args, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "hopper kernel";
+  dc.download(gc);
+  return gc.c->bytes;
+}
+
+// Whether plan() chose row pairs for the case (prepare()'s verbose line says so).
+bool plans_row_pairs(GemmCase& gc) {
+  EnvFor verbose("SPARSEK_HOPPER_VERBOSE", "1");
+  DeviceCase dc(gc);
+  Options o;
+  o.backend = Backend::cuda;
+  o.variant = "hopper";
+  testing::internal::CaptureStderr();
+  { const Plan p = plan(dc.args, o); }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("hopper: bm="), std::string::npos) << "no verbose line: " << err;
+  return err.find("(row pairs)") != std::string::npos;
+}
+
+// Runs the case with row pairs forced on: right against the oracle, C's padding untouched, and
+// the same bytes on a second run.
+void check_pairs(const CaseSpec& s, const char* cluster = nullptr) {
+  SCOPED_TRACE(describe(s) + (cluster ? std::string(" SPARSEK_HOPPER_CLUSTER=") + cluster : std::string()));
+  EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+  EnvFor clu("SPARSEK_HOPPER_CLUSTER", cluster);
+  auto gc = make_case(s);
+  const std::vector<double> ref = oracle(gc->args);
+  const std::vector<uint8_t> before = gc->c->bytes;
+  const std::vector<uint8_t> first = run_hopper(*gc);
+  expect_output_matches(*gc, ref, before);
+  gc->c->bytes = before;
+  EXPECT_TRUE(run_hopper(*gc) == first) << "repeat differs";
+}
+
+CaseSpec pair_case(PatternKind kind, int64_t mb, int64_t kb, int bk, int64_t n, double density, uint64_t seed) {
+  CaseSpec s;
+  s.pattern = kind;
+  s.density = density;
+  s.bm = 64;
+  s.bk = bk;
+  s.rows = mb * 64;
+  s.cols = kb * bk;
+  s.free = n;
+  s.in = DType::f16;
+  s.out = DType::f32;
+  s.alpha = 1.25f;
+  s.seed = seed;
+  return s;
+}
+
+TEST(HopperRowPairs, EveryPatternKindAgainstTheOracle) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  // 9 block rows (the last pair has one row), N = 300 (two 256-column tiles, the second ragged).
+  for (PatternKind kind : {PatternKind::banded, PatternKind::causal, PatternKind::block_diagonal,
+                           PatternKind::bernoulli, PatternKind::power_law})
+    check_pairs(pair_case(kind, 9, 12, 64, 300, 0.3, uint64_t(kind) + 1));
+}
+
+TEST(HopperRowPairs, BlockDepthsDtypesLayoutsAndBeta) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  uint64_t seed = 100;
+  for (int bk : {32, 64, 128})
+    for (DType out : {DType::f32, DType::f16, DType::bf16})
+      for (float beta : {0.f, 0.5f}) {
+        CaseSpec s = pair_case(PatternKind::banded, 6, 8, bk, 520, 0.4, ++seed);
+        s.in = out == DType::bf16 ? DType::bf16 : DType::f16;
+        s.out = out;
+        s.beta = beta;
+        check_pairs(s);
+      }
+  // B and C column-major, and C padded so that its lines are not 16-byte multiples (the epilogue
+  // then copies the boxes with the threads: rows past M must be skipped there too).
+  for (Layout lb : {Layout::row_major, Layout::col_major})
+    for (Layout lc : {Layout::row_major, Layout::col_major})
+      for (int64_t pad_c : {int64_t(0), int64_t(3)}) {
+        CaseSpec s = pair_case(PatternKind::causal, 7, 6, 64, 260, 0.4, ++seed);
+        s.lb = lb;
+        s.lc = lc;
+        s.pad_c = pad_c;
+        s.beta = pad_c ? 0.75f : 0.f;
+        check_pairs(s);
+      }
+}
+
+TEST(HopperRowPairs, WithAndWithoutCtaPairs) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  // Four N tiles: CTA pairs by default; forced off and on (an odd tile count: one CTA of a pair
+  // computes a tile past N).
+  for (const char* cluster : {static_cast<const char*>(nullptr), "1", "2"}) {
+    check_pairs(pair_case(PatternKind::banded, 8, 10, 64, 1024, 0.3, 7), cluster);
+    check_pairs(pair_case(PatternKind::block_diagonal, 5, 8, 128, 700, 0.5, 8), cluster);
+  }
+}
+
+// One row of a pair without any stored block, alpha = +Inf: that row stays beta * C (no Inf * 0),
+// while its neighbour gets alpha * its sum.
+TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  Pattern p;
+  p.mb = 5;
+  p.kb = 4;
+  const std::vector<std::vector<int32_t>> rows{{0, 2}, {}, {}, {1, 3}, {0, 1, 2, 3}};
+  p.row_ptr = {0};
+  for (const auto& r : rows) {
+    p.col_idx.insert(p.col_idx.end(), r.begin(), r.end());
+    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+  }
+  for (float alpha : {1.5f, std::numeric_limits<float>::infinity()})
+    for (float beta : {0.f, 0.75f}) {
+      CaseSpec s = pair_case(PatternKind::bernoulli, 5, 4, 64, 100, 0.5, 21);
+      s.custom = &p;
+      s.alpha = alpha;
+      s.beta = beta;
+      if (std::isinf(alpha)) {
+        // Only rows without any block can be compared: the others are +-Inf or NaN (Inf * sums).
+        SCOPED_TRACE(describe(s));
+        EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+        auto gc = make_case(s);
+        const std::vector<double> ref = oracle(gc->args);
+        run_hopper(*gc);
+        const DenseView& c = gc->c->view;
+        for (int64_t r = 64; r < 192; ++r)  // block rows 1 and 2
+          for (int64_t n = 0; n < c.cols; ++n) {
+            const double want = ref[size_t(r * c.cols + n)];
+            ASSERT_TRUE(std::isfinite(want));
+            ASSERT_NEAR(gc->c->get(r, n), want, 1e-5 * (1 + std::fabs(want))) << "row " << r << " col " << n;
+          }
+      } else {
+        check_pairs(s);
+      }
+    }
+}
+
+// The two rows of a pair on disjoint columns, longer than the ring (4 stages at 64-deep stages, 8 at
+// 32): each consumer skips a long run of stages while the other computes (regression: a consumer
+// held its last slot while skipping and waited on that slot's refill).
+TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  Pattern p;
+  p.mb = 4;
+  p.kb = 24;
+  p.row_ptr = {0};
+  for (int r = 0; r < 4; ++r) {
+    const int lo = r % 2 == 0 ? 0 : 12, len = r < 2 ? 12 : 9;  // rows 2, 3: runs of 9 with gaps
+    for (int c = lo; c < lo + len; ++c) p.col_idx.push_back(int32_t(c));
+    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+  }
+  for (int bk : {32, 64, 128})
+    for (const char* cluster : {"1", "2"}) {
+      CaseSpec s = pair_case(PatternKind::bernoulli, 4, 24, bk, 512, 0.5, uint64_t(40 + bk));
+      s.custom = &p;
+      check_pairs(s, cluster);
+    }
+}
+
+// B rows that only row 2g reads hold +Inf: row 2g + 1 (whose half of the tile is skipped at those
+// columns, not multiplied by zeros) must stay finite and right.
+TEST(HopperRowPairs, InfiniteBOnlyReadByOneRowOfAPair) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  Pattern p;
+  p.mb = 2;
+  p.kb = 3;
+  p.row_ptr = {0, 2, 3};
+  p.col_idx = {0, 1, 2};  // row 0: columns 0, 1; row 1: column 2
+  CaseSpec s = pair_case(PatternKind::bernoulli, 2, 3, 64, 64, 0.5, 31);
+  s.custom = &p;
+  SCOPED_TRACE(describe(s));
+  EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+  auto gc = make_case(s);
+  for (int64_t k = 0; k < 64; ++k) gc->b->set(k, 5, std::numeric_limits<float>::infinity());  // block column 0
+  gc->args.b = gc->b->view;
+  const std::vector<double> ref = oracle(gc->args);
+  run_hopper(*gc);
+  const DenseView& c = gc->c->view;
+  for (int64_t r = 64; r < 128; ++r)
+    for (int64_t n = 0; n < c.cols; ++n) {
+      const double want = ref[size_t(r * c.cols + n)];
+      ASSERT_TRUE(std::isfinite(gc->c->get(r, n))) << "row " << r << " col " << n;
+      ASSERT_NEAR(gc->c->get(r, n), want, 2e-5 * (1 + std::fabs(want))) << "row " << r << " col " << n;
+    }
+  EXPECT_FALSE(std::isfinite(gc->c->get(0, 5))) << "row 0 reads the infinite column";
+}
+
+TEST(HopperRowPairs, PlanPairsSharedColumnsOnly) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  // 64x64 blocks, 32 block rows of 64 columns, N = 512: banded and lower-triangular rows pair,
+  // random rows at 12.5% do not; other block heights never do.
+  auto chosen = [](PatternKind kind, int bm) {
+    CaseSpec s = pair_case(kind, 32, 64, 64, 512, 0.125, 5);
+    s.bm = bm;
+    s.rows = 32 * bm;
+    auto gc = make_case(s);
+    return plans_row_pairs(*gc);
+  };
+  EXPECT_TRUE(chosen(PatternKind::banded, 64));
+  EXPECT_TRUE(chosen(PatternKind::causal, 64));
+  EXPECT_TRUE(chosen(PatternKind::block_diagonal, 64));
+  EXPECT_FALSE(chosen(PatternKind::bernoulli, 64));
+  EXPECT_FALSE(chosen(PatternKind::banded, 128));
+  EXPECT_FALSE(chosen(PatternKind::banded, 32));
+  {
+    EnvFor off("SPARSEK_HOPPER_ROW_PAIRS", "off");
+    EXPECT_FALSE(chosen(PatternKind::banded, 64));
+  }
+  // Decode widths keep the 64-column tiles (no pairs there).
+  CaseSpec s = pair_case(PatternKind::banded, 32, 64, 64, 16, 0.125, 5);
+  auto gc = make_case(s);
+  EXPECT_FALSE(plans_row_pairs(*gc));
+}
+
+}  // namespace
+}  // namespace sparsek::test
