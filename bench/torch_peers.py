@@ -32,7 +32,10 @@ keeps round(density * S/128) random key blocks, 128x128) for D=128 at 12.5% and 
 (sparsek.attention), FlexAttention (torch.compile'd flex_attention with a BlockMask of the same
 blocks) and SDPA dense (FlashAttention-class, the whole S x S). Effective TFLOPS = 4 * D * (unmasked
 score elements) / time, forward; the backward counts 2.5x that (FlashAttention's convention) and
-times torch.autograd.grad of (q, k, v) for a fixed dO. The gate row times sparsek.gate (top-k chosen
+times torch.autograd.grad of (q, k, v) for a fixed dO. A training step ("step") is the forward with
+gradients enabled and that backward timed as one (events before the forward and after the backward),
+as a training loop runs them: the host work of the backward call overlaps the forward's GPU time
+there, which it cannot in the single-call figures (whose sum is also reported). The gate row times sparsek.gate (top-k chosen
 so the layout has the case's density) against sparsek's forward, and against reading Q and K once
 at the copy bandwidth measured here. Every O is checked against FlexAttention's before its time is
 reported; a backward that this build does not have is reported as an error, not fatal.
@@ -279,6 +282,11 @@ def run_attention_case(name, Hq, Hkv, D, density, causal, args):
                          args.reps)
             res.update({"bwd_ms": ms, "bwd_eff_tflops": 2.5 * fwd_flops / ms / 1e9,
                         "bwd_own_tflops": 2.5 * flops / ms / 1e9})
+
+            def step(i):
+                o_step = fn(qg, kg, vg)
+                torch.autograd.grad(o_step, (qg, kg, vg), dout)
+            res["step_ms"] = time_ms(step, 1, args.warmup, args.reps)
         except Exception as e:  # noqa: BLE001
             res["bwd_error"] = f"backward: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         finally:
@@ -312,7 +320,8 @@ def attention_main(args, header):
           f"median of {args.reps}; effective TFLOPS = 4*D*unmasked / time (backward: 2.5x); "
           "SDPA dense: (its own dense TFLOPS)")
     cols = f"{'case':>16} | {'sparsek fwd':>11} {'flex fwd':>9} {'sdpa fwd':>14} | {'sparsek bwd':>11} " \
-           f"{'flex bwd':>9} {'sdpa bwd':>14} | {'gate ms':>8} {'gate/attn':>9} {'Q+K floor':>9}"
+           f"{'flex bwd':>9} {'sdpa bwd':>14} | {'step ms':>7} {'flex':>7} {'x':>5} {'sum x':>5} | " \
+           f"{'gate ms':>8} {'gate/attn':>9} {'Q+K floor':>9}"
     print(cols)
     print("-" * len(cols))
     records = []
@@ -325,10 +334,17 @@ def attention_main(args, header):
         g = rec.get("gate", {})
         gate_cols = (f"{g['ms']:8.3f} {g['vs_attention'] or 0:9.3f} {g['read_qk_once_ms']:9.3f}" if "ms" in g
                      else f"{'n/a':>8} {'':>9} {'':>9}")
+        # The training step against FlexAttention: timed as one, and as the sum of the single calls.
+        sk, fx = r["sparsek"], r["flex"]
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "n/a"  # noqa: E731
+        ms3 = lambda who: f"{r[who]['step_ms']:.3f}" if "step_ms" in r[who] else "n/a"  # noqa: E731
+        step_cols = (f"{ms3('sparsek'):>7} {ms3('flex'):>7} "
+                     f"{ratio(fx.get('step_ms'), sk.get('step_ms')):>5} "
+                     f"{ratio(fx.get('fwd_ms', 0) + fx.get('bwd_ms', 0), sk.get('fwd_ms', 0) + sk.get('bwd_ms', 0)):>5}")
         print(f"{rec['case']:>16} | {t('sparsek', 'fwd_eff_tflops'):>11} {t('flex', 'fwd_eff_tflops'):>9} "
               f"{t('sdpa_dense', 'fwd_eff_tflops'):>6} ({own('fwd_eff_tflops'):>5}) | "
               f"{t('sparsek', 'bwd_eff_tflops'):>11} {t('flex', 'bwd_eff_tflops'):>9} "
-              f"{t('sdpa_dense', 'bwd_eff_tflops'):>6} ({own('bwd_eff_tflops'):>5}) | {gate_cols}")
+              f"{t('sdpa_dense', 'bwd_eff_tflops'):>6} ({own('bwd_eff_tflops'):>5}) | {step_cols} | {gate_cols}")
         for who, res in r.items():
             for key in ("error", "bwd_error"):
                 if key in res:
