@@ -1,6 +1,7 @@
-// Skewed rows on the Hopper variant at 128-row blocks: the schedule cuts the items of long rows
-// to a window of N tiles (SPARSEK_HOPPER_WINDOW; default 3 for bm = 128, when there are more tiles
-// than that) and the pieces go through the split-row reduction. Right against the fp64 oracle and
+// Skewed rows on the Hopper variant at 128-row blocks: the default schedule (longest first), and
+// the deadline order, which cuts the items of long rows to a window of N tiles
+// (SPARSEK_HOPPER_WINDOW; default 3 for bm = 128, when there are more tiles than that) whose pieces
+// go through the split-row reduction. Right against the fp64 oracle and
 // bit-identical over repeats, with the default window, a window small enough to cut every long row
 // (the problem is kept small for the host oracle: two pair tiles), and none.
 #include <cuda_runtime.h>
@@ -87,6 +88,15 @@ TEST(HopperSkew, LongRowsCutByTheWindow) {
       EnvFor off("SPARSEK_HOPPER_SPLIT", "off");
       run_hopper(*gc, &none);
     }
+    {
+      SCOPED_TRACE("default schedule (longest first at 128-row blocks)");
+      const std::vector<uint8_t> first = run_hopper(*gc);
+      EXPECT_TRUE(run_hopper(*gc) == first) << "repeat differs";
+      gc->c->bytes = first;
+      EXPECT_LE(max_rel_error(gc->args, ref), 5e-5);
+    }
+    // The window cuts under the deadline order (at 128-row blocks the default is longest first).
+    EnvFor deadline("SPARSEK_HOPPER_SCHEDULE", "deadline");
     for (const char* window : {static_cast<const char*>(nullptr), "0.05", "off"}) {
       SCOPED_TRACE(std::string("SPARSEK_HOPPER_WINDOW=") + (window ? window : "(default)"));
       EnvFor w("SPARSEK_HOPPER_WINDOW", window);
