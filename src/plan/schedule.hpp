@@ -12,11 +12,12 @@ namespace sparsek {
 // Item order of the persistent product schedule (SPARSEK_HOPPER_SCHEDULE; docs/KERNELS.md
 // measures them).
 enum class Order {
-  deadline,  // default: one N-tile-major list; an item goes as early as it must to end with its
-             // tile (long rows start a few tiles ahead, not all at once)
+  deadline,  // default below 128-row blocks: one N-tile-major list; an item goes as early as it
+             // must to end with its tile (long rows start a few tiles ahead, not all at once)
   bigtile,   // items of rows >= 2x the mean length first, then the rest; each group N-tile-major,
              // longest first within a tile (second pass)
-  longest,   // the same, but the long rows' items longest first across all tiles (first pass)
+  longest,   // the same, but the long rows' items longest first across all tiles (first pass);
+             // the default at 128-row blocks (prepare_hopper() says why)
   single,    // one item per CTA, non-persistent (the ladder's baseline); never splits
 };
 // "deadline" | "bigtile" | "longest" | "single"; anything else is the default (deadline).

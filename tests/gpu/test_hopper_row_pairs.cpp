@@ -4,7 +4,8 @@
 // the fp64 oracle with NaN-poisoned C and C's padding checked: every pattern kind, an odd number of
 // block rows, ragged N, bk 32 / 64 / 128, both B and C layouts, padded C that the TMA cannot store,
 // beta, CTA pairs on and off, a half-row without any block (with alpha = Inf), the two rows of a
-// pair on disjoint columns, B values that only one row of a pair reads being infinite; bit-identical
+// pair on disjoint columns, many items per CTA, pairs longer than the producer's stash, the layer
+// forward (DDS x * W^T), B values that only one row of a pair reads being infinite; bit-identical
 // repeats; plan()'s default choice.
 #include <cuda_runtime.h>
 
@@ -200,6 +201,40 @@ TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
       s.custom = &p;
       check_pairs(s, cluster);
     }
+}
+
+// Many items per CTA (200 pairs on one 256-column tile: the producer fills the next item's stages
+// while the consumers store the last one), and pairs longer than the producer's 32-position stash.
+TEST(HopperRowPairs, ManyItemsPerCtaAndLongPairs) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_pairs(pair_case(PatternKind::banded, 400, 400, 64, 256, 3.0 / 400.0, 51));
+  Pattern p;
+  p.mb = 3;
+  p.kb = 80;
+  p.row_ptr = {0};
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 80; ++c)
+      if (r == 0 ? c % 2 == 0 : r == 1 ? c < 70 : c % 3 == 1) p.col_idx.push_back(int32_t(c));
+    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+  }
+  for (int bk : {64, 128}) {  // pair 0: 75 positions (one or two stages each); pair 1: one row
+    CaseSpec s = pair_case(PatternKind::bernoulli, 3, 80, bk, 300, 0.5, uint64_t(52 + bk));
+    s.custom = &p;
+    check_pairs(s);
+  }
+}
+
+// The layer forward y = x * W^T with W's 64x64 blocks banded: the product runs as the DSD on the
+// transposes (C^T = W * x^T), so W's block rows pair and C is written column-major.
+TEST(HopperRowPairs, LayerForwardDds) {
+  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  for (float beta : {0.f, 0.5f}) {
+    CaseSpec s = pair_case(PatternKind::banded, 10, 12, 64, 300, 0.25, uint64_t(60 + int(beta * 2)));
+    s.kind = OpKind::dds;
+    s.op = Op::trans;
+    s.beta = beta;
+    check_pairs(s);
+  }
 }
 
 // B rows that only row 2g reads hold +Inf: row 2g + 1 (whose half of the tile is skipped at those
