@@ -301,6 +301,18 @@ class SavedEnv {
   std::string value_;
 };
 
+// Sets an environment variable (or, with nullptr, unsets it) for one scope and restores it after: the
+// variants read their switches when a plan is made.
+struct EnvFor {
+  SavedEnv saved;
+  EnvFor(const char* name, const char* value) : saved(name) {
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+};
+
 }  // namespace sparsek::test
 
 // Skips the current test with the reason when no CUDA device answers.

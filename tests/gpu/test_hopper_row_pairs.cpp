@@ -23,22 +23,6 @@
 namespace sparsek::test {
 namespace {
 
-bool sm90() {
-  const auto& d = device_info();
-  return d.available && d.cc_major == 9 && d.cc_minor == 0;
-}
-
-// Sets (or, with nullptr, unsets) an environment variable for one scope; restores it after.
-struct EnvFor {
-  SavedEnv saved;
-  EnvFor(const char* name, const char* value) : saved(name) {
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-};
-
 // A fresh plan through "hopper" (prepare() reads the switches; the one-shot cache would not), run
 // once; C downloaded into the case. Returns C's bytes.
 std::vector<uint8_t> run_hopper(GemmCase& gc) {
@@ -99,7 +83,7 @@ CaseSpec pair_case(PatternKind kind, int64_t mb, int64_t kb, int bk, int64_t n, 
 }
 
 TEST(HopperRowPairs, EveryPatternKindAgainstTheOracle) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   // 9 block rows (the last pair has one row), N = 300 (two 256-column tiles, the second ragged).
   for (PatternKind kind : {PatternKind::banded, PatternKind::causal, PatternKind::block_diagonal,
                            PatternKind::bernoulli, PatternKind::power_law})
@@ -107,7 +91,7 @@ TEST(HopperRowPairs, EveryPatternKindAgainstTheOracle) {
 }
 
 TEST(HopperRowPairs, BlockDepthsDtypesLayoutsAndBeta) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   uint64_t seed = 100;
   for (int bk : {32, 64, 128})
     for (DType out : {DType::f32, DType::f16, DType::bf16})
@@ -133,7 +117,7 @@ TEST(HopperRowPairs, BlockDepthsDtypesLayoutsAndBeta) {
 }
 
 TEST(HopperRowPairs, WithAndWithoutCtaPairs) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   // Four N tiles: CTA pairs by default; forced off and on (an odd tile count: one CTA of a pair
   // computes a tile past N).
   for (const char* cluster : {static_cast<const char*>(nullptr), "1", "2"}) {
@@ -145,7 +129,7 @@ TEST(HopperRowPairs, WithAndWithoutCtaPairs) {
 // One row of a pair without any stored block, alpha = +Inf: that row stays beta * C (no Inf * 0),
 // while its neighbour gets alpha * its sum.
 TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   Pattern p;
   p.mb = 5;
   p.kb = 4;
@@ -185,7 +169,7 @@ TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
 // 32): each consumer skips a long run of stages while the other computes (regression: a consumer
 // held its last slot while skipping and waited on that slot's refill).
 TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   Pattern p;
   p.mb = 4;
   p.kb = 24;
@@ -206,7 +190,7 @@ TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
 // Many items per CTA (200 pairs on one 256-column tile: the producer fills the next item's stages
 // while the consumers store the last one), and pairs longer than the producer's 32-position stash.
 TEST(HopperRowPairs, ManyItemsPerCtaAndLongPairs) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   check_pairs(pair_case(PatternKind::banded, 400, 400, 64, 256, 3.0 / 400.0, 51));
   Pattern p;
   p.mb = 3;
@@ -227,7 +211,7 @@ TEST(HopperRowPairs, ManyItemsPerCtaAndLongPairs) {
 // The layer forward y = x * W^T with W's 64x64 blocks banded: the product runs as the DSD on the
 // transposes (C^T = W * x^T), so W's block rows pair and C is written column-major.
 TEST(HopperRowPairs, LayerForwardDds) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   for (float beta : {0.f, 0.5f}) {
     CaseSpec s = pair_case(PatternKind::banded, 10, 12, 64, 300, 0.25, uint64_t(60 + int(beta * 2)));
     s.kind = OpKind::dds;
@@ -240,7 +224,7 @@ TEST(HopperRowPairs, LayerForwardDds) {
 // B rows that only row 2g reads hold +Inf: row 2g + 1 (whose half of the tile is skipped at those
 // columns, not multiplied by zeros) must stay finite and right.
 TEST(HopperRowPairs, InfiniteBOnlyReadByOneRowOfAPair) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   Pattern p;
   p.mb = 2;
   p.kb = 3;
@@ -266,7 +250,7 @@ TEST(HopperRowPairs, InfiniteBOnlyReadByOneRowOfAPair) {
 }
 
 TEST(HopperRowPairs, PlanPairsSharedColumnsOnly) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   // 64x64 blocks, 32 block rows of 64 columns, N = 512: banded and lower-triangular rows pair,
   // random rows at 12.5% do not; other block heights never do.
   auto chosen = [](PatternKind kind, int bm) {

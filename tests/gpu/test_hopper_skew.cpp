@@ -19,22 +19,6 @@
 namespace sparsek::test {
 namespace {
 
-bool sm90() {
-  const auto& d = device_info();
-  return d.available && d.cc_major == 9 && d.cc_minor == 0;
-}
-
-// Sets (or, with nullptr, unsets) an environment variable for one scope; restores it after.
-struct EnvFor {
-  SavedEnv saved;
-  EnvFor(const char* name, const char* value) : saved(name) {
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-};
-
 // Plans (prepare() reads the switches; the one-shot gemm() could reuse a cached plan made under
 // other ones) and runs the case through "hopper"; returns C's bytes and the plan's workspace.
 std::vector<uint8_t> run_hopper(GemmCase& gc, size_t* workspace = nullptr) {
@@ -52,7 +36,7 @@ std::vector<uint8_t> run_hopper(GemmCase& gc, size_t* workspace = nullptr) {
 }
 
 TEST(HopperSkew, LongRowsCutByTheWindow) {
-  if (!sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  SPARSEK_REQUIRE_SM90();
   // Zipf-like row lengths (K = 1536 at 128x128 and 128x64): a few long rows, short and empty ones.
   for (int bk : {128, 64}) {
     const int kb = 1536 / bk;
