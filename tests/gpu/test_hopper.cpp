@@ -481,14 +481,6 @@ TEST(Hopper, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Sets an environment variable for one scope (the variant reads its experiment switches in
-// prepare(), which the one-shot API calls on every product).
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const std::string& v) : name(n) { setenv(n, v.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
-
 // bm = 128 CTA pairs (SPARSEK_HOPPER_CLUSTER=2 forces them, =1 forbids them; 128x64 and 128x128
 // blocks with an even N-tile count get them by default): the pair shares each A tile by multicast. Each C tile
 // sees the same wgmmas on the same shared-memory layout, so C must be bit-identical to the
@@ -530,25 +522,25 @@ TEST(Hopper, ClusterPairsAreBitIdentical) {
       // Across modes, no split rows: the automatic cut depends on the schedule's lists and tile
       // width, which pairs change, so a long row may be cut into other pieces (summed in another
       // order) in each mode: right in both, but not bit-identical between them.
-      ScopedEnv no_split("SPARSEK_HOPPER_SPLIT", "off");
+      EnvFor no_split("SPARSEK_HOPPER_SPLIT", "off");
       std::vector<uint8_t> base;
       {
-        ScopedEnv off("SPARSEK_HOPPER_CLUSTER", "1");
+        EnvFor off("SPARSEK_HOPPER_CLUSTER", "1");
         base = p.run();
       }
       EXPECT_TRUE(p.run() == base) << "the default choice differs from cluster 1";
-      ScopedEnv e("SPARSEK_HOPPER_CLUSTER", "2");
+      EnvFor e("SPARSEK_HOPPER_CLUSTER", "2");
       EXPECT_TRUE(p.run() == base) << "cluster 2 differs from 1";
       EXPECT_TRUE(p.run() == base) << "cluster 2 repeat differs";
       for (const char* mode : {"1", "2"}) {  // the diagnostic modes (A loaded locally)
-        ScopedEnv m("SPARSEK_HOPPER_CLUSTER_MODE", mode);
+        EnvFor m("SPARSEK_HOPPER_CLUSTER_MODE", mode);
         EXPECT_TRUE(p.run() == base) << "cluster 2 mode " << mode << " differs from 1";
       }
     }
     // The default (automatic) split: each mode on its own is right and bit-identical on repeat.
     for (const char* cluster : {"1", "2"}) {
       SCOPED_TRACE(std::string("SPARSEK_HOPPER_CLUSTER=") + cluster + ", default split");
-      ScopedEnv e("SPARSEK_HOPPER_CLUSTER", cluster);
+      EnvFor e("SPARSEK_HOPPER_CLUSTER", cluster);
       const std::vector<uint8_t> first = p.run();
       EXPECT_TRUE(p.run() == first) << "repeat differs";
       check_case(cs);
@@ -563,8 +555,8 @@ TEST(Hopper, VeryLongRowAmongManyShortOnes) {
   for (const char* sched : {"", "bigtile", "longest"}) {
     for (int bm : {32, 64, 128}) {
       SCOPED_TRACE(std::string("schedule '") + sched + "'");
-      std::unique_ptr<ScopedEnv> e;
-      if (*sched) e = std::make_unique<ScopedEnv>("SPARSEK_HOPPER_SCHEDULE", sched);
+      std::unique_ptr<EnvFor> e;
+      if (*sched) e = std::make_unique<EnvFor>("SPARSEK_HOPPER_SCHEDULE", sched);
       Case cs;
       cs.bm = bm;
       cs.bk = 64;
@@ -628,10 +620,10 @@ void check_split_rows(const Case& cs) {
   Problem p(cs);
   size_t whole = 0;
   {
-    ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+    EnvFor off("SPARSEK_HOPPER_SPLIT", "off");
     whole = hopper_workspace(p);
   }
-  ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
+  EnvFor split("SPARSEK_HOPPER_SPLIT", "3");
   EXPECT_GT(hopper_workspace(p), whole) << "nothing was split";
   check_case(cs);
   const std::vector<uint8_t> first = p.run();
@@ -674,8 +666,8 @@ TEST(Hopper, SplitRowsMatchOracleAndRepeat) {
     cs.in = sh.out == DType::bf16 ? DType::bf16 : DType::f16;
     cs.seed = uint64_t(sh.bm * 7 + sh.bk);
     SCOPED_TRACE(cs.name());
-    std::unique_ptr<ScopedEnv> clu;
-    if (*sh.cluster) clu = std::make_unique<ScopedEnv>("SPARSEK_HOPPER_CLUSTER", sh.cluster);
+    std::unique_ptr<EnvFor> clu;
+    if (*sh.cluster) clu = std::make_unique<EnvFor>("SPARSEK_HOPPER_CLUSTER", sh.cluster);
     check_split_rows(cs);
   }
 }
@@ -700,7 +692,7 @@ TEST(Hopper, LongRowWithFewTilesIsSplit) {
     Problem p(cs);
     size_t whole = 0;
     {
-      ScopedEnv off("SPARSEK_HOPPER_SPLIT", "off");
+      EnvFor off("SPARSEK_HOPPER_SPLIT", "off");
       whole = hopper_workspace(p);
     }
     if (long_row)
@@ -713,19 +705,20 @@ TEST(Hopper, LongRowWithFewTilesIsSplit) {
   }
 }
 
-// N <= 64 (decode) runs on 64-column work tiles where they are built (bm >= 64, bk >= 64, op
-// none); SPARSEK_HOPPER_TILE_N=256 forces the wide tile on the same cases. Both against the oracle:
-// N in {1, 2, 3, 7, 8, 15, 16, 17, 33, 63, 64}, both input dtypes, every output dtype, beta = 0 over
-// NaN and beta != 0, C row- and column-major, B's and C's leading dimensions above N, an empty
-// block row; then split rows with narrow tiles repeat bit-identically.
+// N <= 64 (decode) runs on 64-column work tiles and N <= 128 on 128-column ones where they are built
+// (bm >= 64, bk >= 64, op none); SPARSEK_HOPPER_TILE_N forces each tile width on the same cases
+// (a narrow tile then covers N > its width in several N tiles). All against the oracle: N in {1, 2,
+// 3, 7, 8, 15, 16, 17, 33, 63, 64, 65, 100, 127, 128}, both input dtypes, every output dtype, beta =
+// 0 over NaN and beta != 0, C row- and column-major, B's and C's leading dimensions above N, an
+// empty block row; then split rows with narrow tiles repeat bit-identically.
 TEST(Hopper, NarrowTilesForSmallN) {
   SPARSEK_REQUIRE_SM90();
   int n = 0;
-  for (const char* tile : {"64", "256"})
+  for (const char* tile : {"64", "128", "256"})
     for (int bm : {64, 128})
       for (int bk : {64, 128})
-        for (int64_t N : {1, 2, 3, 7, 8, 15, 16, 17, 33, 63, 64}) {
-          ScopedEnv force("SPARSEK_HOPPER_TILE_N", tile);
+        for (int64_t N : {1, 2, 3, 7, 8, 15, 16, 17, 33, 63, 64, 65, 100, 127, 128}) {
+          EnvFor force("SPARSEK_HOPPER_TILE_N", tile);
           Case cs;
           cs.bm = bm;
           cs.bk = bk;
@@ -751,7 +744,7 @@ TEST(Hopper, NarrowTilesForSmallN) {
     cs.kb = 40;
     cs.density = 0.3;
     cs.full_rows = {3};
-    cs.n = 16;
+    cs.n = bm == 64 ? 16 : 96;  // a 64- and a 128-column tile
     cs.out = DType::f16;
     cs.beta = bm == 64 ? 0.f : 1.f;
     cs.seed = uint64_t(950 + bm);

@@ -22,12 +22,6 @@ namespace {
 const int kBlocks[] = {32, 64, 128};
 const Layout kLayouts[] = {Layout::row_major, Layout::col_major};
 
-// Sets an environment variable for one scope (the variant reads its switches in prepare()).
-struct ScopedEnv {
-  SavedEnv saved;
-  ScopedEnv(const char* name, const char* value) : saved(name) { setenv(name, value, 1); }
-};
-
 // A Bernoulli pattern with some block rows forced empty and some full (-1: the last row).
 Pattern pattern_with(int64_t mb, int64_t kb, double density, uint64_t seed, const std::vector<int64_t>& empty,
                      const std::vector<int64_t>& full) {
@@ -155,11 +149,12 @@ TEST(HopperProducts, DdsEveryOpAndLayout) {
 }
 
 // Decode through DDS, y = x * W^T with a few rows of x (the DSD view: N = tokens, B = x^T
-// column-major, C^T column-major): 64-column tiles, x and y in both layouts, every output dtype.
+// column-major, C^T column-major): 64- and 128-column tiles, x and y in both layouts, every output
+// dtype.
 TEST(HopperProducts, DdsFewRowsOnNarrowTiles) {
   SPARSEK_REQUIRE_SM90();
   int n = 0;
-  for (int64_t tokens : {1, 3, 16, 64})
+  for (int64_t tokens : {1, 3, 16, 64, 65, 100, 128})
     for (Layout la : kLayouts)
       for (Layout lc : kLayouts)
         for (int b : {64, 128}) {
@@ -325,17 +320,17 @@ TEST(HopperProducts, SplitRowsPairsAndRepeats) {
     {
       // The automatic row split depends on the lists and the tile width, which pairs change: the
       // modes are compared with rows whole (each mode's split is checked on its own below).
-      ScopedEnv whole("SPARSEK_HOPPER_SPLIT", "off");
-      ScopedEnv one("SPARSEK_HOPPER_CLUSTER", "1");
+      EnvFor whole("SPARSEK_HOPPER_SPLIT", "off");
+      EnvFor one("SPARSEK_HOPPER_CLUSTER", "1");
       single = check(s);
     }
     {
-      ScopedEnv whole("SPARSEK_HOPPER_SPLIT", "off");
-      ScopedEnv two("SPARSEK_HOPPER_CLUSTER", "2");
+      EnvFor whole("SPARSEK_HOPPER_SPLIT", "off");
+      EnvFor two("SPARSEK_HOPPER_CLUSTER", "2");
       paired = check(s);
     }
     EXPECT_TRUE(single == paired) << describe(s) << ": CTA pairs differ from single CTAs";
-    ScopedEnv split("SPARSEK_HOPPER_SPLIT", "3");
+    EnvFor split("SPARSEK_HOPPER_SPLIT", "3");
     const std::vector<uint8_t> first = check(s);
     EXPECT_TRUE(check(s) == first) << describe(s) << ": a repeat with split rows differs";
   }

@@ -94,8 +94,9 @@ struct Config {
   // Row pairs (Params::pair_blk): a 128-row tile over two 64-row block rows, one half each; only
   // the cooperative wide-tile kernels with K-major A carry that code.
   static constexpr bool PAIRS_BUILT = COOP && !A_MN_ && BN_ == 256;
-  // N extent of a work tile: 256, or 64 for N <= 64 (decode: a few columns, where a 256-wide tile
-  // would spend 4-256x the tensor work and the stage bytes on columns that do not exist).
+  // N extent of a work tile: 256, or 64 / 128 for N <= 64 / N <= 128 (decode: a few columns, where
+  // a 256-wide tile would spend 2-256x the tensor work and the stage bytes on columns that do not
+  // exist, and two 64-wide tiles would read A twice).
   static constexpr int BN = BN_;
   static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
@@ -144,7 +145,7 @@ struct Config {
   static_assert(SMEM <= kSmemLimit, "shared memory per block on sm_90 is 227 KB");
   static_assert(MI * ACC <= 128, "accumulators must fit the consumer's 232-register budget");
   static_assert(CL == 1 || (CL == 2 && COOP), "clusters only for the cooperative bm = 128 layout");
-  static_assert(BN == 256 || (BN == 64 && !SWAP && CL == 1), "narrow tiles: bm >= 64, no cluster");
+  static_assert(BN == 256 || ((BN == 64 || BN == 128) && !SWAP && CL == 1), "narrow tiles: bm >= 64, no cluster");
   static constexpr int BOXES = BN / CW;               // store boxes per consumer and item
 };
 
@@ -972,12 +973,15 @@ Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, 
   // CTA pairs (cluster 2: A multicast) are built for bm = 128 with 64-deep stages and K-major A
   // tiles (op none: DSD, and DDS x * W^T): where they measured faster, and where the targets need
   // them. Instantiating them for every layout and stage depth would add a quarter of the kernels.
-  // Narrow (64-column) tiles are built for op none, bm >= 64 and 64-deep stages: the decode shapes
-  // (block-pruned weights are 64x64 or 128x128 blocks).
+  // Narrow (64- and 128-column) tiles are built for op none, bm >= 64 and 64-deep stages: the
+  // decode shapes (block-pruned weights are 64x64 or 128x128 blocks).
   if constexpr (BM >= 64 && KS == 64) {
     if (tile_n == 64 && !trans)
       return b_col ? pick_out<BM, KS, 1, BF16, false, true, 64>(c_col, out)
                    : pick_out<BM, KS, 1, BF16, false, false, 64>(c_col, out);
+    if (tile_n == 128 && !trans)
+      return b_col ? pick_out<BM, KS, 1, BF16, false, true, 128>(c_col, out)
+                   : pick_out<BM, KS, 1, BF16, false, false, 128>(c_col, out);
   }
   if constexpr (BM == 128 && KS == 64) {
     if (cluster == 2 && !trans)

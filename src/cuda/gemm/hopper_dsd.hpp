@@ -80,7 +80,7 @@ struct Kernel {
 
 // The kernel for op(A)'s block height BM, stage depth KS and input dtype (bf16 or f16), the operand
 // layouts (trans: op(A) = A^T; b_col, c_col: B, C column-major), CTAs per cluster (2 only where built:
-// BM = 128, KS = 64, op none; else ignored), the N extent of a work tile (64 only where built:
+// BM = 128, KS = 64, op none; else ignored), the N extent of a work tile (64 or 128 only where built:
 // BM >= 64, KS = 64, op none, cluster 1; else 256) and C's dtype. Defined in hopper_dsd.cuh and
 // instantiated in the generated files only: a caller sees this declaration and compiles no kernel.
 template <int BM, int KS, bool BF16>

@@ -39,7 +39,7 @@ struct DsdShape {
   bool c_col = false;  // C column-major: the store boxes run down C's columns
   int bm = 0, bk = 0;  // op(A)'s blocks
   int64_t mb = 0;      // op(A)'s block rows
-  int tile_n = 256;    // N extent of a work tile: 64 for N <= 64 where built (pick_kernel())
+  int tile_n = 256;    // N extent of a work tile: 64 / 128 for N <= 64 / 128 where built (pick_kernel())
 };
 // A one-column matrix stored with unit stride is the same bytes in either layout; as column-major
 // its line is the whole column (TMA-aligned when the column's bytes are), as row-major every line
@@ -65,8 +65,10 @@ DsdShape dsd_shape(const GemmArgs& args) {
   d.bm = d.trans ? a.bk : a.bm;
   d.bk = d.trans ? a.bm : a.bk;
   d.mb = d.trans ? a.kb() : a.mb();
-  // Narrow tiles for N <= 64 (decode): the tensor work and the B bytes of a stage follow N.
-  d.tile_n = narrow_built(d) && d.g.b.cols <= 64 ? 64 : 256;
+  // Narrow tiles for N <= 128 (decode): the tensor work and the B bytes of a stage follow N, and A
+  // is read by one N tile only.
+  const int64_t n = d.g.b.cols;
+  d.tile_n = !narrow_built(d) ? 256 : n <= 64 ? 64 : n <= 128 ? 128 : 256;
   return d;
 }
 
@@ -229,9 +231,9 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   st->bm = d.bm;
   st->bk = d.bk;
   st->trans = d.trans;
-  // SPARSEK_HOPPER_TILE_N = 64 | 256 overrides the N extent of the work tile where both are built.
+  // SPARSEK_HOPPER_TILE_N = 64 | 128 | 256 overrides the N extent of the work tile where all are built.
   const std::string tn = env_or("SPARSEK_HOPPER_TILE_N", "");
-  if (narrow_built(d) && (tn == "64" || tn == "256")) d.tile_n = std::atoi(tn.c_str());
+  if (narrow_built(d) && (tn == "64" || tn == "128" || tn == "256")) d.tile_n = std::atoi(tn.c_str());
   st->tile_n = d.tile_n;
   // op(A)'s block rows: A's own, or those of the transposed pattern (built here, once), or pairs
   // of A's block rows. SPARSEK_HOPPER_ROW_PAIRS = on | off overrides the choice of pairs.
