@@ -376,6 +376,28 @@ TEST(RowPairs, FillSeparatesBandsFromIndependentRows) {
   EXPECT_LT(pairs_of(random).fill(), 0.6);
 }
 
+// Block rows 2g and 2g + 1 with the same columns: block-diagonal experts qualify; a pair that
+// differs in one column, in order, or in length, an odd number of rows and no stored block do not.
+TEST(IdenticalRowPairs, BlockDiagonalQualifiesAndAnyDifferenceDoesNot) {
+  auto pairs = [](const std::vector<std::vector<int32_t>>& rows) {
+    std::vector<int32_t> rp{0}, ci;
+    for (const auto& r : rows) {
+      ci.insert(ci.end(), r.begin(), r.end());
+      rp.push_back(int32_t(ci.size()));
+    }
+    return identical_row_pairs(rp.data(), ci.data(), int64_t(rows.size()));
+  };
+  // Two experts of 4 block rows x 2 columns, then an empty pair.
+  EXPECT_TRUE(pairs({{0, 1}, {0, 1}, {0, 1}, {0, 1}, {2, 3}, {2, 3}, {2, 3}, {2, 3}, {}, {}}));
+  EXPECT_TRUE(pairs({{0, 1}, {0, 1}, {0, 1}, {0, 1}, {1, 2}, {1, 2}}));  // experts that overlap
+  EXPECT_FALSE(pairs({{0, 1}, {0, 2}}));
+  EXPECT_FALSE(pairs({{0, 1}, {1, 0}}));
+  EXPECT_FALSE(pairs({{0, 1}, {0, 1, 2}}));
+  EXPECT_FALSE(pairs({{0, 1}, {0, 1}, {2}}));
+  EXPECT_FALSE(pairs({{}, {}}));
+  EXPECT_FALSE(pairs({}));
+}
+
 TEST(Schedule, ParseOrder) {
   EXPECT_EQ(parse_order("single"), Order::single);
   EXPECT_EQ(parse_order("longest"), Order::longest);

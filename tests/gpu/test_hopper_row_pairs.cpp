@@ -6,9 +6,11 @@
 // beta, CTA pairs on and off, a half-row without any block (with alpha = Inf), the two rows of a
 // pair on disjoint columns, many items per CTA, pairs longer than the producer's stash, the layer
 // forward (DDS x * W^T), B values that only one row of a pair reads being infinite; bit-identical
-// repeats; plan()'s default choice.
+// repeats; plan()'s default choice. Also plan()'s choice of CTA pairs for 128-row blocks whose
+// neighbouring rows are identical.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -37,8 +39,8 @@ std::vector<uint8_t> run_hopper(GemmCase& gc) {
   return gc.c->bytes;
 }
 
-// Whether plan() chose row pairs for the case (prepare()'s verbose line says so).
-bool plans_row_pairs(GemmCase& gc) {
+// prepare()'s verbose line for the case (what plan() chose).
+std::string plan_line(GemmCase& gc) {
   EnvFor verbose("SPARSEK_HOPPER_VERBOSE", "1");
   DeviceCase dc(gc);
   Options o;
@@ -48,8 +50,10 @@ bool plans_row_pairs(GemmCase& gc) {
   { const Plan p = plan(dc.args, o); }
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("hopper: bm="), std::string::npos) << "no verbose line: " << err;
-  return err.find("(row pairs)") != std::string::npos;
+  return err;
 }
+// Whether plan() chose row pairs for the case.
+bool plans_row_pairs(GemmCase& gc) { return plan_line(gc).find("(row pairs)") != std::string::npos; }
 
 // Runs the case with row pairs forced on: right against the oracle, C's padding untouched, and
 // the same bytes on a second run.
@@ -274,6 +278,44 @@ TEST(HopperRowPairs, PlanPairsSharedColumnsOnly) {
   CaseSpec s = pair_case(PatternKind::banded, 32, 64, 64, 16, 0.125, 5);
   auto gc = make_case(s);
   EXPECT_FALSE(plans_row_pairs(*gc));
+}
+
+// 128-row blocks whose every two neighbouring block rows have the same columns (block-diagonal
+// experts) run without CTA pairs by default (the pairs share A, which such rows do not need);
+// one row that differs brings the pairs back; SPARSEK_HOPPER_CLUSTER=2 forces them. Each plan's
+// product right against the oracle.
+TEST(HopperRowPairs, IdenticalNeighbourRowsRunWithoutCtaPairs) {
+  SPARSEK_REQUIRE_SM90();
+  Pattern experts;  // 4 experts of 4 block rows x 4 block columns
+  experts.mb = 16;
+  experts.kb = 16;
+  experts.row_ptr = {0};
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 4; ++c) experts.col_idx.push_back(int32_t(4 * (r / 4) + c));
+    experts.row_ptr.push_back(int32_t(experts.col_idx.size()));
+  }
+  Pattern one_off = experts;
+  one_off.col_idx[size_t(one_off.row_ptr[5])] = 8;  // row 5: {8, 5, 6, 7} -> sorted below
+  std::sort(one_off.col_idx.begin() + one_off.row_ptr[5], one_off.col_idx.begin() + one_off.row_ptr[6]);
+  auto check = [](const Pattern& p, const char* cluster, const char* want) {
+    EnvFor clu("SPARSEK_HOPPER_CLUSTER", cluster);
+    CaseSpec s = pair_case(PatternKind::bernoulli, 16, 16, 128, 1024, 0.25, 77);  // 4 N tiles
+    s.custom = &p;
+    s.bm = 128;
+    s.rows = 16 * 128;
+    s.beta = 0.5f;
+    SCOPED_TRACE(describe(s) + " SPARSEK_HOPPER_CLUSTER=" + (cluster ? cluster : "(unset)"));
+    auto gc = make_case(s);
+    const std::string line = plan_line(*gc);
+    EXPECT_NE(line.find(want), std::string::npos) << line;
+    const std::vector<double> ref = oracle(gc->args);
+    const std::vector<uint8_t> before = gc->c->bytes;
+    run_hopper(*gc);
+    expect_output_matches(*gc, ref, before);
+  };
+  check(experts, nullptr, "cluster=1");
+  check(one_off, nullptr, "cluster=2");
+  check(experts, "2", "cluster=2");
 }
 
 }  // namespace

@@ -277,11 +277,19 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   // tiles (one per CTA), and the persistent grid is as many pairs as fit. Default: 128x128 blocks
   // with an even number of N tiles (no CTA of a pair left without a tile), where the pair measured
   // 3-7% faster on the H100, and 128x64 (+3-5%); 128x32 measured 4-5% slower (docs/KERNELS.md,
-  // third and fourth passes). SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on where pairs_built().
+  // third and fourth passes). Not where every two neighbouring block rows have the same columns
+  // (block-diagonal experts): their items read the same B panels at the same time, L2 serves them,
+  // and the pair's lock-step cost more than the A loads it saves (H100, 8192^3 128x128 block-
+  // diagonal: 585 with pairs, 618 without; docs/KERNELS.md, "CTA pairs and identical rows").
+  // SPARSEK_HOPPER_CLUSTER=1 / =2 forces it off / on where pairs_built().
   const std::string clu = env_or("SPARSEK_HOPPER_CLUSTER", "");
   const int64_t tiles = (st->n + d.tile_n - 1) / d.tile_n;
-  const bool pair_default = tiles % 2 == 0;
   const DsdShape dk = kernel_shape(d, row_pairs);
+  bool pair_default = tiles % 2 == 0;
+  if (pair_default && clu.empty() && pairs_built(dk) && !row_pairs && a.nnzb > 0 && d.tile_n == 256) {
+    const HostPattern hp = host_pattern(a, true);
+    pair_default = !identical_row_pairs(hp.row_ptr, hp.col_idx, d.mb);
+  }
   st->cluster = pairs_built(dk) && d.tile_n == 256 && (!clu.empty() ? std::atoi(clu.c_str()) == 2 : pair_default) ? 2 : 1;
   const Kernel k = pick(dk, st->cluster);
   if (!k.launch || k.tile_n != st->tile_n) throw Error(Status::internal, "hopper: no kernel for this configuration");
