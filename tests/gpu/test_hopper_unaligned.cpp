@@ -158,7 +158,7 @@ TEST(HopperUnaligned, PackLinesEveryOffsetAndLength) {
       ASSERT_EQ(cudaMalloc(&d_dst, size_t(sh.lines * ldp) * 2), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(d_src, src.data(), size_t(elems) * 2, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(d_dst, 0x7f, size_t(sh.lines * ldp) * 2), cudaSuccess);  // poison
-      pack_lines_16bit(d_src + offset, ld, d_dst, sh.lines, sh.len, nullptr);
+      pack_lines_16bit(d_src + offset, ld, d_dst, ldp, sh.lines, sh.len, nullptr);
       std::vector<uint16_t> out(static_cast<size_t>(sh.lines * ldp));
       EXPECT_EQ(cudaMemcpy(out.data(), d_dst, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       cudaFree(d_src);

@@ -136,7 +136,7 @@ std::string dsd_why_not(const GemmArgs& args) {
     return "nnzb*bm = " + std::to_string(a.nnzb * a.bm) + " must be below 2^31 (TMA coordinates are 32-bit)";
   if (a.nnzb > 0) {
     // NOTE: TMA needs 16-byte aligned base addresses and line strides. A dense B that lacks them
-    // is packed by run() (packed_b_bytes()); the sparse values are not.
+    // is packed by run() (packed_b_ld()); the sparse values are not.
     if (reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
       return std::string(args.kind == OpKind::dds ? "B" : "A") + " values must be 16-byte aligned for TMA (address % 16 = " +
              std::to_string(reinterpret_cast<uintptr_t>(a.values) % 16) + ")";
@@ -185,34 +185,48 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   bytes += v.size() * sizeof(T);
 }
 
-// ---- B not TMA-aligned: packed before the product ----
+// ---- B packed before the product ----
 // The DSD view's B (DDS: the caller's A) whose base address or leading dimension is not a multiple
 // of 16 bytes is copied by run(), one small kernel ahead of the product on the same stream, into
 // workspace whose stored lines (rows when row-major, columns when column-major) start 16 bytes
 // apart; the product then reads the copy. The tensor maps keep B's logical extent, so the copy's
-// line padding is never read (TMA boxes past it are zero-filled), and it is never written either.
-// 0 when B is read in place (TMA-aligned, or no stored block: B is never read).
-size_t packed_b_bytes(const GemmArgs& g) {
+// line padding is never read (TMA boxes past it are zero-filled).
+// `align` (elements; HopperState::pack_align) = 64 also packs a TMA-aligned B whose lines do not
+// start 128 bytes apart, into lines that do: a B panel row then fills whole L2 lines instead of
+// straddling two (docs/KERNELS.md, "B's lines and L2 lines").
+// The copy's leading dimension in elements, 0 when B is read in place (or never: no stored block).
+int64_t packed_b_ld(const GemmArgs& g, int64_t align) {
   const DenseView& b = g.b;
-  if (g.sparse.nnzb == 0 || hopper_tma_operand_why_not(b, "B").empty()) return 0;
-  const bool row = b.layout == Layout::row_major;
-  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows)) * dtype_size(b.dtype);
+  if (g.sparse.nnzb == 0) return 0;
+  const bool tma_ok = hopper_tma_operand_why_not(b, "B").empty();
+  const int64_t bytes = 2 * align;
+  const bool lines_ok = b.ld % align == 0 && reinterpret_cast<uintptr_t>(b.data) % uintptr_t(bytes) == 0;
+  if (tma_ok && (align == 8 || lines_ok)) return 0;
+  return packed_line_elems(b.layout == Layout::row_major ? b.cols : b.rows, align);
 }
-// Enqueues the copy and returns the view the product reads (g.b itself when it is TMA-aligned).
+size_t packed_b_bytes(const GemmArgs& g, int64_t align) {
+  const DenseView& b = g.b;
+  return size_t(b.layout == Layout::row_major ? b.rows : b.cols) * size_t(packed_b_ld(g, align)) * dtype_size(b.dtype);
+}
+// Enqueues the copy and returns the view the product reads (g.b itself when it is read in place).
 DenseView pack_b(const GemmArgs& g, const char* name, const HopperState& st, void* stream) {
   DenseView b = g.b;
-  if (packed_b_bytes(g) == 0) return b;
-  // ld is pinned by the plan, but a base address may be less aligned than it was at plan time.
-  if (!st.packed_b)
+  const int64_t ldp = packed_b_ld(g, st.pack_align);
+  if (ldp == 0) return b;
+  // ld is pinned by the plan, but a base address may be less aligned than it was at plan time: a
+  // TMA-aligned B is then read in place (slower lines), any other cannot be.
+  if (!st.packed_b) {
+    if (hopper_tma_operand_why_not(b, "B").empty()) return b;
     throw Error(Status::unsupported, std::string("hopper: ") + name + " is not 16-byte aligned (address % 16 = " +
                                          std::to_string(reinterpret_cast<uintptr_t>(b.data) % 16) +
                                          ") but was when the plan was made, so the plan holds no room to copy it "
                                          "into; make the plan with " + name + " at this address");
+  }
   const bool row = b.layout == Layout::row_major;
   const int64_t lines = row ? b.rows : b.cols, len = row ? b.cols : b.rows;
-  pack_lines_16bit(b.data, b.ld, st.packed_b, lines, len, stream);
+  pack_lines_16bit(b.data, b.ld, st.packed_b, ldp, lines, len, stream);
   b.data = st.packed_b;
-  b.ld = packed_line_elems(len);
+  b.ld = ldp;
   return b;
 }
 
@@ -325,7 +339,10 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
     check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
     st->bytes += pbytes;
   }
-  if (const size_t pb = packed_b_bytes(d.g); pb > 0 && st->grid > 0) {
+  // Experiment switch: SPARSEK_HOPPER_PACK_B = lines128 also packs B whose lines are not 128-byte
+  // aligned (packed_b_ld()).
+  st->pack_align = env_or("SPARSEK_HOPPER_PACK_B", "") == "lines128" ? 64 : 8;
+  if (const size_t pb = packed_b_bytes(d.g, st->pack_align); pb > 0 && st->grid > 0) {
     check_cuda(cudaMalloc(&st->packed_b, pb), "cudaMalloc(hopper packed B)");
     st->bytes += pb;
   }

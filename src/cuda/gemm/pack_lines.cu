@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kPerLane; ++k) {
       const int64_t g = g0 + 32 * k;
       lo[k] = hi[k] = make_uint4(0, 0, 0, 0);
-      if (g >= granules) continue;
+      if (g >= granules || 8 * g >= len) continue;  // past the line, or padding only (zeros)
       // The granule's source bytes: [s + 16 g, s + 16 g + need), need <= 16.
       const unsigned need = unsigned(2 * std::min<int64_t>(8, len - 8 * g));
       const uintptr_t a = base + 16 * uintptr_t(g);
@@ -106,9 +106,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t lines, int64_t len, void* stream) {
+void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t ldp, int64_t lines, int64_t len, void* stream) {
   if (lines <= 0 || len <= 0) return;
-  const int64_t ldp = packed_line_elems(len);
   const int64_t chunks = (ldp / 8 + kChunk - 1) / kChunk;
   const int64_t blocks = std::min(kMaxBlocks, (lines * chunks + kWarps - 1) / kWarps);
   pack_lines_kernel<<<unsigned(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(

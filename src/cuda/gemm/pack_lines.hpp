@@ -6,13 +6,14 @@
 
 namespace sparsek {
 
-// Elements of a 16-bit line padded to a whole number of 16-byte granules.
-inline int64_t packed_line_elems(int64_t len) { return (len + 7) / 8 * 8; }
+// Elements of a 16-bit line padded to a whole number of `align`-element pieces (8: 16-byte
+// granules, what the TMA needs; 64: 128-byte L2 lines).
+inline int64_t packed_line_elems(int64_t len, int64_t align = 8) { return (len + align - 1) / align * align; }
 
-// dst[i * packed_line_elems(len) + j] = src[i * ld + j] for i < lines, j < len, enqueued on
-// `stream` (a cudaStream_t). src needs only 2-byte alignment; dst must be 16-byte aligned and hold
-// lines * packed_line_elems(len) elements; the padding past len in each line is written as zeros.
-// One launch, no allocation, no synchronization (capturable in a CUDA graph).
-void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t lines, int64_t len, void* stream);
+// dst[i * ldp + j] = src[i * ld + j] for i < lines, j < len, enqueued on `stream` (a cudaStream_t).
+// src needs only 2-byte alignment; dst must be 16-byte aligned and hold lines * ldp elements, ldp a
+// multiple of 8 and >= len; the padding past len in each line is written as zeros. One launch, no
+// allocation, no synchronization (capturable in a CUDA graph).
+void pack_lines_16bit(const void* src, int64_t ld, void* dst, int64_t ldp, int64_t lines, int64_t len, void* stream);
 
 }  // namespace sparsek
