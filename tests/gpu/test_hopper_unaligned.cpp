@@ -29,10 +29,10 @@ CaseSpec spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_
 // The dense operand the kernel reads as its B (DDS: the caller's A) and whether the TMA can read it.
 const DenseView& dsd_b(const GemmArgs& g) { return g.kind == OpKind::dds ? g.a : g.b; }
 bool tma_readable(const GemmArgs& g) { return hopper_tma_operand_why_not(dsd_b(g), "B").empty(); }
-// Bytes of its packed copy: stored lines x (line length rounded up to 16 bytes).
+// Bytes of its packed copy: stored lines x (line length rounded up to 128 bytes).
 size_t packed_bytes(const DenseView& b) {
   const bool row = b.layout == Layout::row_major;
-  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows)) * dtype_size(b.dtype);
+  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows, 64)) * dtype_size(b.dtype);
 }
 
 // Runs s through a `hopper` plan with every dense operand's device address moved by `offset`

@@ -42,7 +42,7 @@ struct HopperState final : VariantState {
   int ngroups = 0;
   float* partials = nullptr;
   void* packed_b = nullptr;  // B packed: its copy with aligned lines (see packed_b_ld())
-  int64_t pack_align = 8;    // elements the copy's lines are padded to (packed_b_ld())
+  bool pack_lines128 = false;  // also pack a TMA-aligned B whose lines are not 128-byte aligned (packed_b_ld())
   unsigned long long* prof = nullptr;  // profiling build: ProfSlot counters (Params::prof)
   size_t bytes = 0;  // schedule, transposed pattern, split-row buffers and packed B on the device
   size_t workspace_bytes() const override { return bytes; }

@@ -188,30 +188,32 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
 // ---- B packed before the product ----
 // The DSD view's B (DDS: the caller's A) whose base address or leading dimension is not a multiple
 // of 16 bytes is copied by run(), one small kernel ahead of the product on the same stream, into
-// workspace whose stored lines (rows when row-major, columns when column-major) start 16 bytes
-// apart; the product then reads the copy. The tensor maps keep B's logical extent, so the copy's
-// line padding is never read (TMA boxes past it are zero-filled).
-// `align` (elements; HopperState::pack_align) = 64 also packs a TMA-aligned B whose lines do not
-// start 128 bytes apart, into lines that do: a B panel row then fills whole L2 lines instead of
-// straddling two (docs/KERNELS.md, "B's lines and L2 lines").
+// workspace whose stored lines (rows when row-major, columns when column-major) start 128 bytes
+// apart (a B panel row then fills whole L2 lines instead of straddling two: N = 999 measured 190
+// effective TFLOPS with 16-byte lines, 262-265 with 128-byte ones; docs/KERNELS.md, "B's lines and
+// L2 lines"); the product then reads the copy. The tensor maps keep B's logical extent, so the
+// copy's line padding is never read (TMA boxes past it are zero-filled).
+// pack_lines128 (SPARSEK_HOPPER_PACK_B=lines128, an experiment switch) also copies a TMA-aligned B
+// whose lines do not start 128 bytes apart: measured +19% at N = 1000 with 64x64 blocks, -6% with
+// 128x128, so not by default.
 // The copy's leading dimension in elements, 0 when B is read in place (or never: no stored block).
-int64_t packed_b_ld(const GemmArgs& g, int64_t align) {
+int64_t packed_b_ld(const GemmArgs& g, bool pack_lines128) {
   const DenseView& b = g.b;
   if (g.sparse.nnzb == 0) return 0;
   const bool tma_ok = hopper_tma_operand_why_not(b, "B").empty();
-  const int64_t bytes = 2 * align;
-  const bool lines_ok = b.ld % align == 0 && reinterpret_cast<uintptr_t>(b.data) % uintptr_t(bytes) == 0;
-  if (tma_ok && (align == 8 || lines_ok)) return 0;
-  return packed_line_elems(b.layout == Layout::row_major ? b.cols : b.rows, align);
+  const bool lines_ok = b.ld % 64 == 0 && reinterpret_cast<uintptr_t>(b.data) % 128 == 0;
+  if (tma_ok && (lines_ok || !pack_lines128)) return 0;
+  return packed_line_elems(b.layout == Layout::row_major ? b.cols : b.rows, 64);
 }
-size_t packed_b_bytes(const GemmArgs& g, int64_t align) {
+size_t packed_b_bytes(const GemmArgs& g, bool pack_lines128) {
   const DenseView& b = g.b;
-  return size_t(b.layout == Layout::row_major ? b.rows : b.cols) * size_t(packed_b_ld(g, align)) * dtype_size(b.dtype);
+  return size_t(b.layout == Layout::row_major ? b.rows : b.cols) * size_t(packed_b_ld(g, pack_lines128)) *
+         dtype_size(b.dtype);
 }
 // Enqueues the copy and returns the view the product reads (g.b itself when it is read in place).
 DenseView pack_b(const GemmArgs& g, const char* name, const HopperState& st, void* stream) {
   DenseView b = g.b;
-  const int64_t ldp = packed_b_ld(g, st.pack_align);
+  const int64_t ldp = packed_b_ld(g, st.pack_lines128);
   if (ldp == 0) return b;
   // ld is pinned by the plan, but a base address may be less aligned than it was at plan time: a
   // TMA-aligned B is then read in place (slower lines), any other cannot be.
@@ -339,10 +341,8 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
     check_cuda(cudaMalloc(&st->partials, pbytes), "cudaMalloc(hopper split-row partials)");
     st->bytes += pbytes;
   }
-  // Experiment switch: SPARSEK_HOPPER_PACK_B = lines128 also packs B whose lines are not 128-byte
-  // aligned (packed_b_ld()).
-  st->pack_align = env_or("SPARSEK_HOPPER_PACK_B", "") == "lines128" ? 64 : 8;
-  if (const size_t pb = packed_b_bytes(d.g, st->pack_align); pb > 0 && st->grid > 0) {
+  st->pack_lines128 = env_or("SPARSEK_HOPPER_PACK_B", "") == "lines128";  // experiment switch (packed_b_ld())
+  if (const size_t pb = packed_b_bytes(d.g, st->pack_lines128); pb > 0 && st->grid > 0) {
     check_cuda(cudaMalloc(&st->packed_b, pb), "cudaMalloc(hopper packed B)");
     st->bytes += pb;
   }
