@@ -169,7 +169,8 @@ bool identical_row_pairs(const int32_t* row_ptr, const int32_t* col_idx, int64_t
   if (mb < 2 || mb % 2 != 0 || row_ptr[mb] == row_ptr[0]) return false;
   for (int64_t g = 0; g < mb / 2; ++g) {
     const int32_t b0 = row_ptr[2 * g], b1 = row_ptr[2 * g + 1], len = b1 - b0;
-    if (row_ptr[2 * g + 2] - b1 != len || !std::equal(col_idx + b0, col_idx + b1, col_idx + b1)) return false;
+    if (row_ptr[2 * g + 2] - b1 != len || (col_idx && !std::equal(col_idx + b0, col_idx + b1, col_idx + b1)))
+      return false;
   }
   return true;
 }

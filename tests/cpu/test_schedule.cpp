@@ -396,6 +396,11 @@ TEST(IdenticalRowPairs, BlockDiagonalQualifiesAndAnyDifferenceDoesNot) {
   EXPECT_FALSE(pairs({{0, 1}, {0, 1}, {2}}));
   EXPECT_FALSE(pairs({{}, {}}));
   EXPECT_FALSE(pairs({}));
+  // Lengths only (col_idx = nullptr): a pair that differs in a column passes, one in length not.
+  const std::vector<int32_t> rp{0, 2, 4, 6, 9};
+  EXPECT_FALSE(identical_row_pairs(rp.data(), nullptr, 4));
+  const std::vector<int32_t> same{0, 2, 4, 7, 10};
+  EXPECT_TRUE(identical_row_pairs(same.data(), nullptr, 4));
 }
 
 TEST(Schedule, ParseOrder) {

@@ -55,13 +55,18 @@ std::string plan_line(GemmCase& gc) {
 // Whether plan() chose row pairs for the case.
 bool plans_row_pairs(GemmCase& gc) { return plan_line(gc).find("(row pairs)") != std::string::npos; }
 
-// Runs the case with row pairs forced on: right against the oracle, C's padding untouched, and
-// the same bytes on a second run.
+// Row pairs run on 256-column tiles only; N <= 128 would take a narrow tile and no pairs.
+constexpr const char* kWideTiles = "256";
+
+// Runs the case with row pairs forced on (and checks that they ran): right against the oracle,
+// C's padding untouched, and the same bytes on a second run.
 void check_pairs(const CaseSpec& s, const char* cluster = nullptr) {
   SCOPED_TRACE(describe(s) + (cluster ? std::string(" SPARSEK_HOPPER_CLUSTER=") + cluster : std::string()));
   EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+  EnvFor wide("SPARSEK_HOPPER_TILE_N", kWideTiles);
   EnvFor clu("SPARSEK_HOPPER_CLUSTER", cluster);
   auto gc = make_case(s);
+  EXPECT_TRUE(plans_row_pairs(*gc)) << "row pairs did not run";
   const std::vector<double> ref = oracle(gc->args);
   const std::vector<uint8_t> before = gc->c->bytes;
   const std::vector<uint8_t> first = run_hopper(*gc);
@@ -153,7 +158,9 @@ TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
         // Only rows without any block can be compared: the others are +-Inf or NaN (Inf * sums).
         SCOPED_TRACE(describe(s));
         EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+        EnvFor wide("SPARSEK_HOPPER_TILE_N", kWideTiles);
         auto gc = make_case(s);
+        EXPECT_TRUE(plans_row_pairs(*gc)) << "row pairs did not run";
         const std::vector<double> ref = oracle(gc->args);
         run_hopper(*gc);
         const DenseView& c = gc->c->view;
@@ -238,7 +245,9 @@ TEST(HopperRowPairs, InfiniteBOnlyReadByOneRowOfAPair) {
   s.custom = &p;
   SCOPED_TRACE(describe(s));
   EnvFor pairs("SPARSEK_HOPPER_ROW_PAIRS", "on");
+  EnvFor wide("SPARSEK_HOPPER_TILE_N", kWideTiles);
   auto gc = make_case(s);
+  EXPECT_TRUE(plans_row_pairs(*gc)) << "row pairs did not run";
   for (int64_t k = 0; k < 64; ++k) gc->b->set(k, 5, std::numeric_limits<float>::infinity());  // block column 0
   gc->args.b = gc->b->view;
   const std::vector<double> ref = oracle(gc->args);

@@ -29,10 +29,10 @@ CaseSpec spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_
 // The dense operand the kernel reads as its B (DDS: the caller's A) and whether the TMA can read it.
 const DenseView& dsd_b(const GemmArgs& g) { return g.kind == OpKind::dds ? g.a : g.b; }
 bool tma_readable(const GemmArgs& g) { return hopper_tma_operand_why_not(dsd_b(g), "B").empty(); }
-// Bytes of its packed copy: stored lines x (line length rounded up to 128 bytes).
+// Bytes of its packed copy: stored lines x the copy's stride (aligned_line_elems()).
 size_t packed_bytes(const DenseView& b) {
   const bool row = b.layout == Layout::row_major;
-  return size_t(row ? b.rows : b.cols) * size_t(packed_line_elems(row ? b.cols : b.rows, 64)) * dtype_size(b.dtype);
+  return size_t(row ? b.rows : b.cols) * size_t(aligned_line_elems(row ? b.cols : b.rows)) * dtype_size(b.dtype);
 }
 
 // Runs s through a `hopper` plan with every dense operand's device address moved by `offset`
@@ -145,34 +145,39 @@ TEST(HopperUnaligned, PackLinesEveryOffsetAndLength) {
   for (const Shape sh : {Shape{1, 1, 0}, Shape{3, 3, 0}, Shape{5, 7, 1}, Shape{4, 8, 0}, Shape{6, 9, 5},
                          Shape{3, 17, 0}, Shape{7, 255, 2}, Shape{2, 1023, 0}, Shape{3, 1025, 7}, Shape{9, 999, 0},
                          Shape{5, 1000, 0}, Shape{2, 4100, 3}})
-    for (int64_t offset = 0; offset < 8; ++offset) {
-      SCOPED_TRACE("lines " + std::to_string(sh.lines) + " len " + std::to_string(sh.len) + " ld " +
-                   std::to_string(sh.len + sh.pad) + " offset " + std::to_string(offset) + " elements");
-      const int64_t ld = sh.len + sh.pad, ldp = packed_line_elems(sh.len);
-      const int64_t elems = offset + (sh.lines - 1) * ld + sh.len;  // the allocation ends at the last element
-      std::vector<uint16_t> src(static_cast<size_t>(elems));
-      for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(0x3c00 + (i * 2654435761u + uint64_t(n)) % 30011);
-      ++n;
-      uint16_t *d_src = nullptr, *d_dst = nullptr;
-      ASSERT_EQ(cudaMalloc(&d_src, size_t(elems) * 2), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&d_dst, size_t(sh.lines * ldp) * 2), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(d_src, src.data(), size_t(elems) * 2, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemset(d_dst, 0x7f, size_t(sh.lines * ldp) * 2), cudaSuccess);  // poison
-      pack_lines_16bit(d_src + offset, ld, d_dst, ldp, sh.lines, sh.len, nullptr);
-      std::vector<uint16_t> out(static_cast<size_t>(sh.lines * ldp));
-      EXPECT_EQ(cudaMemcpy(out.data(), d_dst, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      cudaFree(d_src);
-      cudaFree(d_dst);
-      int64_t bad = 0;
-      for (int64_t i = 0; i < sh.lines; ++i)
-        for (int64_t j = 0; j < ldp; ++j) {
-          const uint16_t want = j < sh.len ? src[size_t(offset + i * ld + j)] : uint16_t(0);
-          if (out[size_t(i * ldp + j)] != want && bad++ < 5)
-            ADD_FAILURE() << "line " << i << " element " << j << ": " << out[size_t(i * ldp + j)] << ", want "
-                          << want;
-        }
-      EXPECT_EQ(bad, 0);
-    }
+    for (int64_t offset = 0; offset < 8; ++offset)
+      for (const int64_t ldp :
+           {packed_line_elems(sh.len), aligned_line_elems(sh.len), packed_line_elems(sh.len, 64) + 64}) {
+        // The copy's strides: whole granules, what the product uses, and one with a whole chunk of
+        // padding-only granules per line (written as zeros without loads).
+        SCOPED_TRACE("lines " + std::to_string(sh.lines) + " len " + std::to_string(sh.len) + " ld " +
+                     std::to_string(sh.len + sh.pad) + " offset " + std::to_string(offset) + " elements, copy stride " +
+                     std::to_string(ldp));
+        const int64_t ld = sh.len + sh.pad;
+        const int64_t elems = offset + (sh.lines - 1) * ld + sh.len;  // the allocation ends at the last element
+        std::vector<uint16_t> src(static_cast<size_t>(elems));
+        for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(0x3c00 + (i * 2654435761u + uint64_t(n)) % 30011);
+        ++n;
+        uint16_t *d_src = nullptr, *d_dst = nullptr;
+        ASSERT_EQ(cudaMalloc(&d_src, size_t(elems) * 2), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&d_dst, size_t(sh.lines * ldp) * 2), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d_src, src.data(), size_t(elems) * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemset(d_dst, 0x7f, size_t(sh.lines * ldp) * 2), cudaSuccess);  // poison
+        pack_lines_16bit(d_src + offset, ld, d_dst, ldp, sh.lines, sh.len, nullptr);
+        std::vector<uint16_t> out(static_cast<size_t>(sh.lines * ldp));
+        EXPECT_EQ(cudaMemcpy(out.data(), d_dst, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(d_src);
+        cudaFree(d_dst);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < sh.lines; ++i)
+          for (int64_t j = 0; j < ldp; ++j) {
+            const uint16_t want = j < sh.len ? src[size_t(offset + i * ld + j)] : uint16_t(0);
+            if (out[size_t(i * ldp + j)] != want && bad++ < 5)
+              ADD_FAILURE() << "line " << i << " element " << j << ": " << out[size_t(i * ldp + j)] << ", want "
+                            << want;
+          }
+        EXPECT_EQ(bad, 0);
+      }
 }
 
 // Row-major B with ld = N (rows not whole 16-byte granules), every block height, beta = 0 over NaN

@@ -23,7 +23,8 @@
 //    C's orientation (row- or column-major); C that TMA cannot store (unaligned base, leading
 //    dimension or N) leaves through the same boxes, copied out by the consumer's threads.
 //  - B not TMA-aligned (base address or leading dimension not a multiple of 16 bytes): run() first
-//    packs it into workspace with 16-byte aligned lines (pack_lines.cu) and the product reads that.
+//    packs it into workspace in lines that do not straddle L2 lines (pack_lines.cu) and the product
+//    reads that.
 //  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
 //    item moved ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
 //    streams across work items, so a short row does not pay the pipeline fill.

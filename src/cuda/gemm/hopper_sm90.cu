@@ -51,7 +51,7 @@ DenseView one_column_as_col_major(DenseView v) {
   }
   return v;
 }
-// 64-column tiles exist for bm >= 64, 64-deep stages and op none (see pick_kernel()).
+// 64- and 128-column tiles exist for bm >= 64, 64-deep stages and op none (see pick_kernel()).
 bool narrow_built(const DsdShape& d) { return d.bm >= 64 && stage_k(d.bk) == 64 && !d.trans; }
 DsdShape dsd_shape(const GemmArgs& args) {
   DsdShape d;
@@ -188,10 +188,11 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
 // ---- B packed before the product ----
 // The DSD view's B (DDS: the caller's A) whose base address or leading dimension is not a multiple
 // of 16 bytes is copied by run(), one small kernel ahead of the product on the same stream, into
-// workspace whose stored lines (rows when row-major, columns when column-major) start 128 bytes
-// apart (a B panel row then fills whole L2 lines instead of straddling two: N = 999 measured 190
-// effective TFLOPS with 16-byte lines, 262-265 with 128-byte ones; docs/KERNELS.md, "B's lines and
-// L2 lines"); the product then reads the copy. The tensor maps keep B's logical extent, so the
+// workspace whose stored lines (rows when row-major, columns when column-major) never straddle two
+// L2 lines (aligned_line_elems(): whole 128-byte lines, or a power of two of 16-64 bytes for short
+// ones): a B panel row then fills whole L2 lines (N = 999 measured 190 effective TFLOPS with
+// 16-byte lines, 262-265 with 128-byte ones; docs/KERNELS.md, "B's lines and L2 lines"); the
+// product then reads the copy. The tensor maps keep B's logical extent, so the
 // copy's line padding is never read (TMA boxes past it are zero-filled).
 // pack_lines128 (SPARSEK_HOPPER_PACK_B=lines128, an experiment switch) also copies a TMA-aligned B
 // whose lines do not start 128 bytes apart: measured +19% at N = 1000 with 64x64 blocks, -6% with
@@ -203,7 +204,7 @@ int64_t packed_b_ld(const GemmArgs& g, bool pack_lines128) {
   const bool tma_ok = hopper_tma_operand_why_not(b, "B").empty();
   const bool lines_ok = b.ld % 64 == 0 && reinterpret_cast<uintptr_t>(b.data) % 128 == 0;
   if (tma_ok && (lines_ok || !pack_lines128)) return 0;
-  return packed_line_elems(b.layout == Layout::row_major ? b.cols : b.rows, 64);
+  return aligned_line_elems(b.layout == Layout::row_major ? b.cols : b.rows);
 }
 size_t packed_b_bytes(const GemmArgs& g, bool pack_lines128) {
   const DenseView& b = g.b;
@@ -302,7 +303,8 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   const int64_t tiles = (st->n + d.tile_n - 1) / d.tile_n;
   const DsdShape dk = kernel_shape(d, row_pairs);
   bool pair_default = tiles % 2 == 0;
-  if (pair_default && clu.empty() && pairs_built(dk) && !row_pairs && a.nnzb > 0 && d.tile_n == 256) {
+  if (pair_default && clu.empty() && pairs_built(dk) && !row_pairs && a.nnzb > 0 && d.tile_n == 256 &&
+      identical_row_pairs(row_ptr.data(), nullptr, d.mb)) {  // the lengths match: compare the columns
     const HostPattern hp = host_pattern(a, true);
     pair_default = !identical_row_pairs(hp.row_ptr, hp.col_idx, d.mb);
   }

@@ -1,5 +1,5 @@
-// Packs a strided matrix of 16-bit elements into 16-byte aligned lines (pack_lines.hpp): the copy
-// in front of the Hopper product when its dense operand is not TMA-aligned.
+// Packs a strided matrix of 16-bit elements into aligned lines (pack_lines.hpp): the copy in front
+// of the Hopper product when its dense operand is not TMA-aligned.
 //
 // A thread writes whole 16-byte granules of the copy. The 16 source bytes of a granule start at
 // an even but otherwise arbitrary address, so the thread reads the two aligned 16-byte granules
