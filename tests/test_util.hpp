@@ -55,6 +55,19 @@ struct HostDense {
 
 inline float nan_value() { return std::numeric_limits<float>::quiet_NaN(); }
 
+// A pattern from explicit rows of block columns.
+inline Pattern pattern_of(int64_t kb, const std::vector<std::vector<int32_t>>& rows) {
+  Pattern p;
+  p.mb = int64_t(rows.size());
+  p.kb = kb;
+  p.row_ptr.push_back(0);
+  for (const auto& r : rows) {
+    p.col_idx.insert(p.col_idx.end(), r.begin(), r.end());
+    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+  }
+  return p;
+}
+
 // ---- one randomized product on the host, checked against the fp64 oracle (cpu/oracle.hpp) ----
 
 // Shapes are given by the sparse operand (rows x cols, blocks bm x bk) and the one extent the

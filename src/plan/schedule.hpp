@@ -71,8 +71,9 @@ RowPairs pair_rows(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 
 // Whether block rows 2g and 2g + 1 have the same block columns in the same order, for every g
 // (block-diagonal experts, whole dense bands): an even, non-zero number of rows and at least one
-// stored block. col_idx = nullptr compares the rows' lengths only (a cheap first test). Items of such rows that run at the same time read the same B panels, which L2 then
-// serves, so sharing A by multicast between CTA pairs gains nothing there (prepare_hopper()).
+// stored block. col_idx = nullptr compares the rows' lengths only (a cheap first test). Items of
+// such rows that run at the same time read the same B panels, which L2 then serves, so sharing A
+// by multicast between CTA pairs gains nothing there (prepare_hopper()).
 bool identical_row_pairs(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 
 // Schedule of the small-N streaming kernel (src/cuda/gemm/smalln_sm80.cu): one unit per CTA, the

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "plan/schedule.hpp"
+#include "test_util.hpp"
 
 namespace sparsek {
 namespace {
@@ -285,12 +286,8 @@ TEST(StreamSchedule, RandomPatternsAndEmptyOnes) {
 
 // Row pairs from explicit rows (block columns per row).
 RowPairs pairs_of(const std::vector<std::vector<int32_t>>& rows) {
-  std::vector<int32_t> rp{0}, ci;
-  for (const auto& r : rows) {
-    ci.insert(ci.end(), r.begin(), r.end());
-    rp.push_back(int32_t(ci.size()));
-  }
-  return pair_rows(rp.data(), ci.data(), int64_t(rows.size()));
+  const Pattern p = test::pattern_of(0, rows);
+  return pair_rows(p.row_ptr.data(), p.col_idx.data(), p.mb);
 }
 
 TEST(RowPairs, UnionInColumnOrderWithDuplicatesAndAnOddRow) {
@@ -380,12 +377,8 @@ TEST(RowPairs, FillSeparatesBandsFromIndependentRows) {
 // differs in one column, in order, or in length, an odd number of rows and no stored block do not.
 TEST(IdenticalRowPairs, BlockDiagonalQualifiesAndAnyDifferenceDoesNot) {
   auto pairs = [](const std::vector<std::vector<int32_t>>& rows) {
-    std::vector<int32_t> rp{0}, ci;
-    for (const auto& r : rows) {
-      ci.insert(ci.end(), r.begin(), r.end());
-      rp.push_back(int32_t(ci.size()));
-    }
-    return identical_row_pairs(rp.data(), ci.data(), int64_t(rows.size()));
+    const Pattern p = test::pattern_of(0, rows);
+    return identical_row_pairs(p.row_ptr.data(), p.col_idx.data(), p.mb);
   };
   // Two experts of 4 block rows x 2 columns, then an empty pair.
   EXPECT_TRUE(pairs({{0, 1}, {0, 1}, {0, 1}, {0, 1}, {2, 3}, {2, 3}, {2, 3}, {2, 3}, {}, {}}));

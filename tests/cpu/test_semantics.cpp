@@ -14,19 +14,6 @@ namespace {
 
 const OpKind kKinds[] = {OpKind::dsd, OpKind::dds, OpKind::sdd};
 
-// A pattern from explicit rows of block columns.
-Pattern pattern_of(int64_t kb, const std::vector<std::vector<int32_t>>& rows) {
-  Pattern p;
-  p.mb = int64_t(rows.size());
-  p.kb = kb;
-  p.row_ptr.push_back(0);
-  for (const auto& r : rows) {
-    p.col_idx.insert(p.col_idx.end(), r.begin(), r.end());
-    p.row_ptr.push_back(int32_t(p.col_idx.size()));
-  }
-  return p;
-}
-
 // Ops worth running for a kind (sdd has no op).
 std::vector<Op> ops_for(OpKind k) { return k == OpKind::sdd ? std::vector<Op>{Op::none} : std::vector<Op>{Op::none, Op::trans}; }
 

@@ -139,15 +139,7 @@ TEST(HopperRowPairs, WithAndWithoutCtaPairs) {
 // while its neighbour gets alpha * its sum.
 TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
   SPARSEK_REQUIRE_SM90();
-  Pattern p;
-  p.mb = 5;
-  p.kb = 4;
-  const std::vector<std::vector<int32_t>> rows{{0, 2}, {}, {}, {1, 3}, {0, 1, 2, 3}};
-  p.row_ptr = {0};
-  for (const auto& r : rows) {
-    p.col_idx.insert(p.col_idx.end(), r.begin(), r.end());
-    p.row_ptr.push_back(int32_t(p.col_idx.size()));
-  }
+  const Pattern p = pattern_of(4, {{0, 2}, {}, {}, {1, 3}, {0, 1, 2, 3}});
   for (float alpha : {1.5f, std::numeric_limits<float>::infinity()})
     for (float beta : {0.f, 0.75f}) {
       CaseSpec s = pair_case(PatternKind::bernoulli, 5, 4, 64, 100, 0.5, 21);
@@ -181,15 +173,12 @@ TEST(HopperRowPairs, HalfRowWithoutBlocksAndInfiniteAlpha) {
 // held its last slot while skipping and waited on that slot's refill).
 TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
   SPARSEK_REQUIRE_SM90();
-  Pattern p;
-  p.mb = 4;
-  p.kb = 24;
-  p.row_ptr = {0};
+  std::vector<std::vector<int32_t>> rows(4);
   for (int r = 0; r < 4; ++r) {
     const int lo = r % 2 == 0 ? 0 : 12, len = r < 2 ? 12 : 9;  // rows 2, 3: runs of 9 with gaps
-    for (int c = lo; c < lo + len; ++c) p.col_idx.push_back(int32_t(c));
-    p.row_ptr.push_back(int32_t(p.col_idx.size()));
+    for (int c = lo; c < lo + len; ++c) rows[size_t(r)].push_back(int32_t(c));
   }
+  const Pattern p = pattern_of(24, rows);
   for (int bk : {32, 64, 128})
     for (const char* cluster : {"1", "2"}) {
       CaseSpec s = pair_case(PatternKind::bernoulli, 4, 24, bk, 512, 0.5, uint64_t(40 + bk));
@@ -203,15 +192,11 @@ TEST(HopperRowPairs, DisjointRowsLongerThanTheRing) {
 TEST(HopperRowPairs, ManyItemsPerCtaAndLongPairs) {
   SPARSEK_REQUIRE_SM90();
   check_pairs(pair_case(PatternKind::banded, 400, 400, 64, 256, 3.0 / 400.0, 51));
-  Pattern p;
-  p.mb = 3;
-  p.kb = 80;
-  p.row_ptr = {0};
-  for (int r = 0; r < 3; ++r) {
+  std::vector<std::vector<int32_t>> rows(3);
+  for (int r = 0; r < 3; ++r)
     for (int c = 0; c < 80; ++c)
-      if (r == 0 ? c % 2 == 0 : r == 1 ? c < 70 : c % 3 == 1) p.col_idx.push_back(int32_t(c));
-    p.row_ptr.push_back(int32_t(p.col_idx.size()));
-  }
+      if (r == 0 ? c % 2 == 0 : r == 1 ? c < 70 : c % 3 == 1) rows[size_t(r)].push_back(int32_t(c));
+  const Pattern p = pattern_of(80, rows);
   for (int bk : {64, 128}) {  // pair 0: 75 positions (one or two stages each); pair 1: one row
     CaseSpec s = pair_case(PatternKind::bernoulli, 3, 80, bk, 300, 0.5, uint64_t(52 + bk));
     s.custom = &p;
@@ -236,11 +221,7 @@ TEST(HopperRowPairs, LayerForwardDds) {
 // columns, not multiplied by zeros) must stay finite and right.
 TEST(HopperRowPairs, InfiniteBOnlyReadByOneRowOfAPair) {
   SPARSEK_REQUIRE_SM90();
-  Pattern p;
-  p.mb = 2;
-  p.kb = 3;
-  p.row_ptr = {0, 2, 3};
-  p.col_idx = {0, 1, 2};  // row 0: columns 0, 1; row 1: column 2
+  const Pattern p = pattern_of(3, {{0, 1}, {2}});
   CaseSpec s = pair_case(PatternKind::bernoulli, 2, 3, 64, 64, 0.5, 31);
   s.custom = &p;
   SCOPED_TRACE(describe(s));
@@ -295,14 +276,10 @@ TEST(HopperRowPairs, PlanPairsSharedColumnsOnly) {
 // product right against the oracle.
 TEST(HopperRowPairs, IdenticalNeighbourRowsRunWithoutCtaPairs) {
   SPARSEK_REQUIRE_SM90();
-  Pattern experts;  // 4 experts of 4 block rows x 4 block columns
-  experts.mb = 16;
-  experts.kb = 16;
-  experts.row_ptr = {0};
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 4; ++c) experts.col_idx.push_back(int32_t(4 * (r / 4) + c));
-    experts.row_ptr.push_back(int32_t(experts.col_idx.size()));
-  }
+  std::vector<std::vector<int32_t>> rows(16);  // 4 experts of 4 block rows x 4 block columns
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 4; ++c) rows[size_t(r)].push_back(int32_t(4 * (r / 4) + c));
+  const Pattern experts = pattern_of(16, rows);
   Pattern one_off = experts;
   one_off.col_idx[size_t(one_off.row_ptr[5])] = 8;  // row 5: {8, 5, 6, 7} -> sorted below
   std::sort(one_off.col_idx.begin() + one_off.row_ptr[5], one_off.col_idx.begin() + one_off.row_ptr[6]);
