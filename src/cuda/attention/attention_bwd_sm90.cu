@@ -96,6 +96,9 @@ struct Config {
   // one tile each (D = 128) or take turns step by step (D = 64); one warpgroup takes them all.
   static constexpr int TN = D / 64;
   static constexpr int MY_TILES = NWG == 1 ? TN : 1;  // dQ tiles of a warpgroup in a step it has any
+  // One dQ tile per step: the next step's S^T and dP^T are issued before this step's dQ leaves the
+  // registers (consume()); D = 128 has no registers for it.
+  static constexpr bool PREFETCH = MY_TILES == 1 && D == 64;
   // Per-warpgroup output buffer: its dQ tiles (4-byte grid integers or fp32) for the bulk reduce, or
   // dK and dV staged for their TMA stores at the end of an item.
   static constexpr int OUT_BYTES = std::max(MY_TILES * 4096 * 4, 2 * 64 * D * 2);
@@ -111,8 +114,8 @@ struct Config {
   // THREADS x ENTRY_REGS: the producer needs few (at 24 it spills a few values to L1; the
   // consumers need up to R237 at D = 128).
   static constexpr int ENTRY_REGS = std::min(255, 65536 / (THREADS * CTAS_PER_SM)) / 8 * 8;
-  static constexpr int PRODUCER_REGS = NWG == 1 ? 40 : D == 128 ? 24 : 88;
-  static constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 2 ? 216 : 248) : D == 128 ? 240 : 208;
+  static constexpr int PRODUCER_REGS = NWG == 1 ? 40 : D == 128 ? 24 : 40;
+  static constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 2 ? 216 : 248) : D == 128 ? 240 : 232;
 
   static_assert(D == 64 || D == 128, "D must be 64 or 128");
   static_assert(BN == 64 || BN == 128, "blocks are 64x64 or 128x128");
@@ -585,29 +588,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
     for (int r = 0; r < Cfg::KV_REGS; ++r) dk[r] = dv[r] = 0.f;
     const int key_row = it.j * Cfg::BN + wg * 64 + 16 * warp + lane / 4;  // + 8 * h: this thread's keys
     const bool tail = (it.j + 1) * Cfg::BN > p.skv;
-    for (int step = 0; step < steps; ++step) {
-      ptx::mbar_wait(sm.qd_full(qr.stage), qr.phase);
-      const int2 si = *sm.template at<const int2>(Smem<Cfg>::STAGE_INFO + 8 * qr.stage);
-      const int row0 = si.x, hq = si.y >> 1;
-      const bool causal = p.causal && !(si.y & 1) && it.j * Cfg::BN + Cfg::BN - 1 > row0;
-      const uint32_t q_tile = sm.q(qr.stage), d_tile = sm.d(qr.stage);
-      const float4* rows = sm.template at<const float4>(Smem<Cfg>::ROWS + qr.stage * Cfg::ROW_BYTES);
-
-      // S^T = K Q^T, dP^T = V dO^T (this warpgroup's 64 keys x MS queries).
-      float s[Cfg::S_REGS], dp[Cfg::S_REGS];
-      ptx::wgmma_fence();
-      dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(s, k_rows, Cfg::BN * 128, q_tile, Cfg::MS * 128);
-      dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, d_tile, Cfg::MS * 128);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int r = 0; r < Cfg::S_REGS; ++r) {
-        ptx::fence_operand(s[r]);
-        ptx::fence_operand(dp[r]);
-      }
-
-      // P^T = exp2(S^T scale log2e - LSE2) (0 where masked), dS^T = P^T o (dP^T - Delta). Element
-      // (register 4c + 2h + e) is key key_row + 8h, query row0 + 8c + 2 (lane % 4) + e.
+    // Pieces of a step that both step loops below share (inlined lambdas).
+    // P^T = exp2(S^T scale log2e - LSE2) (0 where masked), dS^T = P^T o (dP^T - Delta), in place.
+    // Element (register 4c + 2h + e) is key key_row + 8h, query row0 + 8c + 2 (lane % 4) + e.
+    auto softmax_grad = [&](float(&s)[Cfg::S_REGS], float(&dp)[Cfg::S_REGS], const float4* rows, int row0, bool causal) {
 #pragma unroll
       for (int c = 0; c < Cfg::MS / 8; ++c) {
         const int col = 8 * c + 2 * (lane % 4);
@@ -626,81 +610,27 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
             dp[x] = pv * (dp[x] - (e ? r1.y : r0.y));
           }
       }
-      uint32_t pa[Cfg::MS / 16][4], da[Cfg::MS / 16][4];
+    };
+    // dQ tile t of the step (its wgmma complete) -> the output buffer in accumulator-fragment order
+    // (the accumulator's layout in global memory too).
+    auto stage_dq = [&](float(&dq)[32], int t, float qs0, float qs1) {
 #pragma unroll
-      for (int kk = 0; kk < Cfg::MS / 16; ++kk)
+      for (int r = 0; r < 32; ++r) ptx::fence_operand(dq[r]);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          pa[kk][r] = dev::pack2<Cfg::BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-          da[kk][r] = dev::pack2<Cfg::BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      for (int c = 0; c < 8; ++c) {
+        const int pos = t * 4096 + c * 512 + tid * 4;
+        if (p.det) {  // round to the grid (cvt.rni saturates; a NaN marker row gives 0)
+          *reinterpret_cast<int4*>(reinterpret_cast<int*>(out_ptr) + pos) =
+              make_int4(__float2int_rn(dq[4 * c] * qs0), __float2int_rn(dq[4 * c + 1] * qs0),
+                        __float2int_rn(dq[4 * c + 2] * qs1), __float2int_rn(dq[4 * c + 3] * qs1));
+        } else {
+          *reinterpret_cast<float4*>(reinterpret_cast<float*>(out_ptr) + pos) =
+              make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
         }
-      // The dQ grid scales of this thread's two dQ rows (read before the stage is released).
-      const int dq_row = 16 * warp + lane / 4;
-      const float qs0 = rows[dq_row].z, qs1 = rows[dq_row + 8].z;
-
-      // dV += P^T dO, dK += dS^T Q (A from registers).
-#pragma unroll
-      for (int r = 0; r < Cfg::KV_REGS; ++r) {
-        ptx::fence_operand(dk[r]);
-        ptx::fence_operand(dv[r]);
       }
-      ptx::wgmma_fence();
-      dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dv, pa, d_tile, Cfg::MS * 128);
-      dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dk, da, q_tile, Cfg::MS * 128);
-      ptx::wgmma_commit();
-
-      // dS^T -> shared memory, once every warpgroup's last dQ wgmma has read the previous one.
-      ptx::named_barrier_sync(1, ALL);
-#pragma unroll
-      for (int kk = 0; kk < Cfg::MS / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int key = wg * 64 + 16 * warp + lane / 4 + 8 * (r & 1);
-          const int query = 16 * kk + 8 * (r >> 1) + 2 * (lane % 4);
-          *reinterpret_cast<uint32_t*>(ds_ptr + dev::swizzle128_offset(key, query, Cfg::BN * 128)) = da[kk][r];
-        }
-      ptx::fence_proxy_async_smem();  // st.shared above, read by wgmma (async proxy) below
-      ptx::named_barrier_sync(2, ALL);
-
-      // This warpgroup's dQ tiles of the step = dS K -> the output buffer in accumulator-fragment
-      // order (the accumulator's layout in global memory too) -> one bulk reduce-add.
-      const bool my_dq = Cfg::NWG == 1 || Cfg::TN == 2 || (dq_turn++ & 1) == uint32_t(wg);
-      if (my_dq) {
-        const int first = Cfg::NWG == 1 ? 0 : Cfg::TN == 2 ? wg : 0;  // its first tile (column chunk)
-#pragma unroll 1
-        for (int t = 0; t < Cfg::MY_TILES; ++t) {
-          float dq[32];
-          ptx::wgmma_fence();
-          issue_dq<Cfg>(dq, sm.ds(), sm.k(), first + t);
-          ptx::wgmma_commit();
-          if (t == 0) {
-            if (tid == 0) ptx::bulk_wait_group_read<0>();  // the last bulk operation has read the buffer
-            ptx::named_barrier_sync(3 + wg, 128);
-          }
-          ptx::wgmma_wait<0>();
-#pragma unroll
-          for (int r = 0; r < 32; ++r) ptx::fence_operand(dq[r]);
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const int pos = t * 4096 + c * 512 + tid * 4;
-            if (p.det) {  // round to the grid (cvt.rni saturates; a NaN marker row gives 0)
-              *reinterpret_cast<int4*>(reinterpret_cast<int*>(out_ptr) + pos) =
-                  make_int4(__float2int_rn(dq[4 * c] * qs0), __float2int_rn(dq[4 * c + 1] * qs0),
-                            __float2int_rn(dq[4 * c + 2] * qs1), __float2int_rn(dq[4 * c + 3] * qs1));
-            } else {
-              *reinterpret_cast<float4*>(reinterpret_cast<float*>(out_ptr) + pos) =
-                  make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
-            }
-          }
-        }
-      } else {
-        ptx::wgmma_wait<0>();
-      }
-#pragma unroll
-      for (int r = 0; r < Cfg::KV_REGS; ++r) {
-        ptx::fence_operand(dk[r]);
-        ptx::fence_operand(dv[r]);
-      }
+    };
+    // The end of a step: the stage released, this warpgroup's dQ tiles sent by one bulk reduce-add.
+    auto end_step = [&](bool my_dq, int row0, int hq) {
       // Q, dO, the rows and the stage info are read. Every thread arrives: each releases its own
       // generic reads of the rows and the info word (an arrival by lane 0 alone orders the other
       // lanes' reads only through warp convergence, which racecheck reports as a hazard).
@@ -721,6 +651,198 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
             ptx::bulk_reduce_add_f32(static_cast<float*>(p.dq_acc) + tile * 4096, out, elems * 4);
           ptx::bulk_commit_group();
         }
+      }
+    };
+
+    if constexpr (!Cfg::PREFETCH) {
+      for (int step = 0; step < steps; ++step) {
+        ptx::mbar_wait(sm.qd_full(qr.stage), qr.phase);
+        const int2 si = *sm.template at<const int2>(Smem<Cfg>::STAGE_INFO + 8 * qr.stage);
+        const int row0 = si.x, hq = si.y >> 1;
+        const bool causal = p.causal && !(si.y & 1) && it.j * Cfg::BN + Cfg::BN - 1 > row0;
+        const uint32_t q_tile = sm.q(qr.stage), d_tile = sm.d(qr.stage);
+        const float4* rows = sm.template at<const float4>(Smem<Cfg>::ROWS + qr.stage * Cfg::ROW_BYTES);
+
+        // S^T = K Q^T, dP^T = V dO^T (this warpgroup's 64 keys x MS queries).
+        float s[Cfg::S_REGS], dp[Cfg::S_REGS];
+        ptx::wgmma_fence();
+        dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(s, k_rows, Cfg::BN * 128, q_tile, Cfg::MS * 128);
+        dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, d_tile, Cfg::MS * 128);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int r = 0; r < Cfg::S_REGS; ++r) {
+          ptx::fence_operand(s[r]);
+          ptx::fence_operand(dp[r]);
+        }
+
+        softmax_grad(s, dp, rows, row0, causal);
+        uint32_t pa[Cfg::MS / 16][4], da[Cfg::MS / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < Cfg::MS / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pa[kk][r] = dev::pack2<Cfg::BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+            da[kk][r] = dev::pack2<Cfg::BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+          }
+        // The dQ grid scales of this thread's two dQ rows (read before the stage is released).
+        const int dq_row = 16 * warp + lane / 4;
+        const float qs0 = rows[dq_row].z, qs1 = rows[dq_row + 8].z;
+
+        // dV += P^T dO, dK += dS^T Q (A from registers).
+#pragma unroll
+        for (int r = 0; r < Cfg::KV_REGS; ++r) {
+          ptx::fence_operand(dk[r]);
+          ptx::fence_operand(dv[r]);
+        }
+        ptx::wgmma_fence();
+        dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dv, pa, d_tile, Cfg::MS * 128);
+        dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dk, da, q_tile, Cfg::MS * 128);
+        ptx::wgmma_commit();
+
+        // dS^T -> shared memory, once every warpgroup's last dQ wgmma has read the previous one.
+        ptx::named_barrier_sync(1, ALL);
+#pragma unroll
+        for (int kk = 0; kk < Cfg::MS / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int key = wg * 64 + 16 * warp + lane / 4 + 8 * (r & 1);
+            const int query = 16 * kk + 8 * (r >> 1) + 2 * (lane % 4);
+            *reinterpret_cast<uint32_t*>(ds_ptr + dev::swizzle128_offset(key, query, Cfg::BN * 128)) = da[kk][r];
+          }
+        ptx::fence_proxy_async_smem();  // st.shared above, read by wgmma (async proxy) below
+        ptx::named_barrier_sync(2, ALL);
+
+        // This warpgroup's dQ tiles of the step = dS K -> the output buffer in accumulator-fragment
+        // order (the accumulator's layout in global memory too) -> one bulk reduce-add.
+        const bool my_dq = Cfg::NWG == 1 || Cfg::TN == 2 || (dq_turn++ & 1) == uint32_t(wg);
+        if (my_dq) {
+          const int first = Cfg::NWG == 1 ? 0 : Cfg::TN == 2 ? wg : 0;  // its first tile (column chunk)
+#pragma unroll 1
+          for (int t = 0; t < Cfg::MY_TILES; ++t) {
+            float dq[32];
+            ptx::wgmma_fence();
+            issue_dq<Cfg>(dq, sm.ds(), sm.k(), first + t);
+            ptx::wgmma_commit();
+            if (t == 0) {
+              if (tid == 0) ptx::bulk_wait_group_read<0>();  // the last bulk operation has read the buffer
+              ptx::named_barrier_sync(3 + wg, 128);
+            }
+            ptx::wgmma_wait<0>();
+            stage_dq(dq, t, qs0, qs1);
+          }
+        } else {
+          ptx::wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int r = 0; r < Cfg::KV_REGS; ++r) {
+          ptx::fence_operand(dk[r]);
+          ptx::fence_operand(dv[r]);
+        }
+        end_step(my_dq, row0, hq);
+      }
+    } else {
+      // One dQ tile per step (D = 64): the next step's S^T and dP^T are issued right after this
+      // step's dQ product, so that the tensor cores run them while the dQ tile is rounded and stored.
+      // s and dp then live across steps (2 * S_REGS more registers in the dQ epilogue: D = 128 has
+      // no room for them at 240). A second loop rather than one loop for both: the D = 128 kernels
+      // compiled from a shared step body were scheduled differently and ran 2-4% slower; this way
+      // their SASS is the same as before the prefetch.
+      float s[Cfg::S_REGS], dp[Cfg::S_REGS];
+      auto issue_sdp = [&](uint32_t stage) {
+        ptx::wgmma_fence();
+        dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(s, k_rows, Cfg::BN * 128, sm.q(stage), Cfg::MS * 128);
+        dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, sm.d(stage), Cfg::MS * 128);
+        ptx::wgmma_commit();
+      };
+      // NEXT: issue the next step's products too (every step of an item but its last). A
+      // compile-time flag: a wgmma on a path that ptxas must treat as divergent serialises every
+      // wgmma of the kernel.
+      auto step = [&](auto next_tag) {
+        constexpr bool NEXT = decltype(next_tag)::value;
+        const int2 si = *sm.template at<const int2>(Smem<Cfg>::STAGE_INFO + 8 * qr.stage);
+        const int row0 = si.x, hq = si.y >> 1;
+        const bool causal = p.causal && !(si.y & 1) && it.j * Cfg::BN + Cfg::BN - 1 > row0;
+        const uint32_t q_tile = sm.q(qr.stage), d_tile = sm.d(qr.stage);
+        const float4* rows = sm.template at<const float4>(Smem<Cfg>::ROWS + qr.stage * Cfg::ROW_BYTES);
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int r = 0; r < Cfg::S_REGS; ++r) {
+          ptx::fence_operand(s[r]);
+          ptx::fence_operand(dp[r]);
+        }
+        softmax_grad(s, dp, rows, row0, causal);
+        // As in the loop above, from here to the dQ product.
+        uint32_t pa[Cfg::MS / 16][4], da[Cfg::MS / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < Cfg::MS / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pa[kk][r] = dev::pack2<Cfg::BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+            da[kk][r] = dev::pack2<Cfg::BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+          }
+        const int dq_row = 16 * warp + lane / 4;
+        const float qs0 = rows[dq_row].z, qs1 = rows[dq_row + 8].z;
+#pragma unroll
+        for (int r = 0; r < Cfg::KV_REGS; ++r) {
+          ptx::fence_operand(dk[r]);
+          ptx::fence_operand(dv[r]);
+        }
+        ptx::wgmma_fence();
+        dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dv, pa, d_tile, Cfg::MS * 128);
+        dev::mma_regs_rows<Cfg::MS, Cfg::D, Cfg::BF16>(dk, da, q_tile, Cfg::MS * 128);
+        ptx::wgmma_commit();
+        ptx::named_barrier_sync(1, ALL);
+#pragma unroll
+        for (int kk = 0; kk < Cfg::MS / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int key = wg * 64 + 16 * warp + lane / 4 + 8 * (r & 1);
+            const int query = 16 * kk + 8 * (r >> 1) + 2 * (lane % 4);
+            *reinterpret_cast<uint32_t*>(ds_ptr + dev::swizzle128_offset(key, query, Cfg::BN * 128)) = da[kk][r];
+          }
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_sync(2, ALL);
+
+        // The step's single dQ tile (TN = 1): this warpgroup's on every other step with two.
+        const bool my_dq = Cfg::NWG == 1 || (dq_turn++ & 1) == uint32_t(wg);
+        float dq[32];
+        if (my_dq) {
+          ptx::wgmma_fence();
+          issue_dq<Cfg>(dq, sm.ds(), sm.k(), 0);
+          ptx::wgmma_commit();
+          if (tid == 0) ptx::bulk_wait_group_read<0>();  // the last bulk operation has read the buffer
+          ptx::named_barrier_sync(3 + wg, 128);
+        }
+        if constexpr (NEXT) {
+          if (my_dq)
+            ptx::wgmma_wait<1>();  // dV and dK have read P^T and dS^T (dQ may still run)
+          else
+            ptx::wgmma_wait<0>();
+          dev::Ring<Cfg::STAGES> next = qr;
+          next.advance();
+          ptx::mbar_wait(sm.qd_full(next.stage), next.phase);
+          issue_sdp(next.stage);  // into s and dp, which this step no longer reads
+          ptx::wgmma_wait<1>();   // dQ done (unconditional, so that ptxas sees dq complete on every path)
+        } else {
+          ptx::wgmma_wait<0>();
+        }
+        if (my_dq) stage_dq(dq, 0, qs0, qs1);
+        if constexpr (!NEXT) {  // (with NEXT the next products are in flight: ptxas would serialise)
+#pragma unroll
+          for (int r = 0; r < Cfg::KV_REGS; ++r) {
+            ptx::fence_operand(dk[r]);
+            ptx::fence_operand(dv[r]);
+          }
+        }
+        end_step(my_dq, row0, hq);
+      };
+      if (steps > 0) {
+        ptx::mbar_wait(sm.qd_full(qr.stage), qr.phase);
+        issue_sdp(qr.stage);
+#pragma unroll 1
+        for (int i = 0; i + 1 < steps; ++i) step(std::true_type{});
+        step(std::false_type{});
       }
     }
     ptx::mbar_arrive(sm.item_empty());  // K, V and the item info are no longer read (every thread)
