@@ -25,10 +25,11 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _sparsek as _ext
 from ._attention import BlockLayout
-from ._torch_ops import _capture_error, _direct, _sig, _stream
+from ._torch_ops import _capture_error, _direct, _eager, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -187,12 +188,31 @@ def _attention_backward(ctx, do, dlse):
 torch.library.register_autograd("sparsek::attention", _attention_backward, setup_context=_attention_setup)
 
 
+class _AttentionFunction(torch.autograd.Function):
+    """Eager calls that record autograd: the op's forward, setup and backward above without the
+    custom-op dispatch, whose layers cost ~0.1 ms of host time per call before the first kernel.
+    In a training step the GPU waits for that time between the forward and the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, num, idx, fnum, fidx, block, causal, scale, check):
+        out = _attention(q, k, v, num, idx, fnum, fidx, block, causal, scale, check)
+        _attention_setup(ctx, (q, k, v, num, idx, fnum, fidx, block, causal, scale, check), out)
+        return out
+
+    @staticmethod
+    @once_differentiable  # the backward records no graph (as the op's): a second derivative raises
+    def backward(ctx, do, dlse):
+        return _attention_backward(ctx, do, dlse)
+
+
 def attention(q, k, v, layout: BlockLayout, causal, scale, check):
     num, idx, fnum, fidx = layout.arrays()
     _check_inputs(q, k, v, ((num, "kv_num_blocks"), (idx, "kv_indices"), (fnum, "full_kv_num_blocks"),
                             (fidx, "full_kv_indices")))
     if _direct(q, k, v):
         return _attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
+    if _eager(q, k, v):
+        return _AttentionFunction.apply(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
     return torch.ops.sparsek.attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
 
 

@@ -295,20 +295,20 @@ torch.library.register_autograd("sparsek::sampled_mm", _sampled_mm_backward,
 
 # ---------------------------------------------------------------- what sparsek.bsr_mm & co. call
 
-def _direct(*tensors):
-    """True when a call may skip the custom-op dispatch (tens of microseconds of host time) and
-    launch directly: eager mode, plain tensors, and no autograd graph to record."""
-    if torch.compiler.is_compiling():
+def _eager(*tensors):
+    """True outside torch.compile and torch.func transforms, for plain tensors: a call may then skip
+    the custom-op dispatch (tens of microseconds of host time)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not Tensor and type(t) is not _Parameter:
-            return False
-        if grad and t.requires_grad:
-            return False
-    return True
+    return all(t is None or type(t) is Tensor or type(t) is _Parameter for t in tensors)
+
+
+def _direct(*tensors):
+    """True when a call may skip the custom-op dispatch and launch directly: eager (above), and no
+    autograd graph to record."""
+    if not _eager(*tensors):
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 def _shares_memory(x, *others):
