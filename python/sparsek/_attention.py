@@ -247,8 +247,10 @@ def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
 
     NumPy arrays run on the CPU and check the layout on every call. torch tensors run on their
     device (CUDA: the current stream) through ``torch.ops.sparsek.attention`` (torch.compile,
-    autograd for q, k and v; LSE carries no gradient); the layout's contents are checked when its
-    tensors are new or were modified in place (``check_layout=False`` skips that).
+    autograd for q, k and v; LSE carries no gradient; a second derivative raises). Eager calls
+    that record autograd skip the op's dispatch (a torch.autograd.Function with the same forward
+    and backward). The layout's contents are checked when its tensors are new or were modified in
+    place (``check_layout=False`` skips that).
     """
     layout = as_layout(layout)
     causal = bool(causal)
