@@ -16,6 +16,15 @@ void check_cuda(int err, const char* what) {
                                       cudaGetErrorString(e) + ")");
 }
 
+bool has_sm90a_code(const void* kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion >= 90;
+}
+
 const DeviceInfo& device_info() {
   static std::mutex mu;
   static std::map<int, DeviceInfo> cache;

@@ -22,4 +22,10 @@ const DeviceInfo& device_info();
 // Throws Error(cuda_error) with the CUDA error text when err != 0. `what` names the call.
 void check_cuda(int err, const char* what);
 
+// Whether this build carries sm_90a code for `kernel` (the address of a __global__ function): a
+// build for 80 alone runs sm_80 code on Hopper, which for the Hopper kernels is an empty kernel.
+// Any CUDA error answers false.
+bool has_sm90a_code(const void* kernel);
+inline constexpr const char* kNoSm90aCode = "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
+
 }  // namespace sparsek

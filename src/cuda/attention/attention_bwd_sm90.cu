@@ -959,18 +959,6 @@ Kernel pick(int d, int block, DType dtype) {
   return bf16 ? pick_d<128, true>(d) : pick_d<128, false>(d);
 }
 
-bool has_sm90a_code() {
-  static const bool yes = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, &attention_bwd_kernel<Config<128, 128, true>>) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attr.binaryVersion >= 90;
-  }();
-  return yes;
-}
-
 std::string same_shape(const Tensor4View& t, const Tensor4View& like, const char* name, const char* like_name) {
   if (t.b != like.b || t.h != like.h || t.s != like.s || t.d != like.d)
     return std::string(name) + " must have " + like_name + "'s shape [" + std::to_string(like.b) + ", " +
@@ -1013,7 +1001,8 @@ std::string why_not_hopper_bwd(const AttentionBackwardArgs& a) {
       l.batch * l.heads * nkb >= (int64_t(1) << 31) - 1)
     return "the layout is too large for 32-bit record ids";
   if (f.k.b * f.k.h * nkb >= (int64_t(1) << 31)) return "too many (batch, head, key block) items for 32-bit ids";
-  if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
+  static const bool sm90a = has_sm90a_code(reinterpret_cast<const void*>(&attention_bwd_kernel<Config<128, 128, true>>));
+  if (!sm90a) return kNoSm90aCode;
   const int smem = pick(int(f.q.d), block, f.q.dtype).smem;
   if (device_info().smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +

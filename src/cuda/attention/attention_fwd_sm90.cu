@@ -541,18 +541,6 @@ Kernel pick(int d, int block, DType dtype) {
   return bf16 ? pick_d<128, true>(d) : pick_d<128, false>(d);
 }
 
-bool has_sm90a_code() {
-  static const bool yes = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, &attention_fwd_kernel<Config<128, 128, true>>) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attr.binaryVersion >= 90;
-  }();
-  return yes;
-}
-
 std::string why_not_hopper(const AttentionArgs& a) {
   if (a.q.memory != Memory::device || a.layout.memory != Memory::device)
     return "operands and layout must be in device memory";
@@ -574,7 +562,8 @@ std::string why_not_hopper(const AttentionArgs& a) {
   if (!d.available) return "no CUDA device (" + d.why_not + ")";
   if (d.cc_major != 9 || d.cc_minor != 0)
     return "needs an sm_90a GPU (Hopper), found sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
-  if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
+  static const bool sm90a = has_sm90a_code(reinterpret_cast<const void*>(&attention_fwd_kernel<Config<128, 128, true>>));
+  if (!sm90a) return kNoSm90aCode;
   const int smem = pick(int(a.q.d), block, a.q.dtype).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +

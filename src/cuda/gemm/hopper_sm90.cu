@@ -109,19 +109,6 @@ Kernel pick(const DsdShape& d, int cluster = 1) {
 }
 
 
-// Whether this build carries sm_90a code for the kernels (a build for 80 alone runs sm_80 code
-// on Hopper, which here is an empty kernel).
-bool has_sm90a_code() {
-  static const bool yes = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, pick_kernel<128, 64, false>(false, false, false, 1, 256, DType::f32).func) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attr.binaryVersion >= 90;
-  }();
-  return yes;
-}
 
 // DSD and DDS (as the DSD on the transposes; the messages name the caller's operands): the
 // problem's own limits (why_not() checks the device after them).
@@ -163,7 +150,8 @@ std::string why_not_hopper(const GemmArgs& g) {
     return "needs an sm_90 GPU (sm_90a code only), found sm_" + std::to_string(d.cc_major) +
            std::to_string(d.cc_minor) + ": the portable variant runs there" +
            (d.cc_major > 9 ? " (JIT-compiled from PTX)" : "");
-  if (!has_sm90a_code()) return "this build carries no sm_90a code (SPARSEK_CUDA_GENCODE lacks 90a)";
+  static const bool sm90a = has_sm90a_code(pick_kernel<128, 64, false>(false, false, false, 1, 256, DType::f32).func);
+  if (!sm90a) return kNoSm90aCode;
   const int smem = sdd ? hopper_sdd_smem(g) : pick(dsd_shape(g)).smem;
   if (d.smem_per_block_optin < size_t(smem))
     return "needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
