@@ -220,6 +220,16 @@ __device__ __forceinline__ void load_b_slice(const CUtensorMap* tm_b, const Para
   }
 }
 
+// One box of an A tile into shared memory; with Cfg::L2_HINTS the loads keep A in L2 (evict_last:
+// A is read again for every N tile).
+template <class Cfg>
+__device__ __forceinline__ void load_a_box(uint32_t dst, const CUtensorMap* tm_a, uint32_t bar, int x, int y) {
+  if constexpr (Cfg::L2_HINTS)
+    ptx::tma_load_2d_hint(dst, tm_a, bar, x, y, ptx::l2_policy_evict_last());
+  else
+    ptx::tma_load_2d(dst, tm_a, bar, x, y);
+}
+
 // Producer: one warp; lane 0 waits for free slots and issues the TMA loads, the warp stages the
 // block indices in registers (32 at a time, the next item's first 32 prefetched a whole item
 // ahead) so that no dependent global load sits in front of a TMA issue.
@@ -292,10 +302,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
 #pragma unroll
               for (int c = 0; c < Cfg::A_BOXES; ++c) {
                 a_box(c, ax, ay);
-                if constexpr (Cfg::L2_HINTS)
-                  ptx::tma_load_2d_hint(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay, ptx::l2_policy_evict_last());
-                else
-                  ptx::tma_load_2d(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay);
+                load_a_box<Cfg>(a_stage + c * Cfg::A_BOX_BYTES, tm_a, bar, ax, ay);
               }
             }
             load_b_slice<Cfg>(tm_b, p, bar, s_b + stage * Cfg::B_BYTES, w.y + rank * Cfg::BN, col * p.bk + h * Cfg::KS);
@@ -349,10 +356,7 @@ __device__ __forceinline__ void load_pair_halves(const CUtensorMap* tm_a, const 
         return;
       }
     }
-    if constexpr (Cfg::L2_HINTS)
-      ptx::tma_load_2d_hint(dst, tm_a, bar, x, y, ptx::l2_policy_evict_last());
-    else
-      ptx::tma_load_2d(dst, tm_a, bar, x, y);
+    load_a_box<Cfg>(dst, tm_a, bar, x, y);
   };
   if (Cfg::CL > 1 && p.cluster_mode == 0) {  // each CTA of the pair multicasts its own half
     if ((halves >> rank) & 1) load(rank, true);
