@@ -173,6 +173,12 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
   bytes += v.size() * sizeof(T);
 }
 
+// Whether the TMA can read d in place: 16-byte aligned base address and leading dimension
+// (hopper_tma_operand_why_not() says which fails). No strings: run() asks on every call.
+bool tma_readable(const DenseView& d) {
+  return reinterpret_cast<uintptr_t>(d.data) % 16 == 0 && (d.ld * int64_t(dtype_size(d.dtype))) % 16 == 0;
+}
+
 // ---- B packed before the product ----
 // The DSD view's B (DDS: the caller's A) whose base address or leading dimension is not a multiple
 // of 16 bytes is copied by run(), one small kernel ahead of the product on the same stream, into
@@ -189,7 +195,7 @@ void upload(const std::vector<T>& v, T** dst, size_t& bytes) {
 int64_t packed_b_ld(const GemmArgs& g, bool pack_lines128) {
   const DenseView& b = g.b;
   if (g.sparse.nnzb == 0) return 0;
-  const bool tma_ok = hopper_tma_operand_why_not(b, "B").empty();
+  const bool tma_ok = tma_readable(b);
   const bool lines_ok = b.ld % 64 == 0 && reinterpret_cast<uintptr_t>(b.data) % 128 == 0;
   if (tma_ok && (lines_ok || !pack_lines128)) return 0;
   return aligned_line_elems(b.layout == Layout::row_major ? b.cols : b.rows);
@@ -207,7 +213,7 @@ DenseView pack_b(const GemmArgs& g, const char* name, const HopperState& st, voi
   // ld is pinned by the plan, but a base address may be less aligned than it was at plan time: a
   // TMA-aligned B is then read in place (slower lines), any other cannot be.
   if (!st.packed_b) {
-    if (hopper_tma_operand_why_not(b, "B").empty()) return b;
+    if (tma_readable(b)) return b;
     throw Error(Status::unsupported, std::string("hopper: ") + name + " is not 16-byte aligned (address % 16 = " +
                                          std::to_string(reinterpret_cast<uintptr_t>(b.data) % 16) +
                                          ") but was when the plan was made, so the plan holds no room to copy it "
@@ -358,13 +364,12 @@ void run_hopper(const GemmArgs& args, const Options& o, VariantState* state) {
 }  // namespace
 
 std::string hopper_tma_operand_why_not(const DenseView& d, const char* name) {
+  if (tma_readable(d)) return "";
   if (reinterpret_cast<uintptr_t>(d.data) % 16 != 0)
     return std::string(name) + " must be 16-byte aligned for TMA (address % 16 = " +
            std::to_string(reinterpret_cast<uintptr_t>(d.data) % 16) + ")";
-  if ((d.ld * int64_t(dtype_size(d.dtype))) % 16 != 0)
-    return std::string(name) + "'s leading dimension must be a multiple of 16 bytes for TMA (ld=" +
-           std::to_string(d.ld) + " -> " + std::to_string(d.ld * int64_t(dtype_size(d.dtype))) + " bytes)";
-  return "";
+  return std::string(name) + "'s leading dimension must be a multiple of 16 bytes for TMA (ld=" +
+         std::to_string(d.ld) + " -> " + std::to_string(d.ld * int64_t(dtype_size(d.dtype))) + " bytes)";
 }
 
 bool hopper_has_narrow_tiles(const GemmArgs& g) { return g.kind != OpKind::sdd && narrow_built(dsd_shape(g)); }
