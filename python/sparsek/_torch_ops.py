@@ -295,10 +295,14 @@ torch.library.register_autograd("sparsek::sampled_mm", _sampled_mm_backward,
 
 # ---------------------------------------------------------------- what sparsek.bsr_mm & co. call
 
+# torch's own test for an active torch.func transform (private: a torch without it has none to test).
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def _eager(*tensors):
     """True outside torch.compile and torch.func transforms, for plain tensors: a call may then skip
     the custom-op dispatch (tens of microseconds of host time)."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    if torch.compiler.is_compiling() or _functorch_active():
         return False
     return all(t is None or type(t) is Tensor or type(t) is _Parameter for t in tensors)
 
