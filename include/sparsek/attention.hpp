@@ -170,10 +170,37 @@ struct AttentionBackwardArgs {
 // overlap no input and no other output. Errors name the tensor and the value.
 void validate(const AttentionBackwardArgs& args, bool check_indices = true);
 
+// Plan once for a backward problem (what the forward's plan() is made for, plus dout, dq, dk and
+// dv's shapes, strides and dtypes); run with any data pointers, layout contents and deterministic. The GPU plan allocates its workspace here (the transposed layout, dQ's accumulator);
+// run() allocates nothing and may be captured in a CUDA graph on any stream. The workspace is used
+// in one stream's order: runs that may overlap on two streams need a plan each.
+class AttentionBackwardPlan {
+ public:
+  AttentionBackwardPlan();
+  ~AttentionBackwardPlan();
+  AttentionBackwardPlan(const AttentionBackwardPlan&);
+  AttentionBackwardPlan& operator=(const AttentionBackwardPlan&);
+  AttentionBackwardPlan(AttentionBackwardPlan&&) noexcept;
+  AttentionBackwardPlan& operator=(AttentionBackwardPlan&&) noexcept;
+
+  explicit operator bool() const { return impl_ != nullptr; }
+  const std::string& variant() const;
+  size_t workspace_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  friend AttentionBackwardPlan plan(const AttentionBackwardArgs&, const Options&);
+  friend void run(const AttentionBackwardPlan&, const AttentionBackwardArgs&, void*);
+};
+
+AttentionBackwardPlan plan(const AttentionBackwardArgs& problem, const Options& options = {});
+void run(const AttentionBackwardPlan& plan, const AttentionBackwardArgs& args, void* stream = nullptr);
+
 // One shot, like attention(): validate (the layout's contents too when options.check_indices),
-// plan (cached like the forward's), run on options.stream. dq, dk and dv may not overlap any input.
-// The GPU path needs workspace that the plan allocates once (the transposed layout, dQ's
-// accumulator); host memory runs the fp64-accumulating CPU reference.
+// plan (cached like the forward's: per shape, stream and device), run on options.stream. dq, dk and
+// dv may not overlap any input. Host memory runs the fp64-accumulating CPU reference.
 void attention_backward(const AttentionBackwardArgs& args, const Options& options = {});
 std::vector<std::string> unsupported_reasons(const AttentionBackwardArgs& args);
 

@@ -552,12 +552,13 @@ void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uint
   run(p.plan, a, reinterpret_cast<void*>(stream));
 }
 
-// A backward problem made once from the arrays (their shapes, strides, dtypes, device); later
-// calls pass only data pointers, skipping the array conversions (tens of microseconds per call
-// from PyTorch). Each run still goes through the one-shot attention_backward(), which validates
-// the arguments and keeps the plan (with its workspace) in its cache.
+// A backward problem made once from the arrays (their shapes, strides, dtypes, device) with its
+// plan (and the plan's workspace); later calls pass only data pointers, skipping the array
+// conversions (tens of microseconds per call from PyTorch). A run allocates nothing, so it may be
+// captured in a CUDA graph on any stream; the caller keeps one problem per stream.
 struct PyAttentionBackwardProblem {
   AttentionBackwardArgs problem;
+  AttentionBackwardPlan plan;
   int device = -1;
 };
 
@@ -572,9 +573,8 @@ void run_attention_backward_problem(const PyAttentionBackwardProblem& p, uintptr
   b.dk.data = reinterpret_cast<void*>(dk);
   b.dv.data = reinterpret_cast<void*>(dv);
   PlanDevice guard(p.device);
-  Options opt = options_for(stream, false);
   nb::gil_scoped_release release;
-  attention_backward(b, opt);
+  run(p.plan, b, reinterpret_cast<void*>(stream));
 }
 
 // The gate's problem from its arrays (outputs included; the workspace is set by the caller).
@@ -895,6 +895,7 @@ NB_MODULE(_sparsek, m) {
         DeviceGuard guard(places);  // one device for every array, or a clear error
         for (const Place& x : places)
           if (x.memory == Memory::device) p.device = x.device;
+        p.plan = plan(p.problem, options_for(0, false));
         return p;
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),

@@ -33,7 +33,7 @@ from ._torch_ops import _capture_error, _direct, _eager, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
-_backward_problems: "OrderedDict[tuple, object]" = OrderedDict()  # backward problems (pointers per call)
+_backward_problems: "OrderedDict[tuple, tuple]" = OrderedDict()  # (problem, stream); pointers per call
 _gate_ws: dict = {}  # gate workspace bytes per problem
 
 
@@ -134,15 +134,25 @@ def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, s
     # checked by the forward.
     key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(lse), _sig(dout), _sig(num), _sig(idx), _sig(fnum), _sig(fidx),
            block, causal, scale)
-    p = _backward_problems.get(key)
-    if p is None:
+    stream = _stream(q)
+    e = _backward_problems.get(key)
+    if e is not None and e[1] != stream:
+        # A problem's workspace (dQ's accumulator, the transposed layout) is used in one stream's
+        # order: backward passes on two streams at once would share it. Inside a capture: the
+        # warm-up's problem (as the forward's plans).
+        own = _backward_problems.get(key + (stream,))
+        if own is not None or not _capturing(q):
+            key, e = key + (stream,), own
+    if e is None:
+        if _capturing(q):
+            raise _capture_error("the attention backward")
         p = _ext.attention_backward_problem(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
                                             dout.detach(), dq, dk, dv, num, idx, fnum, fidx, block, causal, scale)
         if len(_backward_problems) >= _MAX_PLANS:
             _backward_problems.popitem(last=False)
-        _backward_problems[key] = p
-    p.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
-          dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), _stream(q))
+        e = _backward_problems[key] = (p, stream)
+    e[0].run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+             dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream)
     return dq, dk, dv
 
 

@@ -1,5 +1,6 @@
-// Attention's plan(), run() and one-shot attention() (and attention_backward()), in the products'
-// shape (plan.cpp, dispatch.cpp). A plan is made for shapes, strides, dtypes, memory, the layout's extents, causal
+// Attention's plan(), run() and one-shot attention(), and the backward's plan(), run() and
+// attention_backward(), in the products' shape (plan.cpp, dispatch.cpp). A plan is made for shapes,
+// strides, dtypes, memory, the layout's extents, causal
 // and scale; never for the layout's contents, which may change on every run (a gate makes a new
 // layout every step): plan() and run() do not read them.
 #include <cuda_runtime.h>
@@ -207,20 +208,100 @@ void attention(const AttentionArgs& args, const Options& options) {
   attention_plan_cache().put(std::move(key), std::move(p));
 }
 
-// ---- the backward's one-shot entry: validate + plan + run, through a cache like attention()'s ----
-//
-// A backward plan is the chosen variant and its prepared state (the GPU variant's workspace:
-// the transposed layout, dQ's accumulator), made once per key: the forward's key plus the
-// gradient tensors' shapes, strides, dtypes and the alignment of their pointers.
-namespace {
+// ---- the backward's plan(), run() and one-shot entry (a cache like attention()'s) ----
 
-struct BackwardPlan {
+namespace {
+// The forward's pointers, then dout, dq, dk, dv.
+constexpr int kBackwardPointers = kPointers + 4;
+void backward_alignment(const AttentionBackwardArgs& a, int out[kBackwardPointers]) {
+  data_alignment(a.forward, out);
+  const void* p[4] = {a.dout.data, a.dq.data, a.dk.data, a.dv.data};
+  for (int i = 0; i < 4; ++i) out[kPointers + i] = align_log2(p[i]);
+}
+}  // namespace
+
+struct AttentionBackwardPlan::Impl {
+  AttentionBackwardArgs problem;  // as given to plan(); run() args must match it but for the pointers
   const AttentionBackwardVariant* variant = nullptr;
+  std::string variant_name;
   Backend backend = Backend::cpu;
-  int device = -1;
+  int device = -1;  // CUDA device current at plan() (cuda plans)
   int threads = 0;
-  std::unique_ptr<VariantState> state;
+  int align[kBackwardPointers] = {};
+  std::unique_ptr<VariantState> state;  // the GPU variant's workspace
 };
+
+AttentionBackwardPlan::AttentionBackwardPlan() = default;
+AttentionBackwardPlan::~AttentionBackwardPlan() = default;
+AttentionBackwardPlan::AttentionBackwardPlan(const AttentionBackwardPlan&) = default;
+AttentionBackwardPlan& AttentionBackwardPlan::operator=(const AttentionBackwardPlan&) = default;
+AttentionBackwardPlan::AttentionBackwardPlan(AttentionBackwardPlan&&) noexcept = default;
+AttentionBackwardPlan& AttentionBackwardPlan::operator=(AttentionBackwardPlan&&) noexcept = default;
+
+namespace {
+[[noreturn]] void empty_backward_plan() {
+  throw Error(Status::invalid_argument, "the attention backward plan is empty (make one with sparsek::plan())");
+}
+}  // namespace
+
+const std::string& AttentionBackwardPlan::variant() const {
+  if (!impl_) empty_backward_plan();
+  return impl_->variant_name;
+}
+size_t AttentionBackwardPlan::workspace_bytes() const {
+  if (!impl_) empty_backward_plan();
+  return impl_->state ? impl_->state->workspace_bytes() : 0;
+}
+
+AttentionBackwardPlan plan(const AttentionBackwardArgs& problem, const Options& options) {
+  validate(problem, false);
+  const Backend be = resolve_backend(problem.forward.q.memory, options);
+  auto impl = std::make_shared<AttentionBackwardPlan::Impl>();
+  impl->problem = problem;
+  impl->backend = be;
+  impl->threads = options.threads;
+  if (be == Backend::cuda) check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
+  if (!options.variant.empty()) {
+    impl->variant = &forced_variant(problem, options.variant, be);
+  } else {
+    std::string reasons;
+    impl->variant = heuristic_variant(problem, be, &reasons);
+    if (!impl->variant)
+      throw Error(Status::unsupported, "no attention backward variant supports this problem" + reasons);
+  }
+  impl->variant_name = impl->variant->name;
+  backward_alignment(problem, impl->align);
+  if (impl->variant->prepare) {
+    Options po;
+    po.backend = be;
+    po.threads = options.threads;
+    po.check_indices = false;
+    impl->state = impl->variant->prepare(problem, po);
+  }
+  AttentionBackwardPlan p;
+  p.impl_ = std::move(impl);
+  return p;
+}
+
+void run(const AttentionBackwardPlan& p, const AttentionBackwardArgs& args, void* stream) {
+  if (!p.impl_) empty_backward_plan();
+  const AttentionBackwardPlan::Impl& im = *p.impl_;
+  match(args.forward, im.problem.forward);
+  match_tensor(args.dout, im.problem.dout, "dout");
+  match_tensor(args.dq, im.problem.dq, "dq");
+  match_tensor(args.dk, im.problem.dk, "dk");
+  match_tensor(args.dv, im.problem.dv, "dv");
+  validate(args, false);  // the cheap checks: null pointers, outputs overlapping inputs or each other
+  int al[kBackwardPointers];
+  backward_alignment(args, al);
+  bool less_aligned = false;
+  for (int i = 0; i < kBackwardPointers; ++i) less_aligned = less_aligned || al[i] < im.align[i];
+  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned, args, im.state.get(), stream);
+}
+
+// The one-shot cache's key: the forward's key plus the gradient tensors' shapes, strides, dtypes
+// and the alignment of their pointers.
+namespace {
 
 AttentionKey backward_key_of(const AttentionBackwardArgs& a, const Options& o, Backend be) {
   AttentionKey k = key_of(a.forward, o, be);
@@ -231,31 +312,9 @@ AttentionKey backward_key_of(const AttentionBackwardArgs& a, const Options& o, B
   return k;
 }
 
-PlanCache<AttentionKey, std::shared_ptr<BackwardPlan>>& backward_plan_cache() {
-  static auto* cache = new PlanCache<AttentionKey, std::shared_ptr<BackwardPlan>>;  // leaked on purpose (exit order)
+PlanCache<AttentionKey, AttentionBackwardPlan>& backward_plan_cache() {
+  static auto* cache = new PlanCache<AttentionKey, AttentionBackwardPlan>;  // leaked on purpose (exit order)
   return *cache;
-}
-
-std::shared_ptr<BackwardPlan> make_backward_plan(const AttentionBackwardArgs& a, const Options& options, Backend be) {
-  auto p = std::make_shared<BackwardPlan>();
-  p->backend = be;
-  p->threads = options.threads;
-  if (be == Backend::cuda) check_cuda(cudaGetDevice(&p->device), "cudaGetDevice");
-  if (!options.variant.empty()) {
-    p->variant = &forced_variant(a, options.variant, be);
-  } else {
-    std::string reasons;
-    p->variant = heuristic_variant(a, be, &reasons);
-    if (!p->variant) throw Error(Status::unsupported, "no attention backward variant supports this problem" + reasons);
-  }
-  if (p->variant->prepare) {
-    Options po;
-    po.backend = be;
-    po.threads = options.threads;
-    po.check_indices = false;
-    p->state = p->variant->prepare(a, po);
-  }
-  return p;
 }
 
 }  // namespace
@@ -266,10 +325,9 @@ void attention_backward(const AttentionBackwardArgs& args, const Options& option
   if (options.check_indices) check_layout_contents(f, options.stream);
   const Backend be = resolve_backend(f.q.memory, options);
   AttentionKey key = backward_key_of(args, options, be);
-  std::shared_ptr<BackwardPlan> p = backward_plan_cache().take(key);
-  if (!p) p = make_backward_plan(args, options, be);
-  // The key pins every pointer's alignment: the plan's variant was chosen for these args.
-  launch_variant(*p->variant, p->backend, p->device, p->threads, false, args, p->state.get(), options.stream);
+  AttentionBackwardPlan p = backward_plan_cache().take(key);
+  if (!p) p = plan(args, options);
+  run(p, args, options.stream);
   backward_plan_cache().put(std::move(key), std::move(p));
 }
 

@@ -256,6 +256,39 @@ TEST(AttentionBackwardCpu, ThreadCountsGiveBitIdenticalGradients) {
   }
 }
 
+TEST(AttentionBackwardCpu, PlanAndRunMatchTheOneShotCall) {
+  AttnSpec s = tiny();
+  s.batch = 2, s.hq = 4, s.hkv = 2;
+  auto x = make_backward_case(s);
+  attention_backward(x->args);
+  const std::vector<uint8_t> dq = x->dq.bytes, dk = x->dk.bytes, dv = x->dv.bytes;
+  const AttentionBackwardPlan p = plan(x->args);
+  EXPECT_EQ(p.variant(), "cpu");
+  for (int i = 0; i < 2; ++i) {  // a plan runs many times
+    x->poison();
+    run(p, x->args);
+    EXPECT_EQ(dq, x->dq.bytes);
+    EXPECT_EQ(dk, x->dk.bytes);
+    EXPECT_EQ(dv, x->dv.bytes);
+  }
+  // Args that are not the planned problem's (but for the pointers) are named.
+  AttentionBackwardArgs a = x->args;
+  a.dq.stride_s *= 2;
+  try {
+    run(p, a);
+    ADD_FAILURE() << "no error for dq's other stride";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("args do not match the plan: dq.stride_s is"), std::string::npos) << e.what();
+  }
+  try {
+    run(AttentionBackwardPlan(), x->args);
+    ADD_FAILURE() << "no error for an empty plan";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the attention backward plan is empty"), std::string::npos) << e.what();
+  }
+}
+
 // ---------------------------------------------------------------- named errors
 
 void expect_error(const AttentionBackwardArgs& a, const std::string& part, Status st = Status::invalid_argument) {

@@ -217,6 +217,94 @@ def test_gpu_backward_is_bit_identical_run_to_run():
             assert torch.equal(a, b)
 
 
+@cuda_only
+def test_backward_on_two_streams_at_once_uses_a_workspace_per_stream():
+    """A backward problem's workspace (dQ's accumulator, the transposed layout) is used in one
+    stream's order. Backward passes of the same shapes running at once on two streams must each get
+    their own problem, and the gradients of a run alone (bit-identical)."""
+    need_backward("cuda")
+    from sparsek import _torch_attention
+    S = 8192  # a backward of ~0.4 ms on an H100: the two streams' passes overlap
+    lay = random_layout(torch.Generator().manual_seed(21), 1, 4, S // 128, S // 128, block=128, density=0.5,
+                        device="cuda")
+    cases = []
+    for seed in (22, 23):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = qkv(g, 1, 4, 4, S, S, 128, torch.bfloat16, "cuda")
+        cases.append((q, k, v, torch.randn(1, 4, S, 128, generator=g).to("cuda", torch.bfloat16)))
+
+    def grads(q, k, v, dout):
+        return grads_of(lambda q, k, v: sparsek.attention(q, k, v, lay)[0], q, k, v, dout=dout)[0]
+
+    want = [grads(*c) for c in cases]  # one at a time, on the current stream
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(3):
+        got = [None, None]
+        for i, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(1_000_000)  # both streams' work queued before either starts
+                got[i] = grads(*cases[i])
+        torch.cuda.synchronize()
+        for i in range(2):
+            for a, b, n in zip(got[i], want[i], "qkv"):
+                assert torch.equal(a, b), f"stream {i}: d{n} differs from the run alone"
+    used = {stream for _, stream in _torch_attention._backward_problems.values()}
+    assert {s.cuda_stream for s in streams} <= used, "each stream has a backward problem of its own"
+
+
+@cuda_only
+def test_cuda_graph_capture_of_forward_and_backward():
+    """Forward and backward captured in one CUDA graph after a warm-up on another stream (the plans
+    and the backward problem are made there): replays with new inputs give the eager gradients bit
+    for bit."""
+    need_backward("cuda")
+    lay = random_layout(torch.Generator().manual_seed(31), 1, 2, 4, 4, block=128, density=0.6, device="cuda")
+    gen = torch.Generator().manual_seed(32)
+    q, k, v = (x.requires_grad_(True) for x in qkv(gen, 1, 2, 2, 512, 512, 128, torch.bfloat16, "cuda"))
+    dout = torch.randn(1, 2, 512, 128, generator=gen).to("cuda", torch.bfloat16)
+
+    def step():
+        o = sparsek.attention(q, k, v, lay)[0]
+        return torch.autograd.grad(o, (q, k, v), dout)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    for seed in (33, 34):
+        with torch.no_grad():
+            for x, new in zip((q, k, v), qkv(torch.Generator().manual_seed(seed), 1, 2, 2, 512, 512, 128,
+                                             torch.bfloat16, "cuda")):
+                x.copy_(new)
+        for t in static:
+            t.fill_(float("nan"))
+        g.replay()
+        want = step()
+        for a, b, n in zip(static, want, "qkv"):
+            assert torch.equal(a, b), f"seed {seed}: the replay's d{n} differs from the eager one"
+
+
+@cuda_only
+def test_backward_planning_during_capture_says_to_run_first():
+    need_backward("cuda")
+    lay = random_layout(torch.Generator().manual_seed(35), 1, 2, 2, 2, block=128, density=1.0, device="cuda")
+    q, k, v = (x.requires_grad_(True) for x in qkv(torch.Generator().manual_seed(36), 1, 2, 2, 256, 256, 128,
+                                                   torch.bfloat16, "cuda"))
+    with torch.no_grad():
+        sparsek.attention(q, k, v, lay)  # the forward's plan exists, the backward's problem does not
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="attention backward has no plan yet.*Run the same call once"):
+        with torch.cuda.graph(g):
+            o = sparsek.attention(q, k, v, lay)[0]
+            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+
+
 # ---------------------------------------------------------------- a tiny transformer block that trains
 
 def masked_attention(q, k, v, layout, causal):
