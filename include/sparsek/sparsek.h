@@ -193,6 +193,29 @@ typedef struct {
  * its device workspace) is made on the first call for a shape and reused after. */
 sparsek_status sparsek_attention_backward(const sparsek_attention_backward_args* args, void* stream);
 
+typedef struct sparsek_attention_backward_plan_s* sparsek_attention_backward_plan;
+
+/* Makes a backward plan for the problem's shapes, strides, dtypes, memory, layout extents, causal
+ * and scale (the layout's contents are not read); the device workspace (the transposed layout,
+ * dq's accumulator) is allocated here. `variant`: NULL or "" = automatic, else a variant name. On
+ * failure *plan is set to NULL. */
+sparsek_status sparsek_attention_backward_plan_create(sparsek_attention_backward_plan* plan,
+                                                      const sparsek_attention_backward_args* problem,
+                                                      const char* variant);
+/* Runs the plan on args that match the problem but for the pointers, the layout's contents and
+ * nondeterministic. Allocates nothing; device work goes on `stream` (any stream), unsynchronized,
+ * and may be captured in a CUDA graph. The workspace is used in one stream's order: runs that may
+ * overlap on two streams need a plan each. */
+sparsek_status sparsek_attention_backward_plan_run(sparsek_attention_backward_plan plan,
+                                                   const sparsek_attention_backward_args* args, void* stream);
+/* Frees the plan (NULL is accepted); handles are checked as the forward plan's are. */
+sparsek_status sparsek_attention_backward_plan_destroy(sparsek_attention_backward_plan plan);
+/* Name of the chosen variant, valid while the plan lives ("" for a NULL or dead plan). */
+const char* sparsek_attention_backward_plan_variant(sparsek_attention_backward_plan plan);
+/* Scratch memory the plan holds, in bytes (0 when none). */
+sparsek_status sparsek_attention_backward_plan_workspace_bytes(sparsek_attention_backward_plan plan,
+                                                               uint64_t* bytes);
+
 /* ---- The top-k block gate: a block layout chosen from the content ---- */
 
 /* Q and K are mean-pooled per block (GQA: a group's query heads together), scored

@@ -11,6 +11,9 @@
 struct sparsek_attention_plan_s {
   sparsek::AttentionPlan plan;
 };
+struct sparsek_attention_backward_plan_s {
+  sparsek::AttentionBackwardPlan plan;
+};
 
 namespace {
 
@@ -20,6 +23,10 @@ using namespace sparsek::capi;
 // Leaked on purpose: handles may be destroyed during exit.
 Registry<sparsek_attention_plan_s>& registry() {
   static auto* r = new Registry<sparsek_attention_plan_s>("sparsek_attention_plan_create");
+  return *r;
+}
+Registry<sparsek_attention_backward_plan_s>& backward_registry() {
+  static auto* r = new Registry<sparsek_attention_backward_plan_s>("sparsek_attention_backward_plan_create");
   return *r;
 }
 
@@ -116,6 +123,53 @@ sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan p, 
     if (!p) null_arg("plan");
     if (!bytes) null_arg("bytes");
     *bytes = registry().get(p).workspace_bytes();
+  });
+}
+
+sparsek_status sparsek_attention_backward_plan_create(sparsek_attention_backward_plan* out,
+                                                      const sparsek_attention_backward_args* problem,
+                                                      const char* variant) {
+  if (out) *out = nullptr;
+  return guarded("sparsek_attention_backward_plan_create", [&] {
+    if (!out) null_arg("plan");
+    if (!problem) null_arg("problem");
+    Options o;
+    if (variant) o.variant = variant;
+    auto h = std::make_unique<sparsek_attention_backward_plan_s>();
+    h->plan = plan(to_backward_args(*problem), o);
+    backward_registry().add(h.get());
+    *out = h.release();
+  });
+}
+
+sparsek_status sparsek_attention_backward_plan_run(sparsek_attention_backward_plan p,
+                                                   const sparsek_attention_backward_args* args, void* stream) {
+  return guarded("sparsek_attention_backward_plan_run", [&] {
+    if (!p) null_arg("plan");
+    if (!args) null_arg("args");
+    const AttentionBackwardPlan plan = backward_registry().get(p);
+    run(plan, to_backward_args(*args), stream);
+  });
+}
+
+sparsek_status sparsek_attention_backward_plan_destroy(sparsek_attention_backward_plan p) {
+  return guarded("sparsek_attention_backward_plan_destroy", [&] {
+    if (!p) return;
+    if (!backward_registry().remove(p)) backward_registry().not_live(p);
+    delete p;
+  });
+}
+
+const char* sparsek_attention_backward_plan_variant(sparsek_attention_backward_plan p) {
+  const char* v = p ? backward_registry().variant(p) : nullptr;
+  return v ? v : "";
+}
+
+sparsek_status sparsek_attention_backward_plan_workspace_bytes(sparsek_attention_backward_plan p, uint64_t* bytes) {
+  return guarded("sparsek_attention_backward_plan_workspace_bytes", [&] {
+    if (!p) null_arg("plan");
+    if (!bytes) null_arg("bytes");
+    *bytes = backward_registry().get(p).workspace_bytes();
   });
 }
 

@@ -425,6 +425,47 @@ TEST(AttentionBackwardCapi, OneShotMatchesTheCppCallAndNamesErrors) {
   expect(sparsek_attention_backward(&bad, nullptr), "dk overlaps v");
 }
 
+TEST(AttentionBackwardCapi, PlansRunAndCheckTheirHandles) {
+  auto x = make_backward_case(tiny());
+  attention_backward(x->args);
+  const std::vector<uint8_t> dq = x->dq.bytes, dk = x->dk.bytes, dv = x->dv.bytes;
+  sparsek_attention_backward_args c = to_c(x->args);
+  sparsek_attention_backward_plan p = nullptr;
+  ASSERT_EQ(sparsek_attention_backward_plan_create(&p, &c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_STREQ(sparsek_attention_backward_plan_variant(p), "cpu");
+  uint64_t ws = 7;
+  EXPECT_EQ(sparsek_attention_backward_plan_workspace_bytes(p, &ws), SPARSEK_OK);
+  EXPECT_EQ(ws, 0u);
+  x->poison();
+  ASSERT_EQ(sparsek_attention_backward_plan_run(p, &c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(dq, x->dq.bytes);
+  EXPECT_EQ(dk, x->dk.bytes);
+  EXPECT_EQ(dv, x->dv.bytes);
+  sparsek_attention_backward_args other = c;
+  other.forward.causal = 1;
+  EXPECT_EQ(sparsek_attention_backward_plan_run(p, &other, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error())
+                .find("sparsek_attention_backward_plan_run: run: args do not match the plan: causal"),
+            std::string::npos)
+      << sparsek_last_error();
+  sparsek_attention_backward_plan none = nullptr;
+  EXPECT_EQ(sparsek_attention_backward_plan_create(&none, nullptr, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(none, nullptr);
+  ASSERT_EQ(sparsek_attention_backward_plan_destroy(p), SPARSEK_OK);
+  // A destroyed or foreign handle is reported, never dereferenced.
+  EXPECT_EQ(sparsek_attention_backward_plan_run(p, &c, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error())
+                .find("is not a live plan (already destroyed, or not made by sparsek_attention_backward_plan_create)"),
+            std::string::npos)
+      << sparsek_last_error();
+  EXPECT_EQ(sparsek_attention_backward_plan_destroy(p), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_STREQ(sparsek_attention_backward_plan_variant(p), "");
+  float not_a_plan[16] = {};
+  auto foreign = reinterpret_cast<sparsek_attention_backward_plan>(not_a_plan);
+  EXPECT_EQ(sparsek_attention_backward_plan_workspace_bytes(foreign, &ws), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(sparsek_attention_backward_plan_destroy(nullptr), SPARSEK_OK);
+}
+
 // Views over a fake, 16-byte aligned device address: why_not never dereferences them.
 AttentionBackwardArgs valid_args() {
   void* dev = reinterpret_cast<void*>(uintptr_t(1) << 20);
