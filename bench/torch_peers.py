@@ -316,6 +316,12 @@ def attention_main(args, header):
     for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
+    # The backward is timed as repeated torch.autograd.grad(..., retain_graph=True) on one forward.
+    # A compiled backward that donates its saved buffers refuses retain_graph ("compiled with non-empty
+    # donated buffers"), which some runs of torch 2.11 chose for FlexAttention: keep the buffers.
+    import torch._functorch.config
+    if hasattr(torch._functorch.config, "donated_buffer"):
+        torch._functorch.config.donated_buffer = False
     print(f"# {header['gpu']}, torch {header['torch']}, sparsek {header['sparsek']}, bf16, B=1, S={args.seq}, "
           f"median of {args.reps}; effective TFLOPS = 4*D*unmasked / time (backward: 2.5x); "
           "SDPA dense: (its own dense TFLOPS)")
