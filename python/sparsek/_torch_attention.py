@@ -33,7 +33,7 @@ from ._torch_ops import _capture_error, _direct, _eager, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
-_backward_problems: "OrderedDict[tuple, tuple]" = OrderedDict()  # (problem, stream); pointers per call
+_backward_problems: "OrderedDict[tuple, tuple]" = OrderedDict()  # as _plans; pointers per call
 _gate_ws: dict = {}  # gate workspace bytes per problem
 
 
@@ -60,28 +60,42 @@ def _capturing(t):
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def _entry(table, key, stream, capturing, what):
+    """(key, entry) of a plan table for a call on `stream`; entries are (plan, has workspace, stream).
+    A plan's workspace is used in one stream's order: a plan made on another stream is shared only
+    when it has none, or inside a capture (the warm-up's plan: planning cannot run there, and says
+    so). entry None: make one and _remember it under key."""
+    e = table.get(key)
+    if e is not None and e[1] and e[2] != stream:
+        own = table.get(key + (stream,))
+        if own is not None or not capturing:
+            key, e = key + (stream,), own
+    if e is None and capturing:
+        raise _capture_error(what)
+    return key, e
+
+
+def _remember(table, key, entry):
+    if len(table) >= _MAX_PLANS:
+        table.popitem(last=False)
+    table[key] = entry
+    return entry
+
+
 def _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check):
     stream = _stream(q)
-    if check and not _capturing(q) and not _is_checked(num, idx, fnum, fidx):
+    capturing = _capturing(q)
+    if check and not capturing and not _is_checked(num, idx, fnum, fidx):
         _ext.check_attention(q.detach(), k.detach(), v.detach(), o, lse, num, idx, fnum, fidx, block,
                              causal, scale, stream)
         _mark_checked(num, idx, fnum, fidx)
     key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(num), _sig(idx), _sig(fnum), _sig(fidx), block,
            causal, scale)
-    e = _plans.get(key)
-    if e is not None and e[1] and e[2] != stream:
-        # A plan's workspace is used in one stream's order (inside a capture: the warm-up's plan).
-        own = _plans.get(key + (stream,))
-        if own is not None or not _capturing(q):
-            key, e = key + (stream,), own
+    key, e = _entry(_plans, key, stream, capturing, "attention")
     if e is None:
-        if _capturing(q):
-            raise _capture_error("attention")
         p = _ext.plan_attention(q.detach(), k.detach(), v.detach(), o, lse, num, idx, fnum, fidx, block,
                                 causal, scale, stream)
-        if len(_plans) >= _MAX_PLANS:
-            _plans.popitem(last=False)
-        e = _plans[key] = (p, p.workspace_bytes > 0, stream)
+        e = _remember(_plans, key, (p, p.workspace_bytes > 0, stream))
     e[0].run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), num.data_ptr(),
              idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream)
 
@@ -135,22 +149,12 @@ def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, s
     key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(lse), _sig(dout), _sig(num), _sig(idx), _sig(fnum), _sig(fidx),
            block, causal, scale)
     stream = _stream(q)
-    e = _backward_problems.get(key)
-    if e is not None and e[1] != stream:
-        # A problem's workspace (dQ's accumulator, the transposed layout) is used in one stream's
-        # order: backward passes on two streams at once would share it. Inside a capture: the
-        # warm-up's problem (as the forward's plans).
-        own = _backward_problems.get(key + (stream,))
-        if own is not None or not _capturing(q):
-            key, e = key + (stream,), own
+    # The problem's plan has a GPU workspace (dQ's accumulator, the transposed layout): one per stream.
+    key, e = _entry(_backward_problems, key, stream, _capturing(q), "the attention backward")
     if e is None:
-        if _capturing(q):
-            raise _capture_error("the attention backward")
         p = _ext.attention_backward_problem(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
                                             dout.detach(), dq, dk, dv, num, idx, fnum, fidx, block, causal, scale)
-        if len(_backward_problems) >= _MAX_PLANS:
-            _backward_problems.popitem(last=False)
-        e = _backward_problems[key] = (p, stream)
+        e = _remember(_backward_problems, key, (p, q.is_cuda, stream))
     e[0].run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
              dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream)
     return dq, dk, dv

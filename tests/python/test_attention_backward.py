@@ -249,7 +249,7 @@ def test_backward_on_two_streams_at_once_uses_a_workspace_per_stream():
         for i in range(2):
             for a, b, n in zip(got[i], want[i], "qkv"):
                 assert torch.equal(a, b), f"stream {i}: d{n} differs from the run alone"
-    used = {stream for _, stream in _torch_attention._backward_problems.values()}
+    used = {e[2] for e in _torch_attention._backward_problems.values()}
     assert {s.cuda_stream for s in streams} <= used, "each stream has a backward problem of its own"
 
 
