@@ -171,9 +171,10 @@ struct AttentionBackwardArgs {
 void validate(const AttentionBackwardArgs& args, bool check_indices = true);
 
 // Plan once for a backward problem (what the forward's plan() is made for, plus dout, dq, dk and
-// dv's shapes, strides and dtypes); run with any data pointers, layout contents and deterministic. The GPU plan allocates its workspace here (the transposed layout, dQ's accumulator);
-// run() allocates nothing and may be captured in a CUDA graph on any stream. The workspace is used
-// in one stream's order: runs that may overlap on two streams need a plan each.
+// dv's shapes, strides and dtypes); run with any data pointers, layout contents and deterministic.
+// The GPU plan allocates its workspace here (the transposed layout, dQ's accumulator); run()
+// allocates nothing and may be captured in a CUDA graph on any stream. The workspace is used in one
+// stream's order: runs that may overlap on two streams need a plan each.
 class AttentionBackwardPlan {
  public:
   AttentionBackwardPlan();

@@ -895,7 +895,7 @@ NB_MODULE(_sparsek, m) {
         DeviceGuard guard(places);  // one device for every array, or a clear error
         for (const Place& x : places)
           if (x.memory == Memory::device) p.device = x.device;
-        p.plan = plan(p.problem, options_for(0, false));
+        p.plan = plan(p.problem);
         return p;
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),

@@ -1,8 +1,8 @@
 // Attention's plan(), run() and one-shot attention(), and the backward's plan(), run() and
 // attention_backward(), in the products' shape (plan.cpp, dispatch.cpp). A plan is made for shapes,
-// strides, dtypes, memory, the layout's extents, causal
-// and scale; never for the layout's contents, which may change on every run (a gate makes a new
-// layout every step): plan() and run() do not read them.
+// strides, dtypes, memory, the layout's extents, causal and scale; never for the layout's contents,
+// which may change on every run (a gate makes a new layout every step): plan() and run() do not
+// read them.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -62,6 +62,28 @@ size_t AttentionPlan::workspace_bytes() const {
   return impl_->state ? impl_->state->workspace_bytes() : 0;
 }
 
+namespace {
+// plan()'s variant (Options::variant, else the heuristic default) and its prepared state, for the
+// forward and the backward alike. `what` names the product in the no-variant error.
+template <class Args>
+const VariantOf<Args>& choose_variant(const Args& problem, const Options& options, Backend be, const char* what) {
+  if (!options.variant.empty()) return forced_variant(problem, options.variant, be);
+  std::string reasons;
+  const VariantOf<Args>* v = heuristic_variant(problem, be, &reasons);
+  if (!v) throw Error(Status::unsupported, std::string("no ") + what + " variant supports this problem" + reasons);
+  return *v;
+}
+template <class Args>
+std::unique_ptr<VariantState> prepare_state(const VariantOf<Args>& v, const Args& problem, Backend be, int threads) {
+  if (!v.prepare) return nullptr;
+  Options po;
+  po.backend = be;
+  po.threads = threads;
+  po.check_indices = false;
+  return v.prepare(problem, po);
+}
+}  // namespace
+
 AttentionPlan plan(const AttentionArgs& problem, const Options& options) {
   validate(problem, false);
   const Backend be = resolve_backend(problem.q.memory, options);
@@ -70,24 +92,10 @@ AttentionPlan plan(const AttentionArgs& problem, const Options& options) {
   impl->backend = be;
   impl->threads = options.threads;
   if (be == Backend::cuda) check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
-  const AttentionVariant* v = nullptr;
-  if (!options.variant.empty()) {
-    v = &forced_variant(problem, options.variant, be);
-  } else {
-    std::string reasons;
-    v = heuristic_variant(problem, be, &reasons);
-    if (!v) throw Error(Status::unsupported, "no attention variant supports this problem" + reasons);
-  }
-  impl->variant = v;
-  impl->variant_name = v->name;
+  impl->variant = &choose_variant(problem, options, be, "attention");
+  impl->variant_name = impl->variant->name;
   data_alignment(problem, impl->align);
-  if (v->prepare) {
-    Options po;
-    po.backend = be;
-    po.threads = options.threads;
-    po.check_indices = false;
-    impl->state = v->prepare(problem, po);
-  }
+  impl->state = prepare_state(*impl->variant, problem, be, options.threads);
   AttentionPlan p;
   p.impl_ = std::move(impl);
   return p;
@@ -261,23 +269,10 @@ AttentionBackwardPlan plan(const AttentionBackwardArgs& problem, const Options& 
   impl->backend = be;
   impl->threads = options.threads;
   if (be == Backend::cuda) check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
-  if (!options.variant.empty()) {
-    impl->variant = &forced_variant(problem, options.variant, be);
-  } else {
-    std::string reasons;
-    impl->variant = heuristic_variant(problem, be, &reasons);
-    if (!impl->variant)
-      throw Error(Status::unsupported, "no attention backward variant supports this problem" + reasons);
-  }
+  impl->variant = &choose_variant(problem, options, be, "attention backward");
   impl->variant_name = impl->variant->name;
   backward_alignment(problem, impl->align);
-  if (impl->variant->prepare) {
-    Options po;
-    po.backend = be;
-    po.threads = options.threads;
-    po.check_indices = false;
-    impl->state = impl->variant->prepare(problem, po);
-  }
+  impl->state = prepare_state(*impl->variant, problem, be, options.threads);
   AttentionBackwardPlan p;
   p.impl_ = std::move(impl);
   return p;
