@@ -182,6 +182,15 @@ struct Smem {
 };
 
 
+// An info word (item or stage), read by lane 0 and broadcast. Only lane 0 of a consumer warp arrives
+// on the "empty" barriers, and its arrival orders its own reads before the producer's next write;
+// reads by the other lanes would be ordered before it only by the warp's convergence.
+__device__ __forceinline__ int2 lane0_info(uint32_t addr) {
+  int2 v = make_int2(0, 0);
+  if (threadIdx.x % 32 == 0) v = ptx::ld_shared_v2(addr);
+  return make_int2(__shfl_sync(0xffffffffu, v.x, 0), __shfl_sync(0xffffffffu, v.y, 0));
+}
+
 // Producer: one warp. Lane 0 issues every load; the warp reads the block indices 32 at a time.
 template <class Cfg>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -386,7 +395,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
     ptx::mbar_wait(sm.q_full, q_phase);
     q_phase ^= 1;
-    const int2 qi = ptx::ld_shared_v2(sm.q_info);
+    const int2 qi = lane0_info(sm.q_info);
     const Item it = decode(qi.x, p);
     const int total = qi.y;
     const int row0 = it.qb * Cfg::BM + wg * 64;
@@ -402,7 +411,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     // Batch 0: S = Q K_0^T.
     my_turn();
     ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-    int2 info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
+    int2 info = lane0_info(sm.k_info + 8 * kr.stage);
     ptx::wgmma_fence();
     // S = Q K^T: this warpgroup's Q rows (chunks BM rows apart) against the K tile (keys x D).
     dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
@@ -423,7 +432,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
       if (next) {
         ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-        info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
+        info = lane0_info(sm.k_info + 8 * kr.stage);
       }
 #pragma unroll
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
