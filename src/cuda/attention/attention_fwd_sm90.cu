@@ -182,15 +182,6 @@ struct Smem {
 };
 
 
-// An info word (item or stage), read by lane 0 and broadcast. Only lane 0 of a consumer warp arrives
-// on the "empty" barriers, and its arrival orders its own reads before the producer's next write;
-// reads by the other lanes would be ordered before it only by the warp's convergence.
-__device__ __forceinline__ int2 lane0_info(uint32_t addr) {
-  int2 v = make_int2(0, 0);
-  if (threadIdx.x % 32 == 0) v = ptx::ld_shared_v2(addr);
-  return make_int2(__shfl_sync(0xffffffffu, v.x, 0), __shfl_sync(0xffffffffu, v.y, 0));
-}
-
 // Producer: one warp. Lane 0 issues every load; the warp reads the block indices 32 at a time.
 template <class Cfg>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -395,7 +386,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
     ptx::mbar_wait(sm.q_full, q_phase);
     q_phase ^= 1;
-    const int2 qi = lane0_info(sm.q_info);
+    // Every thread reads the info words and arrives on q_empty and k_empty itself: an arrival by
+    // lane 0 alone would order the other lanes' reads before the producer's next write only through
+    // the warp's convergence (a racecheck hazard; a __syncwarp() there is compiled away).
+    const int2 qi = ptx::ld_shared_v2(sm.q_info);
     const Item it = decode(qi.x, p);
     const int total = qi.y;
     const int row0 = it.qb * Cfg::BM + wg * 64;
@@ -404,14 +398,14 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
     if (total == 0) {
-      if (lane == 0) ptx::mbar_arrive(sm.q_empty);
+      ptx::mbar_arrive(sm.q_empty);
       epilogue<Cfg>(st, tm_o, p, it, row0, wg, s_o, o_ptr);
       continue;
     }
     // Batch 0: S = Q K_0^T.
     my_turn();
     ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-    int2 info = lane0_info(sm.k_info + 8 * kr.stage);
+    int2 info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
     ptx::wgmma_fence();
     // S = Q K^T: this warpgroup's Q rows (chunks BM rows apart) against the K tile (keys x D).
     dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
@@ -421,9 +415,9 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int r = 0; r < Cfg::S_REGS; ++r) ptx::fence_operand(s[r]);
-    if (lane == 0) ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
+    ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
     kr.advance();
-    if (total == 1 && lane == 0) ptx::mbar_arrive(sm.q_empty);
+    if (total == 1) ptx::mbar_arrive(sm.q_empty);
     softmax<Cfg>(s, st, pa, info, row0, p, true);
     for (int t = 0; t < total; ++t) {
       const bool next = t + 1 < total;
@@ -432,7 +426,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
       if (next) {
         ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
-        info = lane0_info(sm.k_info + 8 * kr.stage);
+        info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
       }
 #pragma unroll
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
@@ -451,10 +445,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       if (lane == 0) ptx::mbar_arrive(sm.v_empty + 8 * vr.stage);
       vr.advance();
       if (next) {
-        if (lane == 0) {
-          ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
-          if (t + 2 == total) ptx::mbar_arrive(sm.q_empty);  // the item's last QK^T is done
-        }
+        ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
+        if (t + 2 == total) ptx::mbar_arrive(sm.q_empty);  // the item's last QK^T is done
         kr.advance();
         softmax<Cfg>(s, st, pa, info, row0, p, false);
       }
@@ -479,10 +471,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
   const Smem<Cfg> sm((raw + 1023u) & ~1023u);
   if (threadIdx.x == 0) {
     ptx::mbar_init(sm.q_full, 1);                 // producer's arrive_expect_tx + the Q bytes
-    ptx::mbar_init(sm.q_empty, 4 * Cfg::NWG);     // lane 0 of every consumer warp
+    ptx::mbar_init(sm.q_empty, 128 * Cfg::NWG);   // every consumer thread (see consume())
     for (int s = 0; s < Cfg::STAGES; ++s) {
       ptx::mbar_init(sm.k_full + 8 * s, 1);
-      ptx::mbar_init(sm.k_empty + 8 * s, 4 * Cfg::NWG);
+      ptx::mbar_init(sm.k_empty + 8 * s, 128 * Cfg::NWG);  // as q_empty
       ptx::mbar_init(sm.v_full + 8 * s, 1);
       ptx::mbar_init(sm.v_empty + 8 * s, 4 * Cfg::NWG);
     }
