@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _sparsek as _ext
 from ._attention import BlockLayout
-from ._torch_ops import _capture_error, _direct, _eager, _sig, _stream
+from ._torch_ops import _capture_error, _direct, _eager, _keep_for_graphs, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -64,14 +64,17 @@ def _entry(table, key, stream, capturing, what):
     """(key, entry) of a plan table for a call on `stream`; entries are (plan, has workspace, stream).
     A plan's workspace is used in one stream's order: a plan made on another stream is shared only
     when it has none, or inside a capture (the warm-up's plan: planning cannot run there, and says
-    so). entry None: make one and _remember it under key."""
+    so). entry None: make one and _remember it under key. A plan used inside a capture is kept for
+    the process (the graph holds its workspace; the table may evict it later)."""
     e = table.get(key)
     if e is not None and e[1] and e[2] != stream:
         own = table.get(key + (stream,))
         if own is not None or not capturing:
             key, e = key + (stream,), own
-    if e is None and capturing:
-        raise _capture_error(what)
+    if capturing:
+        if e is None:
+            raise _capture_error(what)
+        _keep_for_graphs(e[0])
     return key, e
 
 

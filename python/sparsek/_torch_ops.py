@@ -35,6 +35,14 @@ if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "regist
 
 DSD, DDS, SDD = 0, 1, 2
 _PLANS_PER_PATTERN = 32  # oldest dropped first (dynamic token counts make one plan per N)
+# Plans used while a CUDA graph was being captured. The graph keeps their workspace and schedule
+# pointers, and when a graph dies is not visible from here: they stay alive for the process (a
+# cache may drop or replace its own reference; the graph's replays then still find the memory).
+_graph_plans: dict = {}
+
+
+def _keep_for_graphs(plan):
+    _graph_plans[id(plan)] = plan
 _Parameter = torch.nn.Parameter
 
 try:
@@ -70,6 +78,7 @@ def _capture_error(what):
 def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
     """The cached plan for this call, made now on a miss (see the module doc)."""
     stream = _stream(values)
+    capturing = values.is_cuda and torch.cuda.is_current_stream_capturing()
     key = (kind, trans, rows, cols, _sig(values), _sig(a), _sig(b), _sig(c))
     plans = row_ptr.__dict__.get("_sparsek_plans")
     if plans is None:
@@ -81,12 +90,14 @@ def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
         # plan of the stream that ran the call before (the warm-up stream). Replaying it while
         # the same product runs on that stream would share the workspace; don't.
         own = plans.get(key + (stream,))
-        if own is not None or not (values.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if own is not None or not capturing:
             key, e = key + (stream,), own
     if (e is not None and e[1] is col_idx and e[2] == row_ptr._version
             and e[3] == col_idx._version):
+        if capturing:
+            _keep_for_graphs(e[0])
         return e[0], stream
-    if values.is_cuda and torch.cuda.is_current_stream_capturing():
+    if capturing:
         raise _capture_error(("bsr_mm", "dense_bsr_mm", "sampled_mm")[kind])
     rp, ci, v = row_ptr.detach(), col_idx.detach(), values.detach()
     # torch refuses DLPack export of tensors that require grad: the plan gets detached views.

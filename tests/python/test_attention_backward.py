@@ -290,6 +290,58 @@ def test_cuda_graph_capture_of_forward_and_backward():
 
 
 @cuda_only
+def test_cuda_graph_keeps_its_plans_when_the_tables_drop_them(monkeypatch):
+    """The plans a capture used (the forward's and the backward's, with their GPU workspace) stay
+    alive after calls with other shapes push them out of the plan tables, and replays stay right."""
+    need_backward("cuda")
+    from collections import OrderedDict
+    from sparsek import _torch_attention, _torch_ops
+    monkeypatch.setattr(_torch_attention, "_MAX_PLANS", 1)  # fresh tables of one entry each
+    monkeypatch.setattr(_torch_attention, "_plans", OrderedDict())
+    monkeypatch.setattr(_torch_attention, "_backward_problems", OrderedDict())
+    lay = random_layout(torch.Generator().manual_seed(41), 1, 2, 2, 2, block=128, density=1.0, device="cuda")
+    gen = torch.Generator().manual_seed(42)
+    q, k, v = (x.requires_grad_(True) for x in qkv(gen, 1, 2, 2, 256, 256, 128, torch.bfloat16, "cuda"))
+    dout = torch.randn(1, 2, 256, 128, generator=gen).to("cuda", torch.bfloat16)
+
+    def step(q, k, v, lay, dout):
+        o = sparsek.attention(q, k, v, lay)[0]
+        return (o.detach(),) + torch.autograd.grad(o, (q, k, v), dout)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(q, k, v, lay, dout)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step(q, k, v, lay, dout)
+    captured = [e[0] for e in list(_torch_attention._plans.values()) +
+                list(_torch_attention._backward_problems.values())]
+    assert len(captured) == 2, "one forward plan and one backward problem were used by the capture"
+    for n in (384, 512):  # other shapes: each call's plan pushes the previous one out (table of 1)
+        lay_n = random_layout(torch.Generator().manual_seed(n), 1, 2, n // 128, n // 128, block=128, density=1.0,
+                              device="cuda")
+        xs = [x.requires_grad_(True) for x in qkv(torch.Generator().manual_seed(n), 1, 2, 2, n, n, 128,
+                                                  torch.bfloat16, "cuda")]
+        step(*xs, lay_n, torch.ones(1, 2, n, 128, device="cuda", dtype=torch.bfloat16))
+    left = [e[0] for e in list(_torch_attention._plans.values()) + list(_torch_attention._backward_problems.values())]
+    assert not any(p is c for p in left for c in captured), "the tables dropped the captured plans"
+    kept = list(_torch_ops._graph_plans.values())
+    assert all(any(p is c for p in kept) for c in captured), "a plan the graph uses was not kept"
+    with torch.no_grad():
+        for x, new in zip((q, k, v), qkv(torch.Generator().manual_seed(43), 1, 2, 2, 256, 256, 128,
+                                         torch.bfloat16, "cuda")):
+            x.copy_(new)
+    for t in static:
+        t.fill_(float("nan"))
+    g.replay()
+    want = step(q, k, v, lay, dout)
+    for a, b, n in zip(static, want, ("o", "dq", "dk", "dv")):
+        assert torch.equal(a, b), f"the replay's {n} differs from the eager one"
+
+
+@cuda_only
 def test_backward_planning_during_capture_says_to_run_first():
     need_backward("cuda")
     lay = random_layout(torch.Generator().manual_seed(35), 1, 2, 2, 2, block=128, density=1.0, device="cuda")

@@ -132,6 +132,35 @@ def test_cuda_graph_capture_and_replay(rng):
 
 
 @cuda_only
+def test_cuda_graph_keeps_its_plan_when_the_pattern_cache_drops_it(rng, monkeypatch):
+    """A plan a capture used stays alive after products with other shapes on the same pattern push
+    it out of the pattern's plan cache, and replays stay right."""
+    from sparsek import _torch_ops
+    monkeypatch.setattr(_torch_ops, "_PLANS_PER_PATTERN", 1)
+    At, Ab = case(rng, "cuda", 256, 192, (64, 64))
+    B = operand(rng, 192, 72, At)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sparsek.bsr_mm(Ab, B)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sparsek.bsr_mm(Ab, B)
+    captured = [e[0] for e in plans_of(Ab).values()]
+    assert len(captured) == 1
+    for n in (8, 16):  # other widths: each plan pushes the previous one out (a cache of 1)
+        sparsek.bsr_mm(Ab, operand(rng, 192, n, At))
+    assert not any(e[0] is captured[0] for e in plans_of(Ab).values()), "the cache dropped the captured plan"
+    assert any(p is captured[0] for p in _torch_ops._graph_plans.values()), "the graph's plan was not kept"
+    B.copy_(operand(rng, 192, 72, At))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), At.float() @ B.float(), rtol=1e-2, atol=1e-2)
+
+
+@cuda_only
 def test_planning_during_capture_says_to_run_first(rng):
     At, Ab = case(rng, "cuda")
     B = operand(rng, 96, 16, At)
