@@ -86,8 +86,11 @@ size_t workspace_bytes(const Plan& plan);
 // 64-bit hash can only give the planned pattern's result, never a read out of bounds). A device pattern is keyed by its pointers unless Options::check_indices (the default)
 // copies it anyway: mutating a device pattern in place between one-shot calls needs
 // check_indices or an explicit plan. Changes to the tuning cache file reach plans made later.
+// A plan that ran while its stream was being captured into a CUDA graph is also kept for the life
+// of the process (the graph uses its workspace): `kept` counts those runs, and neither eviction
+// nor clear_one_shot_plan_cache() frees them. The attention one-shots do the same.
 struct PlanCacheStats {
-  size_t hits = 0, misses = 0, size = 0;
+  size_t hits = 0, misses = 0, size = 0, kept = 0;
 };
 PlanCacheStats one_shot_plan_cache_stats();
 void clear_one_shot_plan_cache();

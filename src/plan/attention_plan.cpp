@@ -213,6 +213,7 @@ void attention(const AttentionArgs& args, const Options& options) {
   AttentionPlan p = attention_plan_cache().take(key);
   if (!p) p = plan(args, options);
   run(p, args, options.stream);
+  if (be == Backend::cuda && stream_is_capturing(options.stream)) attention_plan_cache().keep_for_graph(p);
   attention_plan_cache().put(std::move(key), std::move(p));
 }
 
@@ -323,6 +324,7 @@ void attention_backward(const AttentionBackwardArgs& args, const Options& option
   AttentionBackwardPlan p = backward_plan_cache().take(key);
   if (!p) p = plan(args, options);
   run(p, args, options.stream);
+  if (be == Backend::cuda && stream_is_capturing(options.stream)) backward_plan_cache().keep_for_graph(p);
   backward_plan_cache().put(std::move(key), std::move(p));
 }
 

@@ -81,6 +81,13 @@ const char* sparse_name(const GemmArgs& g) {
 }
 }  // namespace
 
+bool stream_is_capturing(void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t ce = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+  if (ce != cudaSuccess) cudaGetLastError();
+  return ce == cudaErrorStreamCaptureImplicit || (ce == cudaSuccess && capture != cudaStreamCaptureStatusNone);
+}
+
 HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
   HostPattern hp;
   if (s.memory == Memory::host) {
@@ -91,10 +98,7 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
   // NOTE: the copies below synchronize, which a stream capture cannot contain (CUDA would
   // invalidate the whole capture): refuse before touching anything, saying what to do instead.
   // cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const cudaError_t ce = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
-  if (ce != cudaSuccess) cudaGetLastError();
-  if (ce == cudaErrorStreamCaptureImplicit || (ce == cudaSuccess && capture != cudaStreamCaptureStatusNone))
+  if (stream_is_capturing(stream))
     bad("the stream is being captured into a CUDA graph, but planning a device pattern reads it on the "
         "host (a synchronizing copy the capture cannot contain): plan before the capture (make the plan, "
         "or run the product once) and capture only the runs");
@@ -554,6 +558,7 @@ void gemm(const GemmArgs& g, const Options& o) {
   }
   // g passed validate() above and the key pins everything run() would match against the plan.
   run_validated(p, g, o.stream);
+  if (be == Backend::cuda && stream_is_capturing(o.stream)) plan_cache().keep_for_graph(p);
   plan_cache().put(std::move(key), std::move(p));
 }
 

@@ -80,8 +80,15 @@ PlanLaunch plan_launch(const Plan& p, void* stream);
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);
 
+// Whether work enqueued on `stream` now would be captured into a CUDA graph (an error reads as no,
+// except cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally).
+bool stream_is_capturing(void* stream);
+
 // The one-shot entries' plan caches (gemm(), attention()): the most recently used plans under
 // their keys, up to a capacity. A plan is taken out while it runs, so two threads never share one.
+// A plan that ran while its stream was being captured is also kept for the life of the process
+// (keep_for_graph): the graph holds its workspace and schedule, and when the graph is destroyed is
+// not visible here. Eviction and clear() then drop only the cache's own copy (the state is shared).
 template <class Key, class P>
 class PlanCache {
  public:
@@ -116,14 +123,19 @@ class PlanCache {
     evicted.swap(lru_);
     hits_ = misses_ = 0;
   }
+  void keep_for_graph(const P& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.push_back(p);
+  }
   PlanCacheStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
-    return {hits_, misses_, lru_.size()};
+    return {hits_, misses_, lru_.size(), kept_.size()};
   }
 
  private:
   std::mutex mu_;
   std::list<std::pair<Key, P>> lru_;  // most recently used first
+  std::vector<P> kept_;               // plans run under a stream capture (never dropped)
   size_t hits_ = 0, misses_ = 0;
 };
 

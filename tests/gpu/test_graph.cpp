@@ -136,6 +136,66 @@ TEST(GraphCapture, PlanDuringCaptureIsRefusedAndTheCaptureSurvives) {
   cudaStreamDestroy(s);
 }
 
+// The one-shot gemm() captured after a warm-up on the same stream: its cached plan is kept for the
+// graph, so products of other shapes that push it out of the cache (and clearing the cache) leave
+// the graph's workspace and schedule alive, and replays stay right.
+TEST(GraphCapture, OneShotPlanOutlivesTheCache) {
+  SPARSEK_REQUIRE_GPU();
+  DeviceCase d;
+  cudaStream_t s = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Options o;
+  o.stream = s;
+  o.check_indices = false;  // a checked device pattern is read on the host: not capturable
+  try {
+    gemm(d.g, o);  // plans and caches
+  } catch (const Error& e) {
+    cudaStreamDestroy(s);
+    if (e.status() == Status::unsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  const size_t kept_before = one_shot_plan_cache_stats().kept;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  gemm(d.g, o);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_EQ(one_shot_plan_cache_stats().kept, kept_before + 1) << "the captured run's plan was not kept";
+  // Other widths (N = 8 .. 24 in the same buffers): more new plans than the cache holds.
+  for (int64_t n = 8; n < 8 + 17; ++n) {
+    GemmArgs g = d.g;
+    g.b.cols = g.b.ld = n;
+    g.c.cols = g.c.ld = n;
+    gemm(g, o);
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_LE(one_shot_plan_cache_stats().size, size_t(16));
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("replay " + std::to_string(round));
+    if (round == 1) clear_one_shot_plan_cache();
+    d.a.fill_random(300 + uint64_t(round));
+    d.b.fill_random(400 + uint64_t(round));
+    CUDA_OK(cudaMemcpy(d.dval.p, d.a.value_bytes().data(), d.a.value_bytes().size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d.db.p, d.b.bytes.data(), d.b.bytes.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
+    GemmArgs h;
+    h.kind = OpKind::dsd;
+    h.sparse = d.a.view();
+    h.b = d.b.view;
+    h.c = d.c.view;
+    EXPECT_LE(max_rel_error(h, oracle(h)), tolerance(DType::f16));
+  }
+  EXPECT_EQ(one_shot_plan_cache_stats().kept, kept_before + 1) << "clear_one_shot_plan_cache() dropped it";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 // Every CUDA variant that supports the problem (peers included: run() makes the same promise).
 TEST(GraphCapture, EveryCudaVariant) {
   SPARSEK_REQUIRE_GPU();
