@@ -1,8 +1,10 @@
 // plan() / run(): reuse with new values, mismatched args, the one-shot plan cache, the C API.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "plan/plan_internal.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/sparsek.h"
 #include "test_util.hpp"
@@ -266,6 +268,26 @@ TEST_F(PlanTest, OneShotPlanCacheHitsAndSeesInPlaceEdits) {
   expect_matches_oracle(*gc, ref);
   s = one_shot_plan_cache_stats();
   EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.kept, 0u);  // nothing ran under a CUDA graph capture
+}
+
+// What the one-shot entries do with a plan that ran under a CUDA graph capture (a GPU test captures
+// one): the cache keeps a copy that neither eviction nor clear() drops.
+TEST(PlanCacheInternals, PlansKeptForGraphsOutliveEvictionAndClear) {
+  using Cache = PlanCache<int, std::shared_ptr<int>>;
+  Cache cache;
+  auto p = std::make_shared<int>(7);
+  const std::weak_ptr<int> alive = p;
+  cache.put(0, p);
+  cache.keep_for_graph(p);
+  p.reset();
+  for (int k = 1; k <= int(Cache::kCapacity); ++k) cache.put(k, std::make_shared<int>(k));
+  EXPECT_FALSE(cache.take(0)) << "the oldest plan was evicted";
+  EXPECT_EQ(cache.stats().size, Cache::kCapacity);
+  cache.clear();
+  EXPECT_EQ(cache.stats().size, 0u);
+  EXPECT_EQ(cache.stats().kept, 1u);
+  EXPECT_FALSE(alive.expired()) << "the kept plan was freed";
 }
 
 TEST_F(PlanTest, OneShotCacheKeysOnOptions) {
