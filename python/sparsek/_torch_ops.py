@@ -35,6 +35,7 @@ if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "regist
 
 DSD, DDS, SDD = 0, 1, 2
 _PLANS_PER_PATTERN = 32  # oldest dropped first (dynamic token counts make one plan per N)
+_Parameter = torch.nn.Parameter
 # Plans used while a CUDA graph was being captured. The graph keeps their workspace and schedule
 # pointers, and when a graph dies is not visible from here: they stay alive for the process (a
 # cache may drop or replace its own reference; the graph's replays then still find the memory).
@@ -43,7 +44,7 @@ _graph_plans: dict = {}
 
 def _keep_for_graphs(plan):
     _graph_plans[id(plan)] = plan
-_Parameter = torch.nn.Parameter
+
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # what inductor's generated code calls
