@@ -48,6 +48,30 @@ struct DeviceCase {
   }
 };
 
+// C (after the device finished writing it) against the fp64 oracle of the case's current values.
+void expect_c_matches_oracle(DeviceCase& d) {
+  CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
+  GemmArgs h;
+  h.kind = OpKind::dsd;
+  h.sparse = d.a.view();
+  h.b = d.b.view;
+  h.c = d.c.view;
+  EXPECT_LE(max_rel_error(h, oracle(h)), tolerance(DType::f16));
+}
+
+// New values in the captured buffers (A's values and B from `seed`, C poisoned), one replay on s,
+// C against the fp64 oracle.
+void replay_and_check(DeviceCase& d, cudaGraphExec_t exec, cudaStream_t s, uint64_t seed) {
+  d.a.fill_random(seed);
+  d.b.fill_random(seed + 100);
+  CUDA_OK(cudaMemcpy(d.dval.p, d.a.value_bytes().data(), d.a.value_bytes().size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d.db.p, d.b.bytes.data(), d.b.bytes.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));  // 0xffff is a NaN in f16: beta = 0 must not read it
+  CUDA_OK(cudaGraphLaunch(exec, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  expect_c_matches_oracle(d);
+}
+
 void capture_and_replay(DeviceCase& d, const std::string& variant) {
   SCOPED_TRACE("variant " + (variant.empty() ? std::string("(default)") : variant));
   Options o;
@@ -79,22 +103,7 @@ void capture_and_replay(DeviceCase& d, const std::string& variant) {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int round = 0; round < 3; ++round) {
       SCOPED_TRACE("replay " + std::to_string(round));
-      // New values in the captured buffers.
-      d.a.fill_random(100 + uint64_t(round));
-      d.b.fill_random(200 + uint64_t(round));
-      CUDA_OK(cudaMemcpy(d.dval.p, d.a.value_bytes().data(), d.a.value_bytes().size(), cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d.db.p, d.b.bytes.data(), d.b.bytes.size(), cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));  // 0xffff is a NaN in f16: beta = 0 must not read it
-      CUDA_OK(cudaGraphLaunch(exec, s));
-      CUDA_OK(cudaStreamSynchronize(s));
-      CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
-      GemmArgs h;
-      h.kind = OpKind::dsd;
-      h.sparse = d.a.view();
-      h.b = d.b.view;
-      h.c = d.c.view;
-      const std::vector<double> ref = oracle(h);
-      EXPECT_LE(max_rel_error(h, ref), tolerance(DType::f16));
+      replay_and_check(d, exec, s, 100 + uint64_t(round));
     }
   }
   if (exec) cudaGraphExecDestroy(exec);
@@ -175,20 +184,7 @@ TEST(GraphCapture, OneShotPlanOutlivesTheCache) {
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("replay " + std::to_string(round));
     if (round == 1) clear_one_shot_plan_cache();
-    d.a.fill_random(300 + uint64_t(round));
-    d.b.fill_random(400 + uint64_t(round));
-    CUDA_OK(cudaMemcpy(d.dval.p, d.a.value_bytes().data(), d.a.value_bytes().size(), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(d.db.p, d.b.bytes.data(), d.b.bytes.size(), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));
-    CUDA_OK(cudaGraphLaunch(exec, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
-    GemmArgs h;
-    h.kind = OpKind::dsd;
-    h.sparse = d.a.view();
-    h.b = d.b.view;
-    h.c = d.c.view;
-    EXPECT_LE(max_rel_error(h, oracle(h)), tolerance(DType::f16));
+    replay_and_check(d, exec, s, 300 + uint64_t(round));
   }
   EXPECT_EQ(one_shot_plan_cache_stats().kept, kept_before + 1) << "clear_one_shot_plan_cache() dropped it";
   cudaGraphExecDestroy(exec);
@@ -253,13 +249,7 @@ TEST(DeviceTune, TunesAndPlanUsesTheStoredWinner) {
     CUDA_OK(cudaMemset(d.dc.p, 0xff, d.c.bytes.size()));
     run(p, d.g, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(d.c.bytes.data(), d.dc.p, d.c.bytes.size(), cudaMemcpyDeviceToHost));
-    GemmArgs h;
-    h.kind = OpKind::dsd;
-    h.sparse = d.a.view();
-    h.b = d.b.view;
-    h.c = d.c.view;
-    EXPECT_LE(max_rel_error(h, oracle(h)), tolerance(DType::f16));
+    expect_c_matches_oracle(d);
   }();
   if (old_cache) setenv("SPARSEK_CACHE", saved_cache.c_str(), 1);
   else unsetenv("SPARSEK_CACHE");
