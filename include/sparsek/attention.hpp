@@ -122,6 +122,7 @@ class AttentionPlan {
   std::shared_ptr<Impl> impl_;
   friend AttentionPlan plan(const AttentionArgs&, const Options&);
   friend void run(const AttentionPlan&, const AttentionArgs&, void*);
+  friend struct AttentionPlanAccess;  // the one-shot attention(), which has checked its args already
 };
 
 AttentionPlan plan(const AttentionArgs& problem, const Options& options = {});
@@ -194,6 +195,7 @@ class AttentionBackwardPlan {
   std::shared_ptr<Impl> impl_;
   friend AttentionBackwardPlan plan(const AttentionBackwardArgs&, const Options&);
   friend void run(const AttentionBackwardPlan&, const AttentionBackwardArgs&, void*);
+  friend struct AttentionPlanAccess;  // the one-shot attention_backward(), as above
 };
 
 AttentionBackwardPlan plan(const AttentionBackwardArgs& problem, const Options& options = {});

@@ -141,16 +141,29 @@ void match(const AttentionArgs& g, const AttentionArgs& p) {
     mismatch("the softmax scale", std::to_string(g.softmax_scale()), std::to_string(p.softmax_scale()));
 }
 
+// Whether any of n pointers is less aligned now than when the plan was made.
+bool less_aligned(const int* now, const int* planned, int n) {
+  for (int i = 0; i < n; ++i)
+    if (now[i] < planned[i]) return true;
+  return false;
+}
+
 // What every run needs once args match the plan and pass the cheap checks.
 void launch(const AttentionPlan::Impl& im, const AttentionArgs& args, void* stream) {
   int al[kPointers];
   data_alignment(args, al);
-  bool less_aligned = false;
-  for (int i = 0; i < kPointers; ++i) less_aligned = less_aligned || al[i] < im.align[i];
-  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned, args, im.state.get(), stream);
+  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned(al, im.align, kPointers), args,
+                 im.state.get(), stream);
 }
 
 }  // namespace
+
+// The one-shot entries run their cached plans through launch(): their args passed validate() and
+// their cache key pins everything run() would match against the plan.
+struct AttentionPlanAccess {
+  static const AttentionPlan::Impl& impl(const AttentionPlan& p) { return *p.impl_; }
+  static const AttentionBackwardPlan::Impl& impl(const AttentionBackwardPlan& p) { return *p.impl_; }
+};
 
 void run(const AttentionPlan& p, const AttentionArgs& args, void* stream) {
   if (!p.impl_) empty_plan();
@@ -212,7 +225,7 @@ void attention(const AttentionArgs& args, const Options& options) {
   AttentionKey key = key_of(args, options, be);
   AttentionPlan p = attention_plan_cache().take(key);
   if (!p) p = plan(args, options);
-  run(p, args, options.stream);
+  launch(AttentionPlanAccess::impl(p), args, options.stream);
   if (be == Backend::cuda && stream_is_capturing(options.stream)) attention_plan_cache().keep_for_graph(p);
   attention_plan_cache().put(std::move(key), std::move(p));
 }
@@ -251,6 +264,14 @@ namespace {
 [[noreturn]] void empty_backward_plan() {
   throw Error(Status::invalid_argument, "the attention backward plan is empty (make one with sparsek::plan())");
 }
+
+// As the forward's launch().
+void launch(const AttentionBackwardPlan::Impl& im, const AttentionBackwardArgs& args, void* stream) {
+  int al[kBackwardPointers];
+  backward_alignment(args, al);
+  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned(al, im.align, kBackwardPointers),
+                 args, im.state.get(), stream);
+}
 }  // namespace
 
 const std::string& AttentionBackwardPlan::variant() const {
@@ -288,11 +309,7 @@ void run(const AttentionBackwardPlan& p, const AttentionBackwardArgs& args, void
   match_tensor(args.dk, im.problem.dk, "dk");
   match_tensor(args.dv, im.problem.dv, "dv");
   validate(args, false);  // the cheap checks: null pointers, outputs overlapping inputs or each other
-  int al[kBackwardPointers];
-  backward_alignment(args, al);
-  bool less_aligned = false;
-  for (int i = 0; i < kBackwardPointers; ++i) less_aligned = less_aligned || al[i] < im.align[i];
-  launch_variant(*im.variant, im.backend, im.device, im.threads, less_aligned, args, im.state.get(), stream);
+  launch(im, args, stream);
 }
 
 // The one-shot cache's key: the forward's key plus the gradient tensors' shapes, strides, dtypes
@@ -323,7 +340,7 @@ void attention_backward(const AttentionBackwardArgs& args, const Options& option
   AttentionKey key = backward_key_of(args, options, be);
   AttentionBackwardPlan p = backward_plan_cache().take(key);
   if (!p) p = plan(args, options);
-  run(p, args, options.stream);
+  launch(AttentionPlanAccess::impl(p), args, options.stream);
   if (be == Backend::cuda && stream_is_capturing(options.stream)) backward_plan_cache().keep_for_graph(p);
   backward_plan_cache().put(std::move(key), std::move(p));
 }
