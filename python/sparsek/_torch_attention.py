@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _sparsek as _ext
 from ._attention import BlockLayout
-from ._torch_ops import _capture_error, _direct, _eager, _keep_for_graphs, _sig, _stream
+from ._torch_ops import _capture_error, _capturing, _direct, _eager, _keep_for_graphs, _sig, _stream
 
 _MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -54,10 +54,6 @@ def _is_checked(num, idx, fnum, fidx):
     c = idx.__dict__.get("_sparsek_checked")
     return (c is not None and all(a is b for a, b in zip(c[0], (num, fnum, fidx)))
             and c[1] == _versions(num, idx, fnum, fidx))
-
-
-def _capturing(t):
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _entry(table, key, stream, capturing, what):

@@ -46,6 +46,11 @@ def _keep_for_graphs(plan):
     _graph_plans[id(plan)] = plan
 
 
+def _capturing(t):
+    """True while t's device's current stream is being captured into a CUDA graph."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # what inductor's generated code calls
 except AttributeError:  # a build without CUDA
@@ -79,7 +84,7 @@ def _capture_error(what):
 def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
     """The cached plan for this call, made now on a miss (see the module doc)."""
     stream = _stream(values)
-    capturing = values.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = _capturing(values)
     key = (kind, trans, rows, cols, _sig(values), _sig(a), _sig(b), _sig(c))
     plans = row_ptr.__dict__.get("_sparsek_plans")
     if plans is None:

@@ -123,8 +123,8 @@ class DistributedDSD:
                                                    _comm_ptr(self.group), self.broadcast_from, self.all_gather,
                                                    stream)
             self._key = key
-        if b.is_cuda and torch.cuda.is_current_stream_capturing():
-            from ._torch_ops import _keep_for_graphs
+        from ._torch_ops import _capturing, _keep_for_graphs
+        if _capturing(b):
             _keep_for_graphs(self._plan)  # a later re-plan must not free what the graph holds
         self._plan.run(a.values.data_ptr(), b.data_ptr(), out.data_ptr(), alpha, beta, stream)
         return out
