@@ -76,7 +76,8 @@ namespace sm90 {
 constexpr int kThreads = 384;                // 3 warpgroups: producer, consumer 0, consumer 1
 constexpr int kSmemLimit = 227 * 1024;       // per block on sm_90 (opt-in)
 
-template <int BM_, int KS_, bool BF16_, class TOut_, int CL_, bool A_MN_, bool B_K_, bool C_COL_, int BN_ = 256>
+template <int BM_, int KS_, bool BF16_, class TOut_, int CL_, bool A_MN_, bool B_K_, bool C_COL_, int BN_ = 256,
+          bool C_TMA_ = false>
 struct Config {
   static constexpr int BM = BM_;   // rows of a work tile = rows of op(A)'s blocks
   static constexpr int KS = KS_;   // K extent of one pipeline stage
@@ -88,6 +89,10 @@ struct Config {
   // the epilogues of both orientations spilled 180 bytes (bm = 64) under the consumer's 168
   // registers; one orientation with its TMA-or-threads choice does not spill.
   static constexpr bool C_COL = C_COL_;
+  // C that the TMA can store (c_tma_storable()) only: the epilogue has no copy by the threads. Each
+  // box of the general kernel chooses between the two at run time, which cost the 128-row kernels
+  // 1-3% on the H100 (docs/KERNELS.md, "The thread path for C"); built for those kernels only.
+  static constexpr bool C_TMA_ONLY = C_TMA_;
   static constexpr bool SWAP = BM == 32;  // compute C^T tiles: N is the wgmma M side
   // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
   // owns every other item (ping-pong).
@@ -666,6 +671,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
                                         uint32_t ebuf_s, uint32_t c_bar) {
   const int tid = threadIdx.x % 128;
   const bool pairs = Cfg::PAIRS_BUILT && p.pair_blk != nullptr;  // (PAIRS_BUILT: op none, perm unused)
+  const bool tma = Cfg::C_TMA_ONLY || p.tma_store;  // a constant where C_TMA_ONLY: no threads' copy compiled
   dev::Ring<Cfg::STAGES> ring;
   uint32_t c_phase = 0;
   const int rank = Cfg::CL > 1 ? int(ptx::cluster_ctarank()) : 0;
@@ -711,7 +717,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     // A block row with no stored block is beta * C whatever alpha is (+-Inf or NaN times the empty
     // sum would make it NaN); with row pairs, one of the two rows may have none.
     const float alpha = used ? p.alpha : 0.f;
-    epilogue_boxed<Cfg>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, p.tma_store);
+    epilogue_boxed<Cfg>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, tma);
     SK_PROF(prof_epi += clock64() - te;)
   }
   SK_PROF(if (tid == 0 && which == 0) {
@@ -721,7 +727,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
     atomicAdd(&p.prof[kProfPartial], (unsigned long long)prof_part);
   })
   // The last TMA stores must finish before the CTA (and its shared memory) goes away.
-  if (p.tma_store && tid == 0) ptx::bulk_wait_group<0>();
+  if (tma && tid == 0) ptx::bulk_wait_group<0>();
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -903,13 +909,8 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   // access when that direction is contiguous and every pair starts 2-element aligned.
   const bool contiguous = Cfg::SWAP ? !c_row : c_row;
   p.c_pairs = contiguous && (g.c.ld % 2 == 0) && (reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0);
-  // NOTE: TMA stores need a 16-byte aligned base and line stride, and lines that are a whole
-  // number of 16-byte granules: with N * sizeof(T) % 16 != 0 (row-major) the H100 wrote the rest
-  // of the last granule, i.e. into C's padding past column N (found by `sparsek verify --variants
-  // hopper`). Column-major lines are M long (a multiple of the block height).
-  const int64_t line = c_row ? g.c.cols : g.c.rows;
-  p.tma_store = reinterpret_cast<uintptr_t>(g.c.data) % 16 == 0 && (g.c.ld * sizeof(T)) % 16 == 0 &&
-                (line * int64_t(sizeof(T))) % 16 == 0;
+  p.tma_store = c_tma_storable(g.c);
+  if (Cfg::C_TMA_ONLY && !p.tma_store) throw Error(Status::internal, "hopper: TMA-only kernel for a C the TMA cannot store");
   if (p.tma_store && c_row)
     tm_c = tma_map_2d(g.c.data, g.c.dtype, uint64_t(g.c.cols), uint64_t(g.c.rows), uint64_t(g.c.ld) * sizeof(T),
                       Cfg::CW, Cfg::ROWS, CU_TENSOR_MAP_SWIZZLE_128B, "C");
@@ -974,7 +975,7 @@ Kernel pick_out(bool c_col, DType out) {
                            : kernel_of<Config<BM, KS, BF16, uint16_t, CL, AMN, BK, false, BN>>();
 }
 template <int BM, int KS, bool BF16>
-Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, DType out) {
+Kernel pick_kernel(bool trans, bool b_col, bool c_col, bool c_tma, int cluster, int tile_n, DType out) {
   // CTA pairs (cluster 2: A multicast) are built for bm = 128 with 64-deep stages and K-major A
   // tiles (op none: DSD, and DDS x * W^T): where they measured faster, and where the targets need
   // them. Instantiating them for every layout and stage depth would add a quarter of the kernels.
@@ -989,6 +990,16 @@ Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, 
                    : pick_out<BM, KS, 1, BF16, false, false, 128>(c_col, out);
   }
   if constexpr (BM == 128 && KS == 64) {
+    // 16-bit row-major C that the TMA can store, on the wide-tile kernels with K-major A (the
+    // 128-row DSD, with or without CTA pairs, and row pairs): kernels without the threads' copy of
+    // C. (Not for f32 C: one of those spilled 20 bytes under the consumer's 168 registers.)
+    if (c_tma && !c_col && !trans && tile_n == 256 && out != DType::f32) {
+      if (cluster == 2)
+        return b_col ? kernel_of<Config<BM, KS, BF16, uint16_t, 2, false, true, false, 256, true>>()
+                     : kernel_of<Config<BM, KS, BF16, uint16_t, 2, false, false, false, 256, true>>();
+      return b_col ? kernel_of<Config<BM, KS, BF16, uint16_t, 1, false, true, false, 256, true>>()
+                   : kernel_of<Config<BM, KS, BF16, uint16_t, 1, false, false, false, 256, true>>();
+    }
     if (cluster == 2 && !trans)
       return b_col ? pick_out<BM, KS, 2, BF16, false, true>(c_col, out) : pick_out<BM, KS, 2, BF16, false, false>(c_col, out);
   }

@@ -66,6 +66,16 @@ struct HopperState final : VariantState {
   }
 };
 
+// C (the DSD view's) that the epilogue can store through the TMA.
+// NOTE: TMA stores need a 16-byte aligned base and line stride, and lines that are a whole number
+// of 16-byte granules: with N * sizeof(T) % 16 != 0 (row-major) the H100 wrote the rest of the
+// last granule, i.e. into C's padding past column N (found by `sparsek verify --variants hopper`).
+// Column-major lines are M long (a multiple of the block height).
+inline bool c_tma_storable(const DenseView& c) {
+  const int64_t es = int64_t(dtype_size(c.dtype)), line = c.layout == Layout::row_major ? c.cols : c.rows;
+  return reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (c.ld * es) % 16 == 0 && (line * es) % 16 == 0;
+}
+
 // One compiled kernel, as the host drives it.
 using Launcher = void (*)(const GemmArgs& g, const HopperState& st, cudaStream_t stream);  // g: the DSD view
 struct Kernel {
@@ -80,12 +90,14 @@ struct Kernel {
 };
 
 // The kernel for op(A)'s block height BM, stage depth KS and input dtype (bf16 or f16), the operand
-// layouts (trans: op(A) = A^T; b_col, c_col: B, C column-major), CTAs per cluster (2 only where built:
+// layouts (trans: op(A) = A^T; b_col, c_col: B, C column-major), whether C is c_tma_storable() (a
+// kernel without the threads' copy of C where built: BM = 128, KS = 64, op none, row-major 16-bit
+// C, 256-column tiles; else ignored), CTAs per cluster (2 only where built:
 // BM = 128, KS = 64, op none; else ignored), the N extent of a work tile (64 or 128 only where built:
 // BM >= 64, KS = 64, op none, cluster 1; else 256) and C's dtype. Defined in hopper_dsd.cuh and
 // instantiated in the generated files only: a caller sees this declaration and compiles no kernel.
 template <int BM, int KS, bool BF16>
-Kernel pick_kernel(bool trans, bool b_col, bool c_col, int cluster, int tile_n, DType out);
+Kernel pick_kernel(bool trans, bool b_col, bool c_col, bool c_tma, int cluster, int tile_n, DType out);
 
 }  // namespace sm90
 }  // namespace sparsek

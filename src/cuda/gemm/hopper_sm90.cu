@@ -37,6 +37,7 @@ struct DsdShape {
   bool trans = false;  // op(A) = A^T: MN-major A tiles through the transposed pattern
   bool b_col = false;  // B column-major: K-major B tiles
   bool c_col = false;  // C column-major: the store boxes run down C's columns
+  bool c_tma = false;  // C is c_tma_storable(): a kernel without the threads' copy of C where built
   int bm = 0, bk = 0;  // op(A)'s blocks
   int64_t mb = 0;      // op(A)'s block rows
   int tile_n = 256;    // N extent of a work tile: 64 / 128 for N <= 64 / 128 where built (pick_kernel())
@@ -62,6 +63,7 @@ DsdShape dsd_shape(const GemmArgs& args) {
   d.trans = d.g.op == Op::trans;
   d.b_col = d.g.b.layout == Layout::col_major;
   d.c_col = d.g.c.layout == Layout::col_major;
+  d.c_tma = c_tma_storable(d.g.c);
   d.bm = d.trans ? a.bk : a.bm;
   d.bk = d.trans ? a.bm : a.bk;
   d.mb = d.trans ? a.kb() : a.mb();
@@ -93,10 +95,10 @@ Kernel pick_bm(const DsdShape& d, int cluster) {
   const DType out = d.g.c.dtype;
   const bool bf16 = d.g.sparse.dtype == DType::bf16;
   if (stage_k(d.bk) == 32)
-    return bf16 ? pick_kernel<BM, 32, true>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out)
-                : pick_kernel<BM, 32, false>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out);
-  return bf16 ? pick_kernel<BM, 64, true>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out)
-              : pick_kernel<BM, 64, false>(d.trans, d.b_col, d.c_col, cluster, d.tile_n, out);
+    return bf16 ? pick_kernel<BM, 32, true>(d.trans, d.b_col, d.c_col, d.c_tma, cluster, d.tile_n, out)
+                : pick_kernel<BM, 32, false>(d.trans, d.b_col, d.c_col, d.c_tma, cluster, d.tile_n, out);
+  return bf16 ? pick_kernel<BM, 64, true>(d.trans, d.b_col, d.c_col, d.c_tma, cluster, d.tile_n, out)
+              : pick_kernel<BM, 64, false>(d.trans, d.b_col, d.c_col, d.c_tma, cluster, d.tile_n, out);
 }
 // cluster: 2 selects the A-multicast pair where pairs_built() (other shapes ignore it).
 Kernel pick(const DsdShape& d, int cluster = 1) {
@@ -150,7 +152,7 @@ std::string why_not_hopper(const GemmArgs& g) {
     return "needs an sm_90 GPU (sm_90a code only), found sm_" + std::to_string(d.cc_major) +
            std::to_string(d.cc_minor) + ": the portable variant runs there" +
            (d.cc_major > 9 ? " (JIT-compiled from PTX)" : "");
-  static const bool sm90a = has_sm90a_code(pick_kernel<128, 64, false>(false, false, false, 1, 256, DType::f32).func);
+  static const bool sm90a = has_sm90a_code(pick_kernel<128, 64, false>(false, false, false, false, 1, 256, DType::f32).func);
   if (!sm90a) return kNoSm90aCode;
   const int smem = sdd ? hopper_sdd_smem(g) : pick(dsd_shape(g)).smem;
   if (d.smem_per_block_optin < size_t(smem))
@@ -306,6 +308,11 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
   const Kernel k = pick(dk, st->cluster);
   if (!k.launch || k.tile_n != st->tile_n) throw Error(Status::internal, "hopper: no kernel for this configuration");
   k.setup();
+  // run() picks by the C of its call, whose alignment may differ from this one's: the kernel with
+  // (or without) the threads' copy of C is set up as well (the same shared memory and grid).
+  DsdShape other = dk;
+  other.c_tma = !dk.c_tma;
+  if (const Kernel k2 = pick(other, st->cluster); k2.launch && k2.func != k.func) k2.setup();
   const int lists = k.cluster > 1 ? k.max_clusters() : device_info().sm_count;
   // Skewed rows under the deadline order: one N tile's slice of B is 4-8 MB at bm = 128, so the few
   // tiles L2 holds must not be outrun by long rows started tiles ahead; their items are cut to at
