@@ -192,6 +192,8 @@ int main(int argc, char** argv) {
   };
   add("fwd D128 12.5%", [](Case&) {});
   add("fwd D128 25%", [](Case& c) { c.density = 0.25; });
+  add("fwd D128 6.25%", [](Case& c) { c.density = 0.0625; });
+  add("fwd D128 3.125%", [](Case& c) { c.density = 0.03125; });
   add("fwd D128 dense layout", [](Case& c) { c.density = 1.0; });
   add("fwd D64 12.5%", [](Case& c) { c.d = 64; });
   add("fwd D128 causal top-k 12.5%", [](Case& c) { c.causal = true; c.density = 0.125 * 2; });
