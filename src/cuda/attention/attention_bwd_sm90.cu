@@ -96,9 +96,12 @@ struct Config {
   // one tile each (D = 128) or take turns step by step (D = 64); one warpgroup takes them all.
   static constexpr int TN = D / 64;
   static constexpr int MY_TILES = NWG == 1 ? TN : 1;  // dQ tiles of a warpgroup in a step it has any
-  // One dQ tile per step: the next step's S^T and dP^T are issued before this step's dQ leaves the
-  // registers (consume()); D = 128 has no registers for it.
-  static constexpr bool PREFETCH = MY_TILES == 1 && D == 64;
+  // One dQ tile per warpgroup and step: the next step's S^T (and at D = 64 its dP^T) is issued
+  // before this step's dQ leaves the registers (consume()). D = 128 prefetches S^T only: dP^T's 32
+  // registers more would spill at 240. (64x64 blocks at D = 128: one warpgroup takes both dQ tiles
+  // of a step, no prefetch.)
+  static constexpr bool PREFETCH = MY_TILES == 1;
+  static constexpr bool PREFETCH_DP = D == 64;
   // Per-warpgroup output buffer: its dQ tiles (4-byte grid integers or fp32) for the bulk reduce, or
   // dK and dV staged for their TMA stores at the end of an item.
   static constexpr int OUT_BYTES = std::max(MY_TILES * 4096 * 4, 2 * 64 * D * 2);
@@ -742,17 +745,18 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         end_step(my_dq, row0, hq);
       }
     } else {
-      // One dQ tile per step (D = 64): the next step's S^T and dP^T are issued right after this
-      // step's dQ product, so that the tensor cores run them while the dQ tile is rounded and stored.
-      // s and dp then live across steps (2 * S_REGS more registers in the dQ epilogue: D = 128 has
-      // no room for them at 240). A second loop rather than one loop for both: the D = 128 kernels
-      // compiled from a shared step body were scheduled differently and ran 2-4% slower; this way
-      // their SASS is the same as before the prefetch.
+      // One dQ tile per warpgroup and step: the next step's S^T (D = 64: and dP^T) is issued right
+      // after this step's dQ product, so that the tensor cores run it while the dQ tile is rounded
+      // and stored; s (and dp) then live across steps. D = 128 issues dP^T at the start of its own
+      // step: 2 * S_REGS more registers in the dQ epilogue would spill at 240. A second loop rather
+      // than one loop for both: the kernels without the prefetch (64x64 blocks at D = 128) keep the
+      // SASS they had (a shared step body once scheduled them differently, 2-4% slower).
       float s[Cfg::S_REGS], dp[Cfg::S_REGS];
       auto issue_sdp = [&](uint32_t stage) {
         ptx::wgmma_fence();
         dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(s, k_rows, Cfg::BN * 128, sm.q(stage), Cfg::MS * 128);
-        dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, sm.d(stage), Cfg::MS * 128);
+        if constexpr (Cfg::PREFETCH_DP)
+          dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, sm.d(stage), Cfg::MS * 128);
         ptx::wgmma_commit();
       };
       // NEXT: issue the next step's products too (every step of an item but its last). A
@@ -765,6 +769,11 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         const bool causal = p.causal && !(si.y & 1) && it.j * Cfg::BN + Cfg::BN - 1 > row0;
         const uint32_t q_tile = sm.q(qr.stage), d_tile = sm.d(qr.stage);
         const float4* rows = sm.template at<const float4>(Smem<Cfg>::ROWS + qr.stage * Cfg::ROW_BYTES);
+        if constexpr (!Cfg::PREFETCH_DP) {
+          ptx::wgmma_fence();
+          dev::mma_rows_rows<Cfg::D, Cfg::MS, Cfg::BF16>(dp, v_rows, Cfg::BN * 128, d_tile, Cfg::MS * 128);
+          ptx::wgmma_commit();
+        }
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int r = 0; r < Cfg::S_REGS; ++r) {
@@ -804,12 +813,13 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_sync(2, ALL);
 
-        // The step's single dQ tile (TN = 1): this warpgroup's on every other step with two.
-        const bool my_dq = Cfg::NWG == 1 || (dq_turn++ & 1) == uint32_t(wg);
+        // One dQ tile per warpgroup and step: D = 128, a tile each; D = 64, the single tile (TN = 1),
+        // this warpgroup's on every other step with two.
+        const bool my_dq = Cfg::NWG == 1 || Cfg::TN == 2 || (dq_turn++ & 1) == uint32_t(wg);
         float dq[32];
         if (my_dq) {
           ptx::wgmma_fence();
-          issue_dq<Cfg>(dq, sm.ds(), sm.k(), 0);
+          issue_dq<Cfg>(dq, sm.ds(), sm.k(), Cfg::TN == 2 ? wg : 0);
           ptx::wgmma_commit();
           if (tid == 0) ptx::bulk_wait_group_read<0>();  // the last bulk operation has read the buffer
           ptx::named_barrier_sync(3 + wg, 128);
