@@ -35,6 +35,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.hpp"
@@ -419,12 +420,15 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     kr.advance();
     if (total == 1) ptx::mbar_arrive(sm.q_empty);
     softmax<Cfg>(s, st, pa, info, row0, p, true);
-    for (int t = 0; t < total; ++t) {
-      const bool next = t + 1 < total;
-      // Batch t + 1: O += P_t V_t, and S = Q K_{t+1}^T.
+    // Batch t + 1: O += P_t V_t, and S = Q K_{t+1}^T (NEXT: t + 1 < total; the last batch is PV
+    // alone). NEXT is a compile-time argument and the last batch its own copy: a wgmma under a
+    // run-time `if` inside the batch made ptxas inject a warpgroup arrive and a dummy wgmma into
+    // every batch (C7519).
+    auto batch = [&](auto next_c, int t) {
+      constexpr bool NEXT = decltype(next_c)::value;
       my_turn();
       ptx::mbar_wait(sm.v_full + 8 * vr.stage, vr.phase);
-      if (next) {
+      if constexpr (NEXT) {
         ptx::mbar_wait(sm.k_full + 8 * kr.stage, kr.phase);
         info = ptx::ld_shared_v2(sm.k_info + 8 * kr.stage);
       }
@@ -432,7 +436,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
       ptx::wgmma_fence();
       dev::mma_regs_rows<Cfg::BN, Cfg::D, Cfg::BF16>(st.o, pa, sm.v + vr.stage * Cfg::KV_BYTES, Cfg::BN * 128);
-      if (next)
+      if constexpr (NEXT)
         dev::mma_rows_rows<Cfg::D, Cfg::BN, Cfg::BF16>(s, q_rows, Cfg::BM * 128, sm.k + kr.stage * Cfg::KV_BYTES,
                                                        Cfg::BN * 128);
       ptx::wgmma_commit();
@@ -440,17 +444,21 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
       ptx::wgmma_wait<0>();
 #pragma unroll
       for (int r = 0; r < Cfg::O_REGS; ++r) ptx::fence_operand(st.o[r]);
+      if constexpr (NEXT) {
 #pragma unroll
-      for (int r = 0; r < Cfg::S_REGS; ++r) ptx::fence_operand(s[r]);
+        for (int r = 0; r < Cfg::S_REGS; ++r) ptx::fence_operand(s[r]);
+      }
       if (lane == 0) ptx::mbar_arrive(sm.v_empty + 8 * vr.stage);
       vr.advance();
-      if (next) {
+      if constexpr (NEXT) {
         ptx::mbar_arrive(sm.k_empty + 8 * kr.stage);
         if (t + 2 == total) ptx::mbar_arrive(sm.q_empty);  // the item's last QK^T is done
         kr.advance();
         softmax<Cfg>(s, st, pa, info, row0, p, false);
       }
-    }
+    };
+    for (int t = 0; t + 1 < total; ++t) batch(std::true_type{}, t);
+    batch(std::false_type{}, total - 1);
     epilogue<Cfg>(st, tm_o, p, it, row0, wg, s_o, o_ptr);
   }
   if (PINGPONG && wg == 0) my_turn();  // warpgroup 1's last hand-over
