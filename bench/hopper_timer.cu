@@ -66,7 +66,10 @@ struct Work {
   double density;
   PatternKind kind;
   DType dt;
-  bool also_single;  // also time the non-persistent schedule (one item per CTA)
+  bool also_single;     // also time the non-persistent schedule (one item per CTA)
+  bool cols = false;    // B and C column-major (the DSD view of the layer forward y = x * W^T)
+  float beta = 0.f;     // beta != 0: C is read (the check runs once more on a C of known values)
+  bool c32 = false;     // f32 C
 };
 
 struct Set {
@@ -129,15 +132,17 @@ Row run_work(const Work& w, const Variant* v) {
   for (int s = 0; s < sets; ++s) {
     CK(cudaMalloc(&S[s].vals, size_t(nv) * 2));
     CK(cudaMalloc(&S[s].b, size_t(nb) * 2));
-    CK(cudaMalloc(&S[s].c, size_t(nc) * 2));
+    CK(cudaMalloc(&S[s].c, size_t(nc) * (w.c32 ? 4 : 2)));
     fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].vals), nv, 11 + s, bf16);
     fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].b), nb, 23 + s, bf16);
-    CK(cudaMemset(S[s].c, 0xff, size_t(nc) * 2));  // NaN poison: beta = 0 must overwrite it
+    CK(cudaMemset(S[s].c, 0xff, size_t(nc) * (w.c32 ? 4 : 2)));  // NaN poison: beta = 0 must overwrite it
     GemmArgs g;
     g.kind = OpKind::dsd;
     g.sparse = BsrView{w.m, w.k, w.bm, w.bk, nnzb, d_rp, d_ci, S[s].vals, w.dt, Memory::device};
-    g.b = DenseView{S[s].b, w.k, w.n, w.n, Layout::row_major, w.dt, Memory::device};
-    g.c = DenseView{S[s].c, w.m, w.n, w.n, Layout::row_major, w.dt, Memory::device};
+    const Layout lay = w.cols ? Layout::col_major : Layout::row_major;
+    g.b = DenseView{S[s].b, w.k, w.n, w.cols ? w.k : w.n, lay, w.dt, Memory::device};
+    g.c = DenseView{S[s].c, w.m, w.n, w.cols ? w.m : w.n, lay, w.c32 ? DType::f32 : w.dt, Memory::device};
+    g.beta = w.beta;
     args.push_back(g);
   }
   CK(cudaDeviceSynchronize());
@@ -176,9 +181,22 @@ Row run_work(const Work& w, const Variant* v) {
   CK(cudaDeviceSynchronize());
   // Check 64 sampled outputs of set 0 against fp64 on the host.
   std::vector<uint16_t> hv(static_cast<size_t>(nv)), hb(static_cast<size_t>(nb)), hc(static_cast<size_t>(nc));
+  std::vector<uint16_t> hc0;  // beta != 0: C before the checked run (16-bit C only)
+  if (w.beta != 0.f && !w.c32) {
+    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[0].c), nc, 31, bf16);
+    hc0.resize(static_cast<size_t>(nc));
+    CK(cudaMemcpy(hc0.data(), S[0].c, hc0.size() * 2, cudaMemcpyDeviceToHost));
+    auto st = v->prepare(args[0], o);
+    v->run(args[0], o, st.get());
+    CK(cudaDeviceSynchronize());
+  }
   CK(cudaMemcpy(hv.data(), S[0].vals, hv.size() * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hb.data(), S[0].b, hb.size() * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hc.data(), S[0].c, hc.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> hc32(w.c32 ? static_cast<size_t>(nc) : 0);
+  if (w.c32)
+    CK(cudaMemcpy(hc32.data(), S[0].c, hc32.size() * 4, cudaMemcpyDeviceToHost));
+  else
+    CK(cudaMemcpy(hc.data(), S[0].c, hc.size() * 2, cudaMemcpyDeviceToHost));
   std::mt19937_64 rng(5);
   double worst = 0;
   for (int t = 0; t < 64; ++t) {
@@ -188,11 +206,17 @@ Row run_work(const Work& w, const Variant* v) {
     for (int32_t j = pat.row_ptr[r]; j < pat.row_ptr[r + 1]; ++j)
       for (int c = 0; c < w.bk; ++c) {
         const double a = host_f(hv[size_t((int64_t(j) * w.bm + rr) * w.bk + c)], bf16);
-        const double b = host_f(hb[size_t((int64_t(pat.col_idx[j]) * w.bk + c) * w.n + n)], bf16);
+        const int64_t kk = int64_t(pat.col_idx[j]) * w.bk + c;
+        const double b = host_f(hb[size_t(w.cols ? kk + n * w.k : kk * w.n + n)], bf16);
         ref += a * b;
         mag += std::fabs(a * b);
       }
-    const double got = host_f(hc[size_t(m * w.n + n)], bf16);
+    const size_t ci = size_t(w.cols ? m + n * w.m : m * w.n + n);
+    if (!hc0.empty()) {
+      ref += double(w.beta) * host_f(hc0[ci], bf16);
+      mag += std::fabs(double(w.beta) * host_f(hc0[ci], bf16));
+    }
+    const double got = w.c32 ? double(hc32[ci]) : host_f(hc[ci], bf16);
     const double e = std::fabs(got - ref) / std::max(1.0, mag);
     worst = std::isfinite(got) ? std::max(worst, e) : INFINITY;
   }
@@ -268,6 +292,15 @@ int main(int argc, char** argv) {
       {"8192^2 N=256 64x64 12.5% power-law f16", 8192, 8192, 256, 64, 64, 0.125, PatternKind::power_law, DType::f16, false},
       {"8192^2 N=512 128x128 12.5% f16", 8192, 8192, 512, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, false},
       {"8192^2 N=512 128x128 12.5% power-law f16", 8192, 8192, 512, 128, 128, 0.125, PatternKind::power_law, DType::f16, false},
+      // Structured patterns and the other operand layouts (the serving and products tables' rows)
+      {"8192^3 128x128 12.5% power-law f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::power_law, DType::f16, false},
+      {"8192^3 128x128 block-diagonal f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::block_diagonal, DType::f16, false},
+      {"8192^3 64x64 12.5% banded f16", 8192, 8192, 8192, 64, 64, 0.125, PatternKind::banded, DType::f16, false},
+      {"8192^3 64x64 causal f16", 8192, 8192, 8192, 64, 64, 0.5, PatternKind::causal, DType::f16, false},
+      {"8192^3 128x128 12.5% B, C col-major f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, false, true},
+      {"8192^3 128x128 12.5% beta 0.5 f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, false, false, 0.5f},
+      {"8192^3 128x128 12.5% f32 C f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, false, false, 0.f, true},
+      {"8192^3 64x64 12.5% f32 C f16", 8192, 8192, 8192, 64, 64, 0.125, PatternKind::fixed_k, DType::f16, false, false, 0.f, true},
   };
   std::vector<Row> rows;
   for (const Work& w : works) {

@@ -50,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include "core/device.hpp"
@@ -514,7 +515,11 @@ __device__ __forceinline__ void tma_store_box(const CUtensorMap* tm_c, uint32_t 
 // is first TMA-loaded into the same buffer (c_bar; phase c_phase) and updated in place.
 // One box per instantiation: K must be a compile-time constant (a `#pragma unroll` over the boxes
 // was not honoured for the larger bodies, which left a run-time membership test on every pair).
-template <class Cfg, int K>
+// READ_C (beta != 0) and OBF16 (bf16 rather than f16 C; unused for f32 C) are compile-time: as
+// run-time tests ptxas re-evaluated both around every fragment (a branch and a constant load each),
+// which made the fill ~25 instructions per two accumulator pairs (docs/KERNELS.md, "The epilogue's
+// instructions per accumulator pair").
+template <class Cfg, int K, bool READ_C, bool OBF16>
 __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
                                              const CUtensorMap* tm_c, int row0, int n0, int which,
                                              uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase,
@@ -534,8 +539,28 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
   static_assert(OL * LB == Cfg::E_BYTES && (LB == 128 || LB == 64), "a box fills one staging buffer");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const bool odd_g = (lane >> 2) & 1;
-  const bool read_c = p.beta != 0.f;  // beta == 0: C is never read (NaN in C must not leak)
+  constexpr bool read_c = READ_C;  // false (beta == 0): C is never read (NaN in C must not leak)
   uint8_t* buf = ebuf + (K & 1) * Cfg::E_BYTES;
+  // Unswapped tiles: a pair's byte offset in the box is split into this thread's part, computed
+  // once, and a compile-time part (fragment j, h), so that each pair costs one XOR and no swizzle
+  // arithmetic. With line = line_rt + line_ct (line_ct a multiple of 8) and byte = byte_rt + byte_ct
+  // (disjoint bits, byte_ct on whole 16-byte granules), box_offset<128>(line, byte) =
+  // line_ct * 128 + ((line_rt * 128 + (byte_rt ^ X)) ^ byte_ct), X = (line_rt % 8) << 4 the swizzle.
+  // Written as (thread part; compile-time part), g = lane / 4, t = lane % 4:
+  //   row-major C (pairs along the line): line = (warp*16 + g; h*8), byte = (2t*ES; ((8j) % IW)*ES);
+  //   column-major C (after the trade):   line = (2t + odd_g; (8j) % OL),
+  //                                       byte = (((warp*16 + (g & ~1)) % IW)*ES; h*8*ES).
+  [[maybe_unused]] int split_rt = 0;
+  if constexpr (!Cfg::SWAP) {
+    static_assert(LB == 128, "unswapped boxes have 128-byte lines");
+    const int g = lane >> 2, t = lane & 3;
+    if constexpr (PAIRED) {
+      split_rt = (warp * 16 + g) * LB + ((2 * t * ES) ^ ((g & 7) << 4));
+    } else {
+      const int lrt = 2 * t + (odd_g ? 1 : 0);
+      split_rt = lrt * LB + ((((warp * 16 + (g & ~1)) % IW) * ES) ^ (lrt << 4));
+    }
+  }
   const uint32_t buf_s = ebuf_s + (K & 1) * Cfg::E_BYTES;
   // The box's first element: c0 along C's contiguous dimension, c1 along the other.
   const int c0 = C_COL ? row0 + (K % IC) * IW : n0 + K * Cfg::CW;
@@ -576,13 +601,21 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
             v1 = got;
           }
         }
-        T* e0 = reinterpret_cast<T*>(buf + box_offset<LB>(line, pos * ES));
-        if (read_c) {
-          const float2 old = out_load2(e0, p.out_bf16);
+        int off;
+        if constexpr (Cfg::SWAP) {
+          off = box_offset<LB>(line, pos * ES);
+        } else if constexpr (PAIRED) {
+          off = (split_rt ^ (((8 * j) % IW) * ES)) + h * 8 * LB;
+        } else {
+          off = (split_rt ^ (h * 8 * ES)) + ((8 * j) % OL) * LB;
+        }
+        T* e0 = reinterpret_cast<T*>(buf + off);
+        if constexpr (read_c) {
+          const float2 old = out_load2(e0, OBF16);
           v0 += p.beta * old.x;
           v1 += p.beta * old.y;
         }
-        out_store2(e0, v0, v1, p.out_bf16);
+        out_store2(e0, v0, v1, OBF16);
       }
   if (!tma) {
     ptx::named_barrier_sync(3 + which, 128);
@@ -592,22 +625,37 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
   tma_store_box<Cfg>(tm_c, buf_s, c0, c1, tid, which);
 }
 
-template <class Cfg, int... K>
+template <class Cfg, bool READ_C, bool OBF16, int... K>
 __device__ __forceinline__ void epilogue_boxes(std::integer_sequence<int, K...>, float (&acc)[Cfg::MI][Cfg::ACC],
                                                const Params& p, float alpha, const CUtensorMap* tm_c, int row0,
                                                int n0, int which, uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar,
                                                uint32_t& c_phase, bool tma) {
-  (epilogue_box<Cfg, K>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, tma), ...);
+  (epilogue_box<Cfg, K, READ_C, OBF16>(acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar, c_phase, tma),
+   ...);
 }
 
 // tma: C is TMA-aligned (Params::tma_store); else the boxes are copied by the threads (copy_box).
+// beta != 0 and the 16-bit output dtype are chosen here, once per item (see epilogue_box).
 template <class Cfg>
 __device__ __forceinline__ void epilogue_boxed(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,
                                                const CUtensorMap* tm_c, int row0, int n0, int which,
                                                uint8_t* ebuf, uint32_t ebuf_s, uint32_t c_bar, uint32_t& c_phase,
                                                bool tma) {
-  epilogue_boxes<Cfg>(std::make_integer_sequence<int, Cfg::BOXES>{}, acc, p, alpha, tm_c, row0, n0,
-                             which, ebuf, ebuf_s, c_bar, c_phase, tma);
+  auto boxes = [&](auto read_c, auto obf16) {
+    epilogue_boxes<Cfg, decltype(read_c)::value, decltype(obf16)::value>(
+        std::make_integer_sequence<int, Cfg::BOXES>{}, acc, p, alpha, tm_c, row0, n0, which, ebuf, ebuf_s, c_bar,
+        c_phase, tma);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  const bool read_c = p.beta != 0.f;
+  if constexpr (sizeof(typename Cfg::TOut) == 4) {
+    read_c ? boxes(T{}, F{}) : boxes(F{}, F{});
+  } else if (read_c) {
+    p.out_bf16 ? boxes(T{}, T{}) : boxes(T{}, F{});
+  } else {
+    p.out_bf16 ? boxes(F{}, T{}) : boxes(F{}, F{});
+  }
 }
 
 // One accumulator pair (already times alpha) into C at tile coordinates (r, n) and (r1, n1): one
