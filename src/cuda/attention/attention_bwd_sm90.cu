@@ -594,7 +594,23 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
     // Pieces of a step that both step loops below share (inlined lambdas).
     // P^T = exp2(S^T scale log2e - LSE2) (0 where masked), dS^T = P^T o (dP^T - Delta), in place.
     // Element (register 4c + 2h + e) is key key_row + 8h, query row0 + 8c + 2 (lane % 4) + e.
-    auto softmax_grad = [&](float(&s)[Cfg::S_REGS], float(&dp)[Cfg::S_REGS], const float4* rows, int row0, bool causal) {
+    // Masked scores are set to -inf first, in a pass of their own under one uniform branch per step
+    // (exp2 then gives exactly 0, as the masks require): with the test inside the loop below, ptxas
+    // if-converted it into ~4 predicated instructions per element, run on every step whether a mask
+    // applied or not.
+    auto softmax_grad = [&](float(&s)[Cfg::S_REGS], float(&dp)[Cfg::S_REGS], const float4* rows, int row0,
+                            bool causal) {
+      if (tail || causal) {
+#pragma unroll
+        for (int c = 0; c < Cfg::MS / 8; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key_row + 8 * h, col = 8 * c + 2 * (lane % 4);
+              if (key >= p.skv || (causal && key > row0 + col + e)) s[4 * c + 2 * h + e] = -INFINITY;
+            }
+      }
 #pragma unroll
       for (int c = 0; c < Cfg::MS / 8; ++c) {
         const int col = 8 * c + 2 * (lane % 4);
@@ -604,11 +620,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int x = 4 * c + 2 * h + e;
-            float pv = ptx::exp2_approx(fmaf(s[x], p.scale_log2, -(e ? r1.x : r0.x)));
-            if (tail || causal) {
-              const int key = key_row + 8 * h;
-              if (key >= p.skv || (causal && key > row0 + col + e)) pv = 0.f;
-            }
+            const float pv = ptx::exp2_approx(fmaf(s[x], p.scale_log2, -(e ? r1.x : r0.x)));
             s[x] = pv;
             dp[x] = pv * (dp[x] - (e ? r1.y : r0.y));
           }
