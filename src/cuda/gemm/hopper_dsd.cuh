@@ -565,6 +565,55 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
   // The box's first element: c0 along C's contiguous dimension, c1 along the other.
   const int c0 = C_COL ? row0 + (K % IC) * IW : n0 + K * Cfg::CW;
   const int c1 = C_COL ? n0 + (K / IC) * OL : row0;
+  // A pair's values (times alpha; where the pair spans two lines, even g keeps e0 and takes its
+  // neighbour's e0, next along the line, and odd g keeps e1 and takes its neighbour's e1) and its
+  // byte offset in the box.
+  auto pair_values = [&](int mi, int j, int h, float& v0, float& v1) {
+    v0 = alpha * acc[mi][4 * j + 2 * h];
+    v1 = alpha * acc[mi][4 * j + 2 * h + 1];
+    if constexpr (!PAIRED) {
+      const float got = __shfl_xor_sync(0xffffffffu, odd_g ? v0 : v1, 4);
+      if (odd_g)
+        v0 = got;
+      else
+        v1 = got;
+    }
+  };
+  auto pair_offset = [&](int mi, int j, int h) {
+    if constexpr (Cfg::SWAP) {
+      int r, n, r1, n1;
+      dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
+      dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
+      int line = C_COL ? n % OL : r, pos = C_COL ? r % IW : n % IW;
+      if (!PAIRED && odd_g) {
+        line = C_COL ? n1 % OL : r1;
+        pos = (C_COL ? r1 % IW : n1 % IW) - 1;
+      }
+      return box_offset<LB>(line, pos * ES);
+    } else if constexpr (PAIRED) {
+      return (split_rt ^ (((8 * j) % IW) * ES)) + h * 8 * LB;
+    } else {
+      return (split_rt ^ (h * 8 * ES)) + ((8 * j) % OL) * LB;
+    }
+  };
+  // beta == 0 and 16-bit C: the pairs are converted and packed before the wait for the buffer below,
+  // so that the conversion runs while the store of two boxes ago still reads it (that wait was the
+  // epilogue's largest stall at 128x128).
+  constexpr bool EARLY = !READ_C && sizeof(T) == 2;
+  uint32_t packed[EARLY ? Cfg::MI * Cfg::ACC / 2 : 1];  // indexed by fragment: only the box's are live
+  if constexpr (EARLY) {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!in_box<Cfg>(K, mi, j, warp)) continue;  // compile-time or warp-uniform
+          float v0, v1;
+          pair_values(mi, j, h, v0, v1);
+          packed[(mi * (Cfg::ACC / 4) + j) * 2 + h] = dev::pack2<OBF16>(v0, v1);
+        }
+  }
   // The buffer was last used two boxes ago (an item of one box: one box ago): its store (or copy)
   // must have read it.
   if (tma && tid == 0) ptx::bulk_wait_group_read<Cfg::BOXES % 2 == 0 ? 1 : 0>();
@@ -584,38 +633,19 @@ __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], co
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!in_box<Cfg>(K, mi, j, warp)) continue;  // compile-time or warp-uniform
-        int r, n, r1, n1;
-        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 0, warp, lane, r, n);
-        dev::fragment_coord<Cfg::SWAP>(mi, j, h, 1, warp, lane, r1, n1);
-        float v0 = alpha * acc[mi][4 * j + 2 * h], v1 = alpha * acc[mi][4 * j + 2 * h + 1];
-        int line = C_COL ? n % OL : r, pos = C_COL ? r % IW : n % IW;
-        if constexpr (!PAIRED) {
-          // Even g keeps e0 and takes its neighbour's e0 (next along the line); odd g keeps e1
-          // and takes its neighbour's e1 (previous along the line).
-          const float got = __shfl_xor_sync(0xffffffffu, odd_g ? v0 : v1, 4);
-          if (odd_g) {
-            v0 = got;
-            line = C_COL ? n1 % OL : r1;
-            pos = (C_COL ? r1 % IW : n1 % IW) - 1;
-          } else {
-            v1 = got;
-          }
-        }
-        int off;
-        if constexpr (Cfg::SWAP) {
-          off = box_offset<LB>(line, pos * ES);
-        } else if constexpr (PAIRED) {
-          off = (split_rt ^ (((8 * j) % IW) * ES)) + h * 8 * LB;
+        T* e0 = reinterpret_cast<T*>(buf + pair_offset(mi, j, h));
+        if constexpr (EARLY) {
+          *reinterpret_cast<uint32_t*>(e0) = packed[(mi * (Cfg::ACC / 4) + j) * 2 + h];
         } else {
-          off = (split_rt ^ (h * 8 * ES)) + ((8 * j) % OL) * LB;
+          float v0, v1;
+          pair_values(mi, j, h, v0, v1);
+          if constexpr (read_c) {
+            const float2 old = out_load2(e0, OBF16);
+            v0 += p.beta * old.x;
+            v1 += p.beta * old.y;
+          }
+          out_store2(e0, v0, v1, OBF16);
         }
-        T* e0 = reinterpret_cast<T*>(buf + off);
-        if constexpr (read_c) {
-          const float2 old = out_load2(e0, OBF16);
-          v0 += p.beta * old.x;
-          v1 += p.beta * old.y;
-        }
-        out_store2(e0, v0, v1, OBF16);
       }
   if (!tma) {
     ptx::named_barrier_sync(3 + which, 128);
