@@ -1,7 +1,7 @@
 // Times the "hopper" variant on the issue-4 workloads (not part of CMake; built on the GPU machine):
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/hopper_timer.cu \
 //        -Lbuild -lsparsek_internal -lcublas -lcusparse -o hopper_timer
-//   ./hopper_timer [filter]
+//   ./hopper_timer [filter ...]    (the rows whose name contains any of the filters)
 // Per workload: random data generated on the device, the schedule prepared once, 5 warm-up runs,
 // then >= 30 timed runs (CUDA events around each launch), median reported as effective TFLOPS
 // (2 * nnzb * bm * bk * N / time). Inputs rotate over several sets when one set fits in L2.
@@ -269,7 +269,13 @@ double cublas_dense_tflops(int64_t n, bool bf16) {
 }
 
 int main(int argc, char** argv) {
-  const std::string filter = argc > 1 ? argv[1] : "";
+  const std::vector<std::string> filters(argv + 1, argv + argc);
+  auto wanted = [&](const std::string& name) {
+    if (filters.empty()) return true;
+    for (const std::string& f : filters)
+      if (name.find(f) != std::string::npos) return true;
+    return false;
+  };
   const Variant* v = find_variant("hopper");
   if (!v) {
     std::fprintf(stderr, "no hopper variant\n");
@@ -304,11 +310,11 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   for (const Work& w : works) {
-    if (!filter.empty() && std::string(w.name).find(filter) == std::string::npos) continue;
+    if (!wanted(w.name)) continue;
     rows.push_back(run_work(w, v));
     std::fflush(stdout);
   }
-  const double dense = filter.empty() ? cublas_dense_tflops(8192, false) : 0;
+  const double dense = filters.empty() ? cublas_dense_tflops(8192, false) : 0;
   std::printf("\n%s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf("%-36s %10s %10s %12s %10s\n", "workload", "ms", "TFLOPS", "single-item", "max err");
   for (const Row& r : rows)
