@@ -28,6 +28,9 @@
 //  - Persistent grid: prepare() builds the schedule (src/plan/schedule.cpp: N-tile-major, a long
 //    item moved ahead just far enough to end with its tile, each item to the least-loaded CTA); the producer
 //    streams across work items, so a short row does not pay the pipeline fill.
+//  - Narrow tiles (N <= 128, decode) are launched with programmatic stream serialization: their
+//    CTAs start and set up while the kernel ahead of them finishes, then wait for it before they
+//    touch user memory.
 //  - Split rows: an item much longer than one CTA's share of the work (few N tiles, a dominant
 //    row) is cut into pieces along its blocks; pieces write raw fp32 sums to partial slots and a
 //    second, small launch adds each item's slots in a fixed order and writes C (deterministic).
@@ -105,6 +108,10 @@ struct Config {
   // a 256-wide tile would spend 2-256x the tensor work and the stage bytes on columns that do not
   // exist, and two 64-wide tiles would read A twice).
   static constexpr int BN = BN_;
+  // Narrow tiles (decode: a few microseconds a call) may start while the kernel ahead of them in
+  // the stream finishes (see the kernel): 1.2-1.8 us a call in a stream of decode calls on the
+  // H100. The wide ones run 100s of us and keep their launch as it was (docs/KERNELS.md).
+  static constexpr bool OVERLAP = BN <= 128;
   static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
   static constexpr int ACC = WN / 2;                  // fp32 accumulators / thread / instruction
@@ -191,6 +198,9 @@ struct Params {
   float* partials;        // [slot][CTA of the cluster][consumer][MI * ACC / 4][128 threads] float4
   unsigned long long* prof;  // profiling build: [kProfSlots] counters (else null)
 };
+
+// NOTE: Params past 128 bytes made ptxas spill in the 64-row kernels (f32 column-major C).
+static_assert(sizeof(Params) == 128, "a new Params field must fill a hole or replace one");
 
 // ---------------------------------------------------------------------------------------------
 // Device code (sm_90a only; the sm_80 pass compiles an empty kernel).
@@ -843,9 +853,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The CTAs of a cluster share one item list (and differ in N tile).
   const dev::ItemRange range = dev::item_range(p.cta_items, int(blockIdx.x / Cfg::CL));
   const int first = range.first, last = range.last;
+  // Narrow tiles: programmatic dependent launch (launch() sets the attribute). This CTA may run
+  // while the kernel ahead of it in the stream finishes. Everything above touched shared memory
+  // and the plan's own item list only; every thread waits for that kernel before it reads or
+  // writes user memory (the producer before the block indices, the consumers before C). The kernel
+  // after this one may launch now: its CTAs take SMs as ours leave, and wait for ours in turn.
+  if constexpr (Cfg::OVERLAP) {
+    if (threadIdx.x == 0) ptx::launch_dependents();
+  }
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<40>();
     if (threadIdx.x < 32) {
+      if constexpr (Cfg::OVERLAP) ptx::grid_dependency_wait();
       if constexpr (Cfg::PAIRS_BUILT) {
         if (p.pair_blk) {
           produce_pairs<Cfg>(&tm_a, &tm_b, p, first, last, s_a, s_b, full, empty);
@@ -860,6 +879,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::CL > 1) ptx::cluster_sync();
   } else {
     ptx::setmaxnreg_inc<232>();
+    if constexpr (Cfg::OVERLAP) ptx::grid_dependency_wait();
     const int which = threadIdx.x / 128 - 1;
     const uint32_t e = s_e + which * 2 * Cfg::E_BYTES;
     consume<Cfg>(&tm_c, p, first, last, which, s_a, s_b, full, empty, smem_raw + (e - raw), e,
@@ -917,21 +937,25 @@ __global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, c
 // Host side of one kernel: tensor maps, parameters, launch.
 
 
-// A launch of `grid` CTAs of the kernel in clusters of Cfg::CL (attr: storage for the cluster
-// attribute, which the config points to).
+// A launch of `grid` CTAs of the kernel in clusters of Cfg::CL, and with programmatic stream
+// serialization when `overlap` (the kernel may start before the one ahead of it ends; see the
+// kernel). attrs: storage for the attributes, which the config points to.
 template <class Cfg>
-cudaLaunchConfig_t cluster_launch(unsigned grid, cudaStream_t stream, cudaLaunchAttribute& attr) {
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = Cfg::CL;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+cudaLaunchConfig_t cluster_launch(unsigned grid, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2],
+                                  bool overlap = false) {
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = Cfg::CL;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = Cfg::SMEM;
   cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = overlap ? 2 : 1;
   return cfg;
 }
 
@@ -1003,11 +1027,10 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.partials = st.partials;
   p.prof = st.prof;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
-  if constexpr (Cfg::CL > 1) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_launch<Cfg>(unsigned(st.grid), stream, attr);
-    check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p),
-               "hopper_dsd_kernel launch (cluster)");
+  if constexpr (Cfg::CL > 1 || Cfg::OVERLAP) {
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t cfg = cluster_launch<Cfg>(unsigned(st.grid), stream, attrs, Cfg::OVERLAP && st.overlap);
+    check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p), "hopper_dsd_kernel launch");
   } else {
     hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
     check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
@@ -1027,9 +1050,9 @@ void setup_kernel() {
 
 template <class Cfg>
 int max_clusters() {
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t cfg =
-      cluster_launch<Cfg>(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)), nullptr, attr);
+      cluster_launch<Cfg>(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)), nullptr, attrs);
   int n = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&n, &hopper_dsd_kernel<Cfg>, &cfg), "cudaOccupancyMaxActiveClusters");
   return n;

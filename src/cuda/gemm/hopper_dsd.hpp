@@ -29,6 +29,9 @@ struct HopperState final : VariantState {
   int cluster_mode = 0;  // Params::cluster_mode
   int cluster = 1;  // CTAs per cluster (Config::CL)
   int tile_n = 256;  // N extent of a work tile (Config::BN)
+  // Narrow tiles launched with programmatic stream serialization: the kernel may start while the
+  // kernel ahead of it in the stream finishes (it waits for it before touching user memory).
+  bool overlap = true;
   int4* items = nullptr;
   int* cta_items = nullptr;
   int* col = nullptr;        // op T: the transposed pattern's block columns (Params::col_idx)

@@ -328,6 +328,9 @@ std::unique_ptr<VariantState> prepare_hopper(const GemmArgs& args, const Options
                  d.bm, d.bk, d.trans ? " (op T)" : "", row_pairs ? " (row pairs)" : "", k.tile_n, k.cluster,
                  int(s.cta_items.size()) - 1, s.items.size(), int(s.groups.size()), s.slots);
   st->cluster_mode = std::max(0, std::min(2, std::atoi(env_or("SPARSEK_HOPPER_CLUSTER_MODE", "0").c_str())));
+  // Narrow tiles start under the previous kernel's tail (Config::OVERLAP); SPARSEK_HOPPER_OVERLAP
+  // = off launches them as the wide ones (an experiment switch).
+  st->overlap = env_or("SPARSEK_HOPPER_OVERLAP", "") != "off";
   st->grid = (int(s.cta_items.size()) - 1) * k.cluster;
   // Everything run() must not do under stream capture happens here, once (k.setup() above).
   if (a.nnzb > 0) tma_encode_tiled();  // resolves the driver entry point

@@ -1,6 +1,6 @@
 // PTX wrappers (sm_90): shared-memory barriers (mbarrier), the bulk tensor copy engine (TMA),
-// proxy fences, register reallocation and the SFU's exp2. The ONLY place besides wgmma.cuh with
-// inline PTX.
+// programmatic dependent launch, proxy fences, register reallocation and the SFU's exp2. The ONLY
+// place besides wgmma.cuh with inline PTX.
 //
 // Every wrapper takes shared-memory addresses as 32-bit shared-window addresses (smem_addr()).
 // Callers must guard their use so that only sm_90a code paths instantiate them.
@@ -188,6 +188,16 @@ __device__ __forceinline__ void bulk_wait_group() {
 }
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
+}
+
+// ---- programmatic dependent launch ----
+// A kernel launched with the programmatic-serialization attribute may start while the kernel
+// before it in the stream is still running. grid_dependency_wait() blocks the calling thread until
+// that kernel has completed and its memory is visible (at once without such a kernel);
+// launch_dependents() lets the next such kernel start launching (its CTAs still wait for ours).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 // ---- clusters ----
