@@ -55,6 +55,8 @@ const std::vector<FlagSpec> kSpecs = {
     {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
     {"--reps", "R", "timed repetitions, the median is reported (default 20 GPU, 5 CPU)"},
     {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
+    {"--calls", "R", "GPU: time R calls back to back per repetition and report the time per call, as a stream of "
+                     "calls runs (a decode step's layers; default 1: each call timed alone)"},
     {"--variants", "a,b", "only these rows (variant names, cublas_dense_gemm, cusparse_ell_spmm)"},
     {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
     {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
@@ -77,6 +79,7 @@ struct Workload {
   OpKind kind = OpKind::dsd;
   Op op = Op::none;
   Layout la = Layout::row_major, lb = Layout::row_major;  // the dense inputs (C is row-major)
+  int calls = 1;  // calls timed back to back (time_gpu())
 };
 
 // The sparse operand as stored: dsd A (M x K, or K x M for op T), dds B (K x N, or N x K), sdd C.
@@ -102,7 +105,8 @@ std::string label(const Workload& w) {
     op = std::string(to_string(w.kind)) + (w.op == Op::trans ? "^T" : "") + " ";
   if (w.kind != OpKind::dsd && w.la == Layout::col_major) op += "A:col ";
   if (w.kind != OpKind::dds && w.lb == Layout::col_major) op += "B:col ";
-  return (w.name.empty() ? "" : w.name + ", ") + op + size_str(w) + " " + block_str(w.bm, w.bk) + " " + fmt(100.0 * w.density, 2) + "%";
+  return (w.name.empty() ? "" : w.name + ", ") + op + size_str(w) + " " + block_str(w.bm, w.bk) + " " +
+         fmt(100.0 * w.density, 2) + "%" + (w.calls > 1 ? ", " + std::to_string(w.calls) + " calls in a row" : "");
 }
 
 // The workload's host operands: the sparse one (random values; for sdd it is C, whose values the
@@ -234,6 +238,8 @@ void print_result(const Result& r, bool gpu) {
               label(w).c_str(), to_string(w.kind), w.op == Op::trans ? " op=trans" : "", (long long)w.m,
               (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern), 100 * w.density,
               (long long)r.nnzb, 100.0 * double(r.nnzb) / double(blocks > 0 ? blocks : 1), to_string(w.dtype));
+  if (gpu && w.calls > 1)
+    std::printf("   time per call of %d calls back to back (input sets rotated from call to call)\n", w.calls);
   std::printf("   effective GFLOP %.2f; %s\n", r.eff_flops / 1e9,
               gpu ? (std::to_string(r.sets) + " input set(s) rotated; reference: " + r.reference).c_str()
                   : ("reference: " + r.reference).c_str());
@@ -296,6 +302,7 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
     if (!w.name.empty()) x["name"] = w.name;
     x["a_value_bytes"] = r.a_bytes;
     x["rotation_sets"] = r.sets;
+    x["calls"] = w.calls;
     x["reference"] = r.reference;
     x["dense_tflops"] = num(r.dense_tflops);
     x["ideal_ms"] = num(r.ideal_ms);
@@ -560,7 +567,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     try {
       steps.at(prefix + "timing " + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
-      row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
+      row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets, w.calls);
       row.median_ms = median(row.times_ms);
       check(row, [&] { v.run(args[0], o, st.get()); });
     } catch (const Error& e) {
@@ -585,7 +592,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       std::unique_ptr<VariantState> st = v->prepare(args[0], o);
       auto* ps = static_cast<peers::PeerState*>(st.get());
       ps->convert(args[0], o.stream);
-      row.times_ms = time_gpu([&](int s) { ps->core(args[size_t(s)], o.stream); }, warmup, reps, r.sets);
+      row.times_ms = time_gpu([&](int s) { ps->core(args[size_t(s)], o.stream); }, warmup, reps, r.sets, w.calls);
       row.median_ms = median(row.times_ms);
       check(row, [&] {
         ps->convert(args[0], o.stream);
@@ -627,9 +634,18 @@ std::vector<Workload> serving_workloads(DType dtype) {
     return x;
   };
   const PatternKind fixed = PatternKind::fixed_k;
+  // Decode twice: each call timed alone, and per call in a stream of 8 (a decode step runs its
+  // layers back to back, and a call may start while the one before it ends).
+  auto stream = [](Workload x) {
+    x.calls = 8;
+    return x;
+  };
   return {w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed),
           w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed),
           w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed),
+          stream(w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed)),
+          stream(w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed)),
+          stream(w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed)),
           w("unaligned N=999", 8256, 999, 8192, 64, 0.125, fixed),
           w("aligned N=1000", 8256, 1000, 8192, 64, 0.125, fixed),
           w("8 experts (block-diagonal)", 8192, 8192, 8192, 128, 0.125, PatternKind::block_diagonal),
@@ -725,6 +741,8 @@ int bench_main(const std::vector<std::string>& argv) {
   if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
   if (suite == "serving" && shaped)
     args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
+  const int calls = int(args.integer("--calls", 1, 1, 1000));
+  if (suite == "serving" && args.has("--calls")) args.bad("--calls", "not with --suite serving (it sets its own)");
   const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
   if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
   if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
@@ -777,6 +795,7 @@ int bench_main(const std::vector<std::string>& argv) {
                               std::to_string(cols) + ", not whole " + block_str(w.bm, w.bk) + " blocks");
     return w;
   };
+  custom.calls = calls;
   std::vector<Workload> table;
   if (!gpu) {
     Workload w = fill_dims(custom, 1024);

@@ -204,9 +204,12 @@ Json device_json(bool gpu, int threads);
 
 // ---- timing ----
 double median(std::vector<double> v);  // NaN when empty
-// Warm-up, then `reps` runs each bracketed by CUDA events on the legacy default stream; run(set)
-// enqueues one run on input set `set` (rotated over `sets`). Returns the per-run times in ms.
-std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets);
+// Warm-up, then `reps` timings, each bracketing `calls` consecutive runs with CUDA events on the
+// legacy default stream; run(set) enqueues one run on input set `set` (rotated over `sets` from
+// run to run). Returns the time per run of each timing in ms. calls > 1 measures a stream of calls
+// (a decode step's layers), where one call may start while the previous one ends; with calls = 1
+// the events sit between the runs and each run is timed alone.
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls = 1);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

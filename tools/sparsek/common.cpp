@@ -426,13 +426,18 @@ struct GpuTimer {
 };
 }  // namespace
 
-std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets) {
-  for (int i = 0; i < warmup; ++i) run(i % sets);
+std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls) {
+  int next = 0;  // the input set of the next run
+  auto run_next = [&] {
+    run(next);
+    next = (next + 1) % sets;
+  };
+  for (int i = 0; i < warmup; ++i) run_next();
   check_cuda(cudaDeviceSynchronize(), "warm-up");
   GpuTimer t(reps);
   for (int i = 0; i < reps; ++i) {
     check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-    run((warmup + i) % sets);
+    for (int c = 0; c < calls; ++c) run_next();
     check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
   }
   check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
@@ -440,7 +445,7 @@ std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, in
   for (int i = 0; i < reps; ++i) {
     float x = 0;
     check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms[size_t(i)] = x;
+    ms[size_t(i)] = double(x) / calls;
   }
   return ms;
 }
