@@ -5,12 +5,10 @@
 // that kernel writes (its A values, B and C).
 #include <cuda_runtime.h>
 
-#include <vector>
-
 #include "cpu/oracle.hpp"
 #include "cuda/ptx/async.cuh"
+#include "device_case.hpp"
 #include "sparsek/plan.hpp"
-#include "test_util.hpp"
 
 namespace sparsek::test {
 namespace {
@@ -109,80 +107,42 @@ __global__ void release_then_copy(Copy a, Copy b, Copy c, long long cycles) {
 TEST(StreamOrder, HopperSeesWhatTheKernelAheadOfItWrites) {
   SPARSEK_REQUIRE_SM90();
   struct Shape {
-    int64_t m, k, n;
+    int64_t mb, kb, n;
     int b;
     Op op;
     float beta;
   };
-  for (const Shape& sh : {Shape{2048, 1024, 16, 64, Op::none, 0.f}, Shape{1024, 1024, 300, 64, Op::none, 0.f},
-                          Shape{1024, 1024, 512, 128, Op::none, 1.f}, Shape{1024, 512, 96, 64, Op::trans, 0.5f}}) {
-    SCOPED_TRACE("M=" + std::to_string(sh.m) + " K=" + std::to_string(sh.k) + " N=" + std::to_string(sh.n) +
-                 " block " + std::to_string(sh.b) + (sh.op == Op::trans ? " op T" : "") +
-                 " beta=" + std::to_string(sh.beta));
-    const int64_t ar = sh.op == Op::trans ? sh.k : sh.m, ac = sh.op == Op::trans ? sh.m : sh.k;
-    BsrMatrix old_a = random_bsr(PatternKind::fixed_k, ar, ac, sh.b, sh.b, 0.25, DType::f16, 21);
-    BsrMatrix new_a = old_a;  // the same pattern, other values
-    new_a.fill_random(22);
-    HostDense old_b(sh.k, sh.n, DType::f16), new_b(sh.k, sh.n, DType::f16);
-    HostDense old_c(sh.m, sh.n, DType::f16), new_c(sh.m, sh.n, DType::f16);
-    old_b.fill_random(23);
-    new_b.fill_random(24);
-    old_c.fill_random(25);
-    new_c.fill_random(26);
-    const size_t va = new_a.value_bytes().size(), vb = new_b.bytes.size(), vc = new_c.bytes.size();
-    std::vector<void*> bufs;
-    auto upload = [&](const void* host, size_t bytes) {
-      void* d = nullptr;
-      EXPECT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      bufs.push_back(d);
-      return static_cast<uint8_t*>(d);
-    };
-    uint8_t* rp = upload(old_a.row_ptr().data(), old_a.row_ptr().size() * 4);
-    uint8_t* ci = upload(old_a.col_idx().data(), old_a.col_idx().size() * 4);
-    uint8_t *a = upload(old_a.value_bytes().data(), va), *a2 = upload(new_a.value_bytes().data(), va);
-    uint8_t *b = upload(old_b.bytes.data(), vb), *b2 = upload(new_b.bytes.data(), vb);
-    uint8_t *c = upload(old_c.bytes.data(), vc), *c2 = upload(new_c.bytes.data(), vc);
-
-    GemmArgs g;
-    g.kind = OpKind::dsd;
-    g.op = sh.op;
-    g.sparse = old_a.view();
-    g.sparse.row_ptr = reinterpret_cast<const int32_t*>(rp);
-    g.sparse.col_idx = reinterpret_cast<const int32_t*>(ci);
-    g.sparse.values = a;
-    g.sparse.memory = Memory::device;
-    g.b = old_b.view;
-    g.b.data = b;
-    g.b.memory = Memory::device;
-    g.c = old_c.view;
-    g.c.data = c;
-    g.c.memory = Memory::device;
-    g.alpha = 1.f;
-    g.beta = sh.beta;
+  for (const Shape& sh : {Shape{32, 16, 16, 64, Op::none, 0.f}, Shape{16, 16, 300, 64, Op::none, 0.f},
+                          Shape{8, 8, 512, 128, Op::none, 1.f}, Shape{8, 16, 96, 64, Op::trans, 0.5f}}) {
+    const Pattern pat = make_pattern(PatternKind::fixed_k, sh.mb, sh.kb, 0.25, 21);
+    CaseSpec spec = block_case(OpKind::dsd, sh.op, sh.b, sh.b, sh.mb, sh.kb, sh.n, 22, DType::f16);
+    spec.custom = &pat;
+    spec.beta = sh.beta;
+    SCOPED_TRACE(describe(spec));
+    std::unique_ptr<GemmCase> old_case = make_case(spec);
+    spec.seed = 23;  // the same pattern, other values of A, B and C
+    std::unique_ptr<GemmCase> new_case = make_case(spec);
+    DeviceCase run_on(*old_case), from(*new_case);
     Options o;
     o.variant = "hopper";
-    Plan p = plan(g, o);
+    Plan p = plan(run_on.args, o);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    auto copy = [](const std::unique_ptr<DeviceBuffer>& src, const std::unique_ptr<DeviceBuffer>& dst) {
+      return Copy{static_cast<const uint8_t*>(src->ptr), static_cast<uint8_t*>(dst->ptr), src->bytes};
+    };
     // Few CTAs, so that most of the product's CTAs start beside them and wait.
-    release_then_copy<<<8, 256, 0, s>>>(Copy{a2, a, va}, Copy{b2, b, vb}, Copy{c2, c, vc}, 1000LL * 1000);
+    release_then_copy<<<8, 256, 0, s>>>(copy(from.values, run_on.values), copy(from.b, run_on.b),
+                                        copy(from.c, run_on.c), 1000LL * 1000);
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-    run(p, g, s);
+    run(p, run_on.args, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     cudaStreamDestroy(s);
-    HostDense got(sh.m, sh.n, DType::f16);
-    ASSERT_EQ(cudaMemcpy(got.bytes.data(), c, vc, cudaMemcpyDeviceToHost), cudaSuccess);
-
-    GemmArgs h = g;
-    h.sparse = new_a.view();
-    h.b = new_b.view;
-    h.c = new_c.view;  // beta * the new C
-    const std::vector<double> ref = oracle(h);
-    h.c = got.view;
-    EXPECT_LT(max_rel_error(h, ref), 2e-3);
-    for (void* d : bufs) cudaFree(d);
+    const std::vector<double> ref = oracle(new_case->args);  // beta * the new C
+    const std::vector<uint8_t> before = new_case->c->bytes;
+    run_on.download(*new_case);
+    expect_output_matches(*new_case, ref, before);
   }
 }
 
