@@ -102,8 +102,8 @@ __global__ void release_then_copy(Copy a, Copy b, Copy c, long long cycles) {
 
 // A, B and C hold one set of values when the product is enqueued; a kernel ahead of it in the
 // stream replaces all three (after ~0.5 ms) with another. The product must use the new ones: the
-// decode shape (64-column tiles: the kernel that starts early), then for the other launches a wide
-// tile, CTA pairs (128x128 blocks, N = 512), op T, and beta != 0 (C read back).
+// kernels that start early (64- and 128-column tiles; beta != 0 reads C back), then the other
+// launches: a wide tile, CTA pairs (128x128 blocks, N = 512), op T.
 TEST(StreamOrder, HopperSeesWhatTheKernelAheadOfItWrites) {
   SPARSEK_REQUIRE_SM90();
   struct Shape {
@@ -112,8 +112,9 @@ TEST(StreamOrder, HopperSeesWhatTheKernelAheadOfItWrites) {
     Op op;
     float beta;
   };
-  for (const Shape& sh : {Shape{32, 16, 16, 64, Op::none, 0.f}, Shape{16, 16, 300, 64, Op::none, 0.f},
-                          Shape{8, 8, 512, 128, Op::none, 1.f}, Shape{8, 16, 96, 64, Op::trans, 0.5f}}) {
+  for (const Shape& sh : {Shape{32, 16, 16, 64, Op::none, 0.f}, Shape{16, 16, 100, 128, Op::none, 1.f},
+                          Shape{16, 16, 300, 64, Op::none, 0.f}, Shape{8, 8, 512, 128, Op::none, 1.f},
+                          Shape{8, 16, 96, 64, Op::trans, 0.5f}}) {
     const Pattern pat = make_pattern(PatternKind::fixed_k, sh.mb, sh.kb, 0.25, 21);
     CaseSpec spec = block_case(OpKind::dsd, sh.op, sh.b, sh.b, sh.mb, sh.kb, sh.n, 22, DType::f16);
     spec.custom = &pat;

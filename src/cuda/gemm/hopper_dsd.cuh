@@ -109,7 +109,7 @@ struct Config {
   // exist, and two 64-wide tiles would read A twice).
   static constexpr int BN = BN_;
   // Narrow tiles (decode: a few microseconds a call) may start while the kernel ahead of them in
-  // the stream finishes (see the kernel): 1.2-1.8 us a call in a stream of decode calls on the
+  // the stream finishes (see the kernel): 1.3-1.9 us a call in a stream of decode calls on the
   // H100. The wide ones run 100s of us and keep their launch as it was (docs/KERNELS.md).
   static constexpr bool OVERLAP = BN <= 128;
   static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
@@ -937,25 +937,29 @@ __global__ void __launch_bounds__(128) hopper_split_reduce(const int4* groups, c
 // Host side of one kernel: tensor maps, parameters, launch.
 
 
-// A launch of `grid` CTAs of the kernel in clusters of Cfg::CL, and with programmatic stream
-// serialization when `overlap` (the kernel may start before the one ahead of it ends; see the
-// kernel). attrs: storage for the attributes, which the config points to.
+// A launch of `grid` CTAs of the kernel: in clusters of Cfg::CL when CL > 1, and with
+// programmatic stream serialization when `overlap` (the kernel may start before the one ahead of
+// it ends; see the kernel). attrs: storage for the attributes, which the config points to.
 template <class Cfg>
-cudaLaunchConfig_t cluster_launch(unsigned grid, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2],
-                                  bool overlap = false) {
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = Cfg::CL;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+cudaLaunchConfig_t launch_config(unsigned grid, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2], bool overlap) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = Cfg::SMEM;
   cfg.stream = stream;
   cfg.attrs = attrs;
-  cfg.numAttrs = overlap ? 2 : 1;
+  if (Cfg::CL > 1) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = Cfg::CL;
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+  }
+  if (overlap) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  }
   return cfg;
 }
 
@@ -1027,14 +1031,9 @@ void launch(const GemmArgs& g, const HopperState& st, cudaStream_t stream) {
   p.partials = st.partials;
   p.prof = st.prof;
   // (prepare() raised the kernel's shared-memory limit: run() stays capturable in a CUDA graph.)
-  if constexpr (Cfg::CL > 1 || Cfg::OVERLAP) {
-    cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg = cluster_launch<Cfg>(unsigned(st.grid), stream, attrs, Cfg::OVERLAP && st.overlap);
-    check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p), "hopper_dsd_kernel launch");
-  } else {
-    hopper_dsd_kernel<Cfg><<<st.grid, kThreads, Cfg::SMEM, stream>>>(tm_a, tm_b, tm_c, p);
-    check_cuda(cudaGetLastError(), "hopper_dsd_kernel launch");
-  }
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t cfg = launch_config<Cfg>(unsigned(st.grid), stream, attrs, Cfg::OVERLAP && st.overlap);
+  check_cuda(cudaLaunchKernelEx(&cfg, &hopper_dsd_kernel<Cfg>, tm_a, tm_b, tm_c, p), "hopper_dsd_kernel launch");
   if (st.ngroups > 0) {
     const int per_group = Cfg::CL * (Cfg::COOP ? 2 : 1) * (Cfg::MI * Cfg::ACC / 32);  // see the kernel
     hopper_split_reduce<Cfg><<<st.ngroups * per_group, 128, 0, stream>>>(st.groups, p);
@@ -1052,7 +1051,7 @@ template <class Cfg>
 int max_clusters() {
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t cfg =
-      cluster_launch<Cfg>(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)), nullptr, attrs);
+      launch_config<Cfg>(unsigned(Cfg::CL * std::max(1, device_info().sm_count / Cfg::CL)), nullptr, attrs, false);
   int n = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&n, &hopper_dsd_kernel<Cfg>, &cfg), "cudaOccupancyMaxActiveClusters");
   return n;
