@@ -634,25 +634,22 @@ std::vector<Workload> serving_workloads(DType dtype) {
     return x;
   };
   const PatternKind fixed = PatternKind::fixed_k;
+  std::vector<Workload> table;
   // Decode twice: each call timed alone, and per call in a stream of 8 (a decode step runs its
   // layers back to back, and a call may start while the one before it ends).
-  auto stream = [](Workload x) {
-    x.calls = 8;
-    return x;
-  };
-  return {w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed),
-          w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed),
-          w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed),
-          stream(w("decode N=1", 14336, 1, 4096, 64, 0.25, fixed)),
-          stream(w("decode N=16", 14336, 16, 4096, 64, 0.25, fixed)),
-          stream(w("decode N=128", 14336, 128, 4096, 64, 0.25, fixed)),
-          w("unaligned N=999", 8256, 999, 8192, 64, 0.125, fixed),
-          w("aligned N=1000", 8256, 1000, 8192, 64, 0.125, fixed),
-          w("8 experts (block-diagonal)", 8192, 8192, 8192, 128, 0.125, PatternKind::block_diagonal),
-          w("banded", 8192, 8192, 8192, 64, 0.125, PatternKind::banded),
-          w("lower-triangular", 8192, 8192, 8192, 64, 0.5, PatternKind::causal),
-          w("power-law rows", 8192, 8192, 8192, 128, 0.125, PatternKind::power_law),
-          w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)};
+  for (int calls : {1, 8})
+    for (int64_t n : {1, 16, 128}) {
+      table.push_back(w(("decode N=" + std::to_string(n)).c_str(), 14336, n, 4096, 64, 0.25, fixed));
+      table.back().calls = calls;
+    }
+  table.insert(table.end(), {w("unaligned N=999", 8256, 999, 8192, 64, 0.125, fixed),
+                             w("aligned N=1000", 8256, 1000, 8192, 64, 0.125, fixed),
+                             w("8 experts (block-diagonal)", 8192, 8192, 8192, 128, 0.125, PatternKind::block_diagonal),
+                             w("banded", 8192, 8192, 8192, 64, 0.125, PatternKind::banded),
+                             w("lower-triangular", 8192, 8192, 8192, 64, 0.5, PatternKind::causal),
+                             w("power-law rows", 8192, 8192, 8192, 128, 0.125, PatternKind::power_law),
+                             w("uniform rows", 8192, 8192, 8192, 128, 0.125, fixed)});
+  return table;
 }
 
 // `--op OP` (or --op=OP) among the flags: the attention and gate benches have flags of their own.
