@@ -1,5 +1,5 @@
 // The peer variants (cuSPARSE BSR / Blocked-ELL SpMM and BSR SDDMM, cuBLAS on the densified sparse
-// operand) against the fp64 oracle, their why_not() reasons, and the library-status -> Error mapping.
+// operand, cuBLAS batched over block-diagonal experts) against the fp64 oracle, their why_not() reasons, and the library-status -> Error mapping.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
@@ -440,6 +440,87 @@ TEST(PeersWhyNot, EllNeedsUniformRows) {
   g.sparse.nnzb = 3;
   EXPECT_EQ(why("cusparse_ell", g),
             "Blocked-ELL needs the same block count in every block row (row 0 has 2, row 1 has 1)");
+}
+
+// ---- cuBLAS strided-batched GEMM over block-diagonal experts ----
+
+TEST(Peers, CublasBatchedExpertsEveryLayoutAndDtype) {
+  SPARSEK_REQUIRE_GPU();
+  Problem p;
+  p.pattern = PatternKind::block_diagonal;
+  p.m = 256;
+  p.k = 256;
+  p.n = 72;
+  p.density = 0.25;  // 4 experts of 2 x 2 blocks
+  for (Layout lb : {Layout::row_major, Layout::col_major})
+    for (Layout lc : {Layout::row_major, Layout::col_major}) {
+      p.lb = lb;
+      p.lc = lc;
+      p.pb = 8;
+      p.pc = 16;
+      p.beta = 0.5f;
+      expect_ok("cublas_batched", p, std::string("B ") + to_string(lb) + " C " + to_string(lc));
+      expect_ok("cublas_batched", p, std::string("convert + core, B ") + to_string(lb) + " C " + to_string(lc), true);
+    }
+  p = Problem{};
+  p.pattern = PatternKind::block_diagonal;
+  p.m = 512;  // rectangular experts (128 x 64 rows x columns), blocks 64 x 32
+  p.k = 256;
+  p.bm = 64;
+  p.bk = 32;
+  p.density = 0.25;
+  for (DtypeCase d : {DtypeCase{DType::f16, DType::f16}, DtypeCase{DType::bf16, DType::f32},
+                      DtypeCase{DType::bf16, DType::bf16}, DtypeCase{DType::f32, DType::f32}}) {
+    p.in = d.in;
+    p.out = d.out;
+    p.beta = 0.f;  // C is NaN: neither read nor leaked
+    expect_ok("cublas_batched", p, std::string(to_string(d.in)) + " -> " + to_string(d.out));
+  }
+  p.in = DType::f16;
+  p.out = DType::f32;
+  p.integers = true;
+  p.alpha = 2.f;
+  p.beta = -0.5f;
+  expect_ok("cublas_batched", p, "integers, exact", false, 0.0);
+  p = Problem{};
+  p.pattern = PatternKind::block_diagonal;
+  p.density = 1.0;  // one expert: the dense product
+  p.n = 1;
+  expect_ok("cublas_batched", p, "one expert, N = 1");
+}
+
+TEST(PeersWhyNot, CublasBatchedNeedsEqualFullyStoredExperts) {
+  GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);  // nnzb = 0
+  EXPECT_EQ(why("cublas_batched", g), "A stores no block");
+  g.sparse.memory = Memory::host;
+  EXPECT_NE(why("cublas_batched", g).find("needs device memory"), std::string::npos);
+  SPARSEK_REQUIRE_GPU();
+  // 4 x 4 block rows and columns; each case's rows in turn.
+  auto why_of = [](std::vector<int32_t> rp_h, std::vector<int32_t> ci_h, Op op = Op::none) {
+    Dev rp(rp_h.size() * 4), ci(ci_h.size() * 4);
+    rp.put(rp_h.data(), rp_h.size() * 4);
+    ci.put(ci_h.data(), ci_h.size() * 4);
+    GemmArgs g = device_dsd(32, 32, DType::f16, DType::f16);
+    g.sparse.rows = g.sparse.cols = g.b.rows = g.c.rows = 128;
+    g.sparse.row_ptr = static_cast<const int32_t*>(rp.p);
+    g.sparse.col_idx = static_cast<const int32_t*>(ci.p);
+    g.sparse.nnzb = int64_t(ci_h.size());
+    g.op = op;
+    return why("cublas_batched", g);
+  };
+  EXPECT_EQ(why_of({0, 2, 4, 6, 8}, {0, 1, 0, 1, 2, 3, 2, 3}), "");  // 2 experts of 2 x 2
+  EXPECT_EQ(why_of({0, 1, 2, 3, 4}, {0, 1, 2, 3}), "");              // 4 experts of 1 x 1
+  EXPECT_EQ(why_of({0, 2, 4, 6, 8}, {0, 1, 0, 1, 2, 3, 2, 3}, Op::trans), "runs the DSD product with op none only");
+  EXPECT_EQ(why_of({0, 2, 4, 6, 8}, {0, 1, 0, 1, 2, 3, 3, 2}),
+            "A is not block-diagonal with equal, fully stored experts (block row 3 does not store exactly block "
+            "columns 2..3)");
+  EXPECT_EQ(why_of({0, 2, 4, 5, 6}, {0, 1, 0, 1, 2, 3}),
+            "A is not block-diagonal with equal, fully stored experts (block row 2 does not store exactly block "
+            "columns 2..3)");
+  EXPECT_EQ(why_of({0, 2, 4, 6, 8}, {0, 1, 0, 1, 0, 1, 2, 3}),  // 3 rows on columns 0..1, then 1: unequal
+            "A is not block-diagonal with equal, fully stored experts (block row 0 stores 2 of 4 block columns)");
+  EXPECT_EQ(why_of({0, 1, 2, 3, 4}, {1, 0, 2, 3}),
+            "A is not block-diagonal with equal, fully stored experts (block row 0 stores 1 of 4 block columns)");
 }
 
 // ---- library status -> sparsek::Error ----

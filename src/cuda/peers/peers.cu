@@ -1,6 +1,7 @@
 // Peers as variants: cuSPARSE SpMM on BSR (BSR_ALG1), cuSPARSE SpMM on Blocked-ELL
 // (BLOCKED_ELL_ALG1, uniform rows and square blocks only), cuSPARSE SDDMM on a BSR C, and cuBLAS
-// GEMM on the densified sparse operand (SDD: the whole dense product, then C's blocks gathered).
+// GEMM on the densified sparse operand (SDD: the whole dense product, then C's blocks gathered), and
+// cuBLAS strided-batched GEMM over the experts of a block-diagonal A.
 // DDS runs as the DSD on the transposes (as_dsd: C^T = op(B)^T * A^T, only the views change), so
 // the SpMM peers take it where that DSD is untransposed. They are benchmarked beside sparsek's
 // kernels and are tuner candidates, never the default.
@@ -15,6 +16,7 @@
 #include <cusparse.h>
 
 #include <climits>
+#include <utility>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -555,6 +557,128 @@ std::unique_ptr<VariantState> cublas_prepare(const GemmArgs& g, const Options&) 
 
 std::string cublas_why_not(const GemmArgs& g) { return common_why_not(g); }
 
+// ---------------------------------------------------------------------------------------------
+// cuBLAS strided-batched GEMM over the experts of a block-diagonal A (the call torch.bmm makes
+// for a stack of expert weights): E diagonal groups, each rb block rows by cb block columns and
+// fully stored. A's values are scattered into an [E][rb*bm][cb*bk] stack once per run, as the
+// dense peer densifies A; B's and C's experts are row ranges of B and C.
+
+// The experts of a block-diagonal pattern: every block row of group e (rows [e*rb, (e+1)*rb))
+// stores exactly the block columns [e*cb, (e+1)*cb), in ascending order. 0 experts: not such a
+// pattern (why_not says which row breaks it).
+struct Experts {
+  int64_t count = 0, rb = 0, cb = 0;
+  std::string why_not;
+};
+
+Experts find_experts(const std::vector<int32_t>& rp, const std::vector<int32_t>& ci, int64_t mb, int64_t kb) {
+  Experts x;
+  if (mb == 0 || ci.empty()) {
+    x.why_not = "A stores no block";
+    return x;
+  }
+  x.cb = rp[1] - rp[0];
+  while (x.rb < mb && rp[size_t(x.rb + 1)] - rp[size_t(x.rb)] == x.cb && x.cb > 0 && ci[size_t(rp[size_t(x.rb)])] == 0)
+    ++x.rb;
+  if (x.rb == 0 || mb % x.rb != 0 || kb % x.cb != 0 || mb / x.rb != kb / x.cb) {
+    x.why_not = "A is not block-diagonal with equal, fully stored experts (block row 0 stores " +
+                std::to_string(x.cb) + " of " + std::to_string(kb) + " block columns)";
+    return x;
+  }
+  for (int64_t r = 0; r < mb; ++r) {
+    const int64_t first = (r / x.rb) * x.cb;
+    bool ok = rp[size_t(r + 1)] - rp[size_t(r)] == x.cb;
+    for (int64_t j = 0; ok && j < x.cb; ++j) ok = ci[size_t(rp[size_t(r)] + j)] == first + j;
+    if (!ok) {
+      x.why_not = "A is not block-diagonal with equal, fully stored experts (block row " + std::to_string(r) +
+                  " does not store exactly block columns " + std::to_string(first) + ".." +
+                  std::to_string(first + x.cb - 1) + ")";
+      return x;
+    }
+  }
+  x.count = mb / x.rb;
+  return x;
+}
+
+struct BatchedState : peers::PeerState {
+  cublasHandle_t handle = nullptr;
+  DevBuf stack, block_row, local_col, workspace;
+  Experts ex;
+
+  ~BatchedState() override {
+    if (handle) cublasDestroy(handle);
+  }
+
+  void convert(const GemmArgs& g, void* stream) override {
+    launch_place(g, stack.p, block_row.as<int32_t>(), local_col.as<int32_t>(), 0, ex.cb * g.sparse.bk,
+                 static_cast<cudaStream_t>(stream));
+  }
+
+  void core(const GemmArgs& g, void* stream) override {
+    const int64_t me = ex.rb * g.sparse.bm, ke = ex.cb * g.sparse.bk, N = g.n();
+    if (N == 0) return;
+    check_cublas(cublasSetStream(handle, static_cast<cudaStream_t>(stream)), "cublasSetStream");
+    const float alpha = g.alpha, beta = g.beta;
+    const cudaDataType in = cuda_type(g.sparse.dtype), out = cuda_type(g.c.dtype);
+    const bool b_row = g.b.layout == Layout::row_major, c_row = g.c.layout == Layout::row_major;
+    // Expert e: A_e is the stack's e-th me x ke row-major matrix, B_e rows [e*ke, (e+1)*ke) of B,
+    // C_e rows [e*me, (e+1)*me) of C.
+    const long long stride_a = me * ke, stride_b = b_row ? ke * g.b.ld : ke, stride_c = c_row ? me * g.c.ld : me;
+    cublasStatus_t st;
+    if (c_row) {  // column-major C_e^T (N x me) = B_e^T * A_e^T
+      st = cublasGemmStridedBatchedEx(handle, b_row ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(me), int(ke),
+                                      &alpha, g.b.data, in, int(g.b.ld), stride_b, stack.p, in, int(ke), stride_a,
+                                      &beta, g.c.data, out, int(g.c.ld), stride_c, int(ex.count), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT);
+    } else {  // C_e (me x N) = A_e * B_e
+      st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, b_row ? CUBLAS_OP_T : CUBLAS_OP_N, int(me), int(N), int(ke),
+                                      &alpha, stack.p, in, int(ke), stride_a, g.b.data, in, int(g.b.ld), stride_b,
+                                      &beta, g.c.data, out, int(g.c.ld), stride_c, int(ex.count), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT);
+    }
+    check_cublas(st, "cublasGemmStridedBatchedEx");
+  }
+};
+
+// The pattern on the host (why_not and prepare() both need it).
+std::pair<std::vector<int32_t>, std::vector<int32_t>> host_indices(const BsrView& a) {
+  return {copy_to_host(a.row_ptr, a.mb() + 1, a.memory), copy_to_host(a.col_idx, a.nnzb, a.memory)};
+}
+
+std::string batched_why_not(const GemmArgs& g) {
+  if (std::string why = common_why_not(g); !why.empty()) return why;
+  if (g.kind != OpKind::dsd || g.op != Op::none) return "runs the DSD product with op none only";
+  const BsrView& a = g.sparse;
+  if (a.mb() == 0 || a.nnzb == 0) return "A stores no block";
+  try {
+    const auto [rp, ci] = host_indices(a);
+    return find_experts(rp, ci, a.mb(), a.kb()).why_not;
+  } catch (const Error& e) {
+    return std::string("could not read the pattern: ") + e.what();
+  }
+}
+
+std::unique_ptr<VariantState> batched_prepare(const GemmArgs& g, const Options&) {
+  auto st = std::make_unique<BatchedState>();
+  const BsrView& a = g.sparse;
+  const auto [rp, ci] = host_indices(a);
+  st->ex = find_experts(rp, ci, a.mb(), a.kb());
+  if (st->ex.count == 0) throw Error(Status::unsupported, "cublas_batched: " + st->ex.why_not);
+  check_cublas(cublasCreate(&st->handle), "cublasCreate");
+  st->workspace.alloc(size_t(32) << 20, "cudaMalloc(cuBLAS workspace)");
+  check_cublas(cublasSetWorkspace(st->handle, st->workspace.p, st->workspace.bytes), "cublasSetWorkspace");
+  st->stack.alloc(size_t(a.rows) * size_t(st->ex.cb * a.bk) * dtype_size(a.dtype), "cudaMalloc(expert stack)");
+  std::vector<int32_t> br(static_cast<size_t>(a.nnzb)), lc(static_cast<size_t>(a.nnzb));
+  for (int64_t r = 0; r < a.mb(); ++r)
+    for (int32_t j = rp[size_t(r)]; j < rp[size_t(r + 1)]; ++j) {
+      br[size_t(j)] = int32_t(r);
+      lc[size_t(j)] = int32_t(ci[size_t(j)] - (r / st->ex.rb) * st->ex.cb);
+    }
+  upload(st->block_row, br, "cudaMalloc(block_row)");
+  upload(st->local_col, lc, "cudaMalloc(local columns)");
+  return st;
+}
+
 void peer_run(const GemmArgs& g, const Options& o, VariantState* state) {
   auto* st = static_cast<peers::PeerState*>(state);
   st->convert(g, o.stream);
@@ -579,6 +703,7 @@ std::vector<Variant> peer_variants() {
       {"cusparse_ell", Backend::cuda, true, &peers::ell_why_not,
        [](const GemmArgs& g, const Options&) { return peers::cusparse_prepare(g, true); }, &peers::peer_run},
       {"cublas_dense", Backend::cuda, true, &peers::cublas_why_not, &peers::cublas_prepare, &peers::peer_run},
+      {"cublas_batched", Backend::cuda, true, &peers::batched_why_not, &peers::batched_prepare, &peers::peer_run},
   };
 }
 
