@@ -111,7 +111,8 @@ def main(argv=None):
     for j in range(len(ws), rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle(title_of(doc), fontsize=10)
-    fig.tight_layout()
+    # Leave the top 0.4 inch to the title (tight_layout alone lets the first row's titles cross it).
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
     fig.savefig(out, dpi=130)
     plt.close(fig)
     written = [out]
