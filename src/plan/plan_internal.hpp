@@ -89,6 +89,17 @@ bool stream_is_capturing(void* stream);
 // A plan that ran while its stream was being captured is also kept for the life of the process
 // (keep_for_graph): the graph holds its workspace and schedule, and when the graph is destroyed is
 // not visible here. Eviction and clear() then drop only the cache's own copy (the state is shared).
+// The state that copies of a plan share (what tells two handles of one plan from two plans): the
+// plan classes' variant name lives in it.
+template <class P>
+const void* shared_state(const P& p) {
+  return &p.variant();
+}
+template <class T>
+const void* shared_state(const std::shared_ptr<T>& p) {
+  return p.get();
+}
+
 template <class Key, class P>
 class PlanCache {
  public:
@@ -123,8 +134,11 @@ class PlanCache {
     evicted.swap(lru_);
     hits_ = misses_ = 0;
   }
+  // A plan captured again (a graph re-captured in a loop) is kept once, not once per capture.
   void keep_for_graph(const P& p) {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const P& k : kept_)
+      if (shared_state(k) == shared_state(p)) return;
     kept_.push_back(p);
   }
   PlanCacheStats stats() {

@@ -290,6 +290,25 @@ TEST(PlanCacheInternals, PlansKeptForGraphsOutliveEvictionAndClear) {
   EXPECT_FALSE(alive.expired()) << "the kept plan was freed";
 }
 
+// A graph re-captured in a loop runs the same plan under every capture: it is kept once.
+TEST(PlanCacheInternals, APlanCapturedAgainIsKeptOnce) {
+  PlanCache<int, std::shared_ptr<int>> cache;
+  auto p = std::make_shared<int>(7), q = std::make_shared<int>(7);
+  for (int i = 0; i < 100; ++i) cache.keep_for_graph(p);
+  EXPECT_EQ(cache.stats().kept, 1u);
+  cache.keep_for_graph(q);  // an equal value, another plan
+  EXPECT_EQ(cache.stats().kept, 2u);
+  // The library's own plan handles: copies share one state.
+  PlanCache<int, Plan> plans;
+  auto gc = make_case(dsd_spec(23));
+  const Plan a = plan(gc->args), b = a, c = plan(gc->args);
+  plans.keep_for_graph(a);
+  plans.keep_for_graph(b);
+  EXPECT_EQ(plans.stats().kept, 1u) << "a copy of a kept plan was kept again";
+  plans.keep_for_graph(c);
+  EXPECT_EQ(plans.stats().kept, 2u) << "another plan for the same problem is another state";
+}
+
 TEST_F(PlanTest, OneShotCacheKeysOnOptions) {
   auto gc = make_case(dsd_spec(19));
   gemm(gc->args);
