@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -468,19 +468,28 @@ std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, in
   const bool gated = !(gate_env && std::string(gate_env) == "off");
   const int batch = gated ? std::max(1, 96 / (calls + 2)) : reps;
   std::vector<std::unique_ptr<Gate>> gates;
-  for (int first = 0; first < reps; first += batch) {
-    if (gated) {
-      gates.push_back(std::make_unique<Gate>());
-      check_cuda(cudaLaunchHostFunc(nullptr, &hold_until_open, gates.back().get()), "cudaLaunchHostFunc(hold the stream)");
+  try {
+    for (int first = 0; first < reps; first += batch) {
+      if (gated) {
+        gates.push_back(std::make_unique<Gate>());
+        check_cuda(cudaLaunchHostFunc(nullptr, &hold_until_open, gates.back().get()),
+                   "cudaLaunchHostFunc(hold the stream)");
+      }
+      for (int i = first; i < std::min(reps, first + batch); ++i) {
+        check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
+        for (int c = 0; c < calls; ++c) run_next();
+        check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
+      }
+      if (gated) gates.back()->open.store(true, std::memory_order_release);
     }
-    for (int i = first; i < std::min(reps, first + batch); ++i) {
-      check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-      for (int c = 0; c < calls; ++c) run_next();
-      check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
-    }
-    if (gated) gates.back()->open.store(true, std::memory_order_release);
+    check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
+  } catch (...) {
+    // A run failed mid-batch: let the held stream go, and leave the gates to the host functions
+    // that may still read them (after a device error they may never run; a few bytes stay behind).
+    for (auto& g : gates) g.release()->open.store(true, std::memory_order_release);
+    cudaDeviceSynchronize();
+    throw;
   }
-  check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
   const auto gave_up = std::count_if(gates.begin(), gates.end(), [](const auto& g) { return g->gave_up.load(); });
   if (gave_up > 0)
     std::fprintf(stderr, "note: %d of %d batches were enqueued slower than %d ms; their timings include the host's launch rate\n",

@@ -16,9 +16,9 @@
 #include <cusparse.h>
 
 #include <climits>
-#include <utility>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.hpp"
@@ -577,8 +577,9 @@ Experts find_experts(const std::vector<int32_t>& rp, const std::vector<int32_t>&
     x.why_not = "A stores no block";
     return x;
   }
+  // Expert 0: the leading block rows that store cb blocks starting at column 0.
   x.cb = rp[1] - rp[0];
-  while (x.rb < mb && rp[size_t(x.rb + 1)] - rp[size_t(x.rb)] == x.cb && x.cb > 0 && ci[size_t(rp[size_t(x.rb)])] == 0)
+  while (x.cb > 0 && x.rb < mb && rp[size_t(x.rb + 1)] - rp[size_t(x.rb)] == x.cb && ci[size_t(rp[size_t(x.rb)])] == 0)
     ++x.rb;
   if (x.rb == 0 || mb % x.rb != 0 || kb % x.cb != 0 || mb / x.rb != kb / x.cb) {
     x.why_not = "A is not block-diagonal with equal, fully stored experts (block row 0 stores " +
