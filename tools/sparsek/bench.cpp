@@ -282,6 +282,7 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
   j["mode"] = gpu ? "gpu" : "cpu";
   j["device"] = device_json(gpu, threads);
   j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
+  if (gpu) j["settings"]["stream_held"] = stream_held();  // time_gpu()
   j["units"] = gpu ? "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks"
                    : "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks (the table shows GFLOPS)";
   Json ws = Json::array();
@@ -871,7 +872,9 @@ int bench_main(const std::vector<std::string>& argv) {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
                 info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.runtime_version,
                 info.driver_version);
-    std::printf("median of %d runs after %d warm-up runs, CUDA events; alpha = 1, beta = 0\n", reps, warmup);
+    std::printf("median of %d runs after %d warm-up runs, CUDA events (%s); alpha = 1, beta = 0\n", reps, warmup,
+                stream_held() ? "GPU time: the stream held until each batch is enqueued"
+                              : "SPARSEK_BENCH_GATE=off: runs timed as the host issues them");
     for (size_t i = 0; i < table.size(); ++i) {
       std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
       results.push_back(run_gpu(table[i], reps, warmup, seed, only, steps, prefix));

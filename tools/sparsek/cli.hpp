@@ -209,6 +209,9 @@ double median(std::vector<double> v);  // NaN when empty
 // run to run). Returns the time per run of each timing in ms. calls > 1 measures a stream of calls
 // (a decode step's layers), where one call may start while the previous one ends; with calls = 1
 // the events sit between the runs and each run is timed alone.
+// The stream is held until each batch of timed runs is enqueued, so the events time GPU work only
+// (time_gpu()); SPARSEK_BENCH_GATE=off times the runs as the host issues them.
+bool stream_held();
 std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls = 1);
 
 std::string now_utc_iso8601();

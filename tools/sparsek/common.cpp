@@ -453,6 +453,11 @@ void CUDART_CB hold_until_open(void* p) {
 }
 }  // namespace
 
+bool stream_held() {
+  const char* e = std::getenv("SPARSEK_BENCH_GATE");  // off: the host's launch rate is timed too
+  return !(e && std::string(e) == "off");
+}
+
 std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls) {
   int next = 0;  // the input set of the next run
   auto run_next = [&] {
@@ -464,8 +469,7 @@ std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, in
   GpuTimer t(reps);
   // A batch stays well inside the launch queue, which the host must not fill while the stream is
   // held (it would wait for the GPU, and the GPU for it, until the gate gives up).
-  const char* gate_env = std::getenv("SPARSEK_BENCH_GATE");  // off: the host's launch rate is timed too
-  const bool gated = !(gate_env && std::string(gate_env) == "off");
+  const bool gated = stream_held();
   const int batch = gated ? std::max(1, 96 / (calls + 2)) : reps;
   std::vector<std::unique_ptr<Gate>> gates;
   try {
