@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <memory>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #define CHECK(x)                                                                 \

@@ -18,12 +18,12 @@
 #include <climits>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/device.hpp"
 #include "cuda/peers/peers.hpp"
 #include "plan/backends.hpp"
+#include "plan/plan_internal.hpp"
 
 namespace sparsek {
 namespace peers {
@@ -571,9 +571,9 @@ struct Experts {
   std::string why_not;
 };
 
-Experts find_experts(const std::vector<int32_t>& rp, const std::vector<int32_t>& ci, int64_t mb, int64_t kb) {
+Experts find_experts(const int32_t* rp, const int32_t* ci, int64_t mb, int64_t kb) {
   Experts x;
-  if (mb == 0 || ci.empty()) {
+  if (mb == 0 || !ci || rp[mb] == 0) {
     x.why_not = "A stores no block";
     return x;
   }
@@ -641,19 +641,14 @@ struct BatchedState : peers::PeerState {
   }
 };
 
-// The pattern on the host (why_not and prepare() both need it).
-std::pair<std::vector<int32_t>, std::vector<int32_t>> host_indices(const BsrView& a) {
-  return {copy_to_host(a.row_ptr, a.mb() + 1, a.memory), copy_to_host(a.col_idx, a.nnzb, a.memory)};
-}
-
 std::string batched_why_not(const GemmArgs& g) {
   if (std::string why = common_why_not(g); !why.empty()) return why;
   if (g.kind != OpKind::dsd || g.op != Op::none) return "runs the DSD product with op none only";
   const BsrView& a = g.sparse;
   if (a.mb() == 0 || a.nnzb == 0) return "A stores no block";
   try {
-    const auto [rp, ci] = host_indices(a);
-    return find_experts(rp, ci, a.mb(), a.kb()).why_not;
+    const HostPattern hp = host_pattern(a);
+    return find_experts(hp.row_ptr, hp.col_idx, a.mb(), a.kb()).why_not;
   } catch (const Error& e) {
     return std::string("could not read the pattern: ") + e.what();
   }
@@ -662,7 +657,8 @@ std::string batched_why_not(const GemmArgs& g) {
 std::unique_ptr<VariantState> batched_prepare(const GemmArgs& g, const Options&) {
   auto st = std::make_unique<BatchedState>();
   const BsrView& a = g.sparse;
-  const auto [rp, ci] = host_indices(a);
+  const HostPattern hp = host_pattern(a);
+  const int32_t *rp = hp.row_ptr, *ci = hp.col_idx;
   st->ex = find_experts(rp, ci, a.mb(), a.kb());
   if (st->ex.count == 0) throw Error(Status::unsupported, "cublas_batched: " + st->ex.why_not);
   check_cublas(cublasCreate(&st->handle), "cublasCreate");
