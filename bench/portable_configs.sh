@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Tile-configuration experiments for the portable kernel (docs/KERNELS.md): builds
-# bench/portable_timing.cu against copies of src/cuda/gemm/portable_sm80.cu whose Config<BM> rows
+# bench/portable_timing.cu against copies of src/kernels/sm80/portable_sm80.cu whose Config<BM> rows
 # are replaced, then times each copy on the workloads it changes. Run from the repository root
 # after building the library:   bench/portable_configs.sh BUILD_DIR OUT_DIR [reps] [build-only]
 set -uo pipefail
-SRC=src/cuda/gemm/portable_sm80.cu
+SRC=src/kernels/sm80/portable_sm80.cu
 B=${1:-build}
 O=${2:-/tmp/portable-configs}
 REPS=${3:-20}

@@ -24,7 +24,7 @@
 #include "sparsek/gemm.hpp"
 
 // Tile-configuration experiments (bench/portable_configs.sh): PORTABLE_SRC names a copy of
-// src/cuda/gemm/portable_sm80.cu with other Config<BM> rows and portable_variants renamed to
+// src/kernels/sm80/portable_sm80.cu with other Config<BM> rows and portable_variants renamed to
 // portable_variants_exp; its run() is called directly instead of gemm().
 #ifdef PORTABLE_SRC
 #include PORTABLE_SRC

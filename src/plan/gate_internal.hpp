@@ -1,5 +1,5 @@
 // Internal: the top-k block gate's shape and selection rules, shared by the dispatch (plan/gate.cpp),
-// the CPU reference (cpu/gate_cpu.cpp) and the CUDA kernels (cuda/attention/gate.cu), so that the
+// the CPU reference (cpu/gate_cpu.cpp) and the CUDA kernels (kernels/gate/gate.cu), so that the
 // rules that decide which blocks a row may and must keep are written once.
 #pragma once
 #include <cmath>
@@ -35,7 +35,7 @@ struct GateShape {
 GateShape gate_shape(const GateArgs& args);
 
 void gate_cpu(const GateArgs& args, const GateShape& s);                 // cpu/gate_cpu.cpp
-void gate_cuda(const GateArgs& args, const GateShape& s, void* stream);  // cuda/attention/gate.cu
+void gate_cuda(const GateArgs& args, const GateShape& s, void* stream);  // kernels/gate/gate.cu
 // "" when the GPU gate can run this problem, else why not (e.g. too many key blocks for one row's
 // scores in shared memory).
 std::string gate_cuda_why_not(const GateArgs& args, const GateShape& s);

@@ -1,5 +1,5 @@
 // Internal (host): schedules of the persistent Hopper kernels, built once per pattern by plan()
-// and consumed by the kernels' device-side item loop (src/cuda/common/pipeline.cuh).
+// and consumed by the kernels' device-side item loop (src/kernels/sm90/kit/ring.cuh).
 #pragma once
 #include <vector_types.h>
 
@@ -76,7 +76,7 @@ RowPairs pair_rows(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 // by multicast between CTA pairs gains nothing there (prepare_hopper()).
 bool identical_row_pairs(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 
-// Schedule of the small-N streaming kernel (src/cuda/gemm/smalln_sm80.cu): one unit per CTA, the
+// Schedule of the small-N streaming kernel (src/kernels/sm80/smalln_sm80.cu): one unit per CTA, the
 // whole of N (in N tiles that the kernel adds itself). A unit is a block row, or a piece of one:
 // {block row, first stored block, end stored block, partial slot (-1: the whole row, written to C)}.
 // The kernel is bound by A's bytes, and every unit runs at about the same rate while the units in

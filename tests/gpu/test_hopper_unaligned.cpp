@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cpu/oracle.hpp"
-#include "cuda/gemm/hopper_sdd.hpp"
-#include "cuda/gemm/pack_lines.hpp"
+#include "kernels/sdd_sm90/hopper_sdd.hpp"
+#include "kernels/dsd_sm90/pack_lines.hpp"
 #include "gpu/device_case.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/plan.hpp"

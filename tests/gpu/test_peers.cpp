@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cpu/oracle.hpp"
-#include "cuda/peers/peers.hpp"
+#include "kernels/peers/peers.hpp"
 #include "gpu/device_case.hpp"
 #include "plan/variant.hpp"
 #include "test_util.hpp"

@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cpu/oracle.hpp"
-#include "cuda/ptx/async.cuh"
+#include "kernels/ptx/async.cuh"
 #include "device_case.hpp"
 #include "sparsek/plan.hpp"
 

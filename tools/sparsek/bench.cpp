@@ -27,7 +27,7 @@
 #include "cli.hpp"
 #include "core/device.hpp"
 #include "cpu/oracle.hpp"
-#include "cuda/peers/peers.hpp"
+#include "kernels/peers/peers.hpp"
 #include "plan/backends.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/tune.hpp"

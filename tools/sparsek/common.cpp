@@ -19,7 +19,7 @@
 
 #include "cli.hpp"
 #include "core/device.hpp"
-#include "cuda/peers/peers.hpp"
+#include "kernels/peers/peers.hpp"
 #include "sparsek/tune.hpp"
 
 namespace sparsek::cli {

@@ -10,7 +10,7 @@
 
 #include "cli.hpp"
 #include "core/device.hpp"
-#include "cuda/peers/peers.hpp"
+#include "kernels/peers/peers.hpp"
 #include "plan/variant.hpp"
 
 #ifndef SPARSEK_CUDA_GENCODE_LIST

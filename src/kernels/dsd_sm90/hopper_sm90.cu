@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/common/tma.hpp"
-#include "cuda/gemm/hopper_dsd.hpp"
-#include "cuda/gemm/hopper_sdd.hpp"
-#include "cuda/gemm/pack_lines.hpp"
+#include "kernels/sm90/kit/tma.hpp"
+#include "kernels/dsd_sm90/hopper_dsd.hpp"
+#include "kernels/sdd_sm90/hopper_sdd.hpp"
+#include "kernels/dsd_sm90/pack_lines.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 #include "plan/schedule.hpp"

@@ -58,13 +58,13 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/common/dtype.cuh"
-#include "cuda/common/pipeline.cuh"
-#include "cuda/common/swizzle.cuh"
-#include "cuda/common/tile_mma.cuh"
-#include "cuda/common/tma.hpp"
-#include "cuda/ptx/async.cuh"
-#include "cuda/ptx/wgmma.cuh"
+#include "kernels/dtype.cuh"
+#include "kernels/sm90/kit/ring.cuh"
+#include "kernels/sm90/kit/swizzle.cuh"
+#include "kernels/sm90/kit/tile_mma.cuh"
+#include "kernels/sm90/kit/tma.hpp"
+#include "kernels/ptx/async.cuh"
+#include "kernels/ptx/wgmma.cuh"
 #include "plan/backends.hpp"
 
 namespace sparsek {

@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "core/device.hpp"
-#include "cuda/gemm/pack_lines.hpp"
+#include "kernels/dsd_sm90/pack_lines.hpp"
 
 namespace sparsek {
 namespace {

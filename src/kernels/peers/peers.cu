@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/peers/peers.hpp"
+#include "kernels/peers/peers.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 

@@ -14,7 +14,7 @@
 //    chunks use the 64-byte swizzle) or K-major rows (B column-major, one box per block).
 //  - Producer warp, ring of mbarrier stages, cooperative (bm = 128) or ping-pong (bm <= 64)
 //    consumer warpgroups, the swap for bm = 32 and the wgmma issue are the DSD kernel's
-//    (hopper_sm90.cu, src/cuda/common/wgmma_tile.cuh).
+//    (hopper_sm90.cu, src/kernels/sm90/kit/tile.cuh).
 //  - Epilogue straight from the registers into the blocks' values (row-major inside a block; the
 //    pair of adjacent columns as one access): the dense K loop makes it a small share of an item.
 //  - Persistent grid: plan() groups the blocks (build_sdd_schedule) and deals the equal-cost items
@@ -30,12 +30,12 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/common/dtype.cuh"
-#include "cuda/common/pipeline.cuh"
-#include "cuda/common/tma.hpp"
-#include "cuda/common/wgmma_tile.cuh"
-#include "cuda/gemm/hopper_sdd.hpp"
-#include "cuda/ptx/async.cuh"
+#include "kernels/dtype.cuh"
+#include "kernels/sm90/kit/ring.cuh"
+#include "kernels/sm90/kit/tma.hpp"
+#include "kernels/sm90/kit/tile.cuh"
+#include "kernels/sdd_sm90/hopper_sdd.hpp"
+#include "kernels/ptx/async.cuh"
 #include "plan/plan_internal.hpp"
 #include "plan/schedule.hpp"
 

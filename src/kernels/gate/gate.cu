@@ -21,7 +21,7 @@
 #include <string>
 
 #include "core/device.hpp"
-#include "cuda/common/dtype.cuh"
+#include "kernels/dtype.cuh"
 #include "plan/gate_internal.hpp"
 
 namespace sparsek {

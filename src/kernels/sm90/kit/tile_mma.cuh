@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/ptx/wgmma.cuh"
+#include "kernels/ptx/wgmma.cuh"
 
 namespace sparsek::dev {
 

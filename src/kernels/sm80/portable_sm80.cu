@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/device.hpp"
-#include "cuda/ptx/mma_sm80.cuh"
+#include "kernels/ptx/mma_sm80.cuh"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 

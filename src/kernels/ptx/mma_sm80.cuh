@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/ptx/async.cuh"  // smem_addr
+#include "kernels/ptx/async.cuh"  // smem_addr
 
 namespace sparsek::ptx {
 

@@ -5,9 +5,9 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/common/pipeline.cuh"
-#include "cuda/ptx/async.cuh"
-#include "cuda/ptx/wgmma.cuh"
+#include "kernels/sm90/kit/ring.cuh"
+#include "kernels/ptx/async.cuh"
+#include "kernels/ptx/wgmma.cuh"
 
 namespace sparsek::dev {
 

@@ -57,13 +57,13 @@
 #include <utility>
 #include <vector>
 #include "core/device.hpp"
-#include "cuda/common/dtype.cuh"
-#include "cuda/common/pipeline.cuh"
-#include "cuda/common/tma.hpp"
-#include "cuda/common/wgmma_tile.cuh"
-#include "cuda/gemm/hopper_dsd.hpp"
-#include "cuda/ptx/async.cuh"
-#include "cuda/ptx/wgmma.cuh"
+#include "kernels/dtype.cuh"
+#include "kernels/sm90/kit/ring.cuh"
+#include "kernels/sm90/kit/tma.hpp"
+#include "kernels/sm90/kit/tile.cuh"
+#include "kernels/dsd_sm90/hopper_dsd.hpp"
+#include "kernels/ptx/async.cuh"
+#include "kernels/ptx/wgmma.cuh"
 
 namespace sparsek {
 // Device side in a named namespace: members unused by the sm_80 pass would warn (#177) in an

@@ -1,5 +1,5 @@
 // Host side of the TMA tensor maps (tma.hpp).
-#include "cuda/common/tma.hpp"
+#include "kernels/sm90/kit/tma.hpp"
 
 #include <cuda_runtime.h>
 
