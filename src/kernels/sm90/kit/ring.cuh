@@ -1,10 +1,12 @@
-// Device pieces of the warp-specialized Hopper kernels (products and attention): the position in
-// a ring of shared-memory stages guarded by mbarriers, and the wait limit that turns a lost
-// arrival into an error instead of a hang.
+// The Hopper kit: a ring of shared-memory stages guarded by mbarriers, the wait limit that turns a
+// lost arrival into an error instead of a hang, and a persistent CTA's share of a plan's work list.
+// Every warp-specialized family (products and attention) walks its stages with these.
 #pragma once
 #include <cstdint>
 
-namespace sparsek::dev {
+#include "kernels/ptx/async.cuh"
+
+namespace sparsek::kit {
 
 // A pipeline wait longer than this (~20 s at 2 GHz) is a lost arrival: trap rather than hang.
 constexpr long long kWaitLimit = 40'000'000'000LL;
@@ -29,6 +31,12 @@ struct Ring {
   }
 };
 
+// `count` mbarriers 8 bytes apart from `first`, each completing a phase on `arrivals` arrivals.
+// Thread 0 of the CTA calls it; the caller fences (ptx::fence_mbar_init) and syncs after the last.
+__device__ __forceinline__ void init_barriers(uint32_t first, int count, uint32_t arrivals) {
+  for (int s = 0; s < count; ++s) ptx::mbar_init(first + 8 * s, arrivals);
+}
+
 // The persistent grid's share of a work list built by plan(): list b (one CTA, or one cluster of
 // CTAs) runs items [first, last) with first = bounds[b], last = bounds[b + 1].
 struct ItemRange {
@@ -38,4 +46,4 @@ __device__ __forceinline__ ItemRange item_range(const int* bounds, int list) {
   return {bounds[list], bounds[list + 1]};
 }
 
-}  // namespace sparsek::dev
+}  // namespace sparsek::kit
