@@ -13,7 +13,7 @@
 #include "kernels/sm90/kit/tma.hpp"
 #include "sparsek/attention.hpp"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // ---- the config table: every (D, block, dtype) that is built ----
 struct Key {
@@ -170,4 +170,4 @@ struct Kernel {
 // The built kernel for key, or null.
 const Kernel* find_kernel(const Key& key);
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

@@ -18,7 +18,7 @@
 #include "kernels/sm90/kit/store.cuh"
 #include "kernels/sm90/kit/tile.cuh"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // P^T = exp2(S^T scale log2e - LSE2) (0 where masked), dS^T = P^T o (dP^T - Delta), in place.
 // Element (register 4c + 2h + e) is key key_row + 8h, query row0 + 8c + 2 (lane % 4) + e.
@@ -252,4 +252,4 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
   if (tid == 0) ptx::bulk_wait_group<0>();
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

@@ -7,7 +7,7 @@
 #include "kernels/ptx/async.cuh"
 #include "kernels/sm90/kit/store.cuh"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // dQ tile t of the step (its wgmma complete) -> the output buffer in accumulator-fragment order
 // (the accumulator's layout in global memory too): integers on the row's grid (deterministic; qs0,
@@ -77,4 +77,4 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[Cfg::KV_REGS], con
   }
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

@@ -37,7 +37,7 @@
 #include "kernels/attn_bwd_sm90/producer.cuh"
 #include "kernels/sm90/kit/tma.hpp"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
@@ -102,4 +102,4 @@ const Kernel* find_kernel(const Key& key) {
   return nullptr;
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

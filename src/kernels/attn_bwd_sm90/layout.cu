@@ -8,7 +8,7 @@
 #include "core/device.hpp"
 #include "kernels/attn_bwd_sm90/passes.hpp"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // Sort records: slot (row, t) of the forward layout -> key = its column (ncols when unused).
 __global__ void bwd_layout_keys(const LayoutParams lp, unsigned* keys, int* slots, int* col_begin, int* col_end,
@@ -77,4 +77,4 @@ void transposed_layout(const LayoutParams& lp, const LayoutBuffers& b, cudaStrea
   check_cuda(cudaGetLastError(), "bwd_layout_columns launch");
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

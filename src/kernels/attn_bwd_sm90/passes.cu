@@ -14,7 +14,7 @@
 #include "kernels/attn_bwd_sm90/passes.hpp"
 #include "kernels/dtype.cuh"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // The memory-bound passes: K/V bounds and preprocess (before the main kernel), postprocess (after).
 
@@ -226,4 +226,4 @@ void launch_postprocess(const DqParams& dp, bool bf16, int64_t tiles, cudaStream
   check_cuda(cudaGetLastError(), "bwd_postprocess launch");
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

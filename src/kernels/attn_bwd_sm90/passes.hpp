@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 // ---- the transposed layout (runs first: it also resets the item counter) ----
 struct LayoutParams {
@@ -75,4 +75,4 @@ void launch_kv_bounds(const KvParams& kp, bool bf16, int d, int64_t heads, int64
 void launch_preprocess(const RowParams& rp, bool bf16, int d, int64_t heads, int64_t chunks, cudaStream_t stream);
 void launch_postprocess(const DqParams& dp, bool bf16, int64_t tiles, cudaStream_t stream);
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

@@ -8,7 +8,7 @@
 #include "kernels/ptx/async.cuh"
 #include "kernels/sm90/kit/ring.cuh"
 
-namespace sparsek::attn_bwd {
+namespace sparsek::attn_bwd_sm90 {
 
 template <class Cfg>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -81,4 +81,4 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
   }
 }
 
-}  // namespace sparsek::attn_bwd
+}  // namespace sparsek::attn_bwd_sm90

@@ -17,7 +17,7 @@
 
 namespace sparsek {
 namespace {
-using namespace attn_bwd;
+using namespace attn_bwd_sm90;
 
 Key key_of(const AttentionBackwardArgs& a) {
   return {int(a.forward.q.d), a.forward.layout.block_q, a.forward.q.dtype == DType::bf16};

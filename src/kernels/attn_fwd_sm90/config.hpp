@@ -13,7 +13,7 @@
 #include "kernels/sm90/kit/tma.hpp"
 #include "sparsek/attention.hpp"
 
-namespace sparsek::attn_fwd {
+namespace sparsek::attn_fwd_sm90 {
 
 // ---- the config table: every (D, block, dtype) that is built ----
 struct Key {
@@ -170,4 +170,4 @@ const Kernel* find_kernel(const Key& key);
 // Sort keys of the item order: every item's block count (into lengths, on stream).
 void launch_item_lengths(const Params& p, unsigned* lengths, cudaStream_t stream);
 
-}  // namespace sparsek::attn_fwd
+}  // namespace sparsek::attn_fwd_sm90

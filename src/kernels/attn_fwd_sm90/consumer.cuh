@@ -14,7 +14,7 @@
 #include "kernels/sm90/kit/ring.cuh"
 #include "kernels/sm90/kit/tile.cuh"
 
-namespace sparsek::attn_fwd {
+namespace sparsek::attn_fwd_sm90 {
 
 // Masks, online softmax update and P as wgmma A fragments. first: no earlier block (O untouched).
 // NOTE: runs while no wgmma of this warpgroup is in flight (the other warpgroup's are), so S and O
@@ -188,4 +188,4 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   if (threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();
 }
 
-}  // namespace sparsek::attn_fwd
+}  // namespace sparsek::attn_fwd_sm90

@@ -6,7 +6,7 @@
 #include "kernels/ptx/async.cuh"
 #include "kernels/sm90/kit/store.cuh"
 
-namespace sparsek::attn_fwd {
+namespace sparsek::attn_fwd_sm90 {
 
 template <class Cfg>
 __device__ __forceinline__ void epilogue(RowState<Cfg>& st, const CUtensorMap* tm_o, const Params& p, const Item& it,
@@ -39,4 +39,4 @@ __device__ __forceinline__ void epilogue(RowState<Cfg>& st, const CUtensorMap* t
   }
 }
 
-}  // namespace sparsek::attn_fwd
+}  // namespace sparsek::attn_fwd_sm90

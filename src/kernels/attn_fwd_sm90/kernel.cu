@@ -11,7 +11,7 @@
 #include "kernels/attn_fwd_sm90/producer.cuh"
 #include "kernels/sm90/kit/tma.hpp"
 
-namespace sparsek::attn_fwd {
+namespace sparsek::attn_fwd_sm90 {
 
 // Sort keys: every item's block count (the sort orders items longest first).
 __global__ void attention_item_lengths(const Params p, unsigned* lengths) {
@@ -90,4 +90,4 @@ void launch_item_lengths(const Params& p, unsigned* lengths, cudaStream_t stream
   check_cuda(cudaGetLastError(), "attention_item_lengths launch");
 }
 
-}  // namespace sparsek::attn_fwd
+}  // namespace sparsek::attn_fwd_sm90

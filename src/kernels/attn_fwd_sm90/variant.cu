@@ -17,7 +17,7 @@
 
 namespace sparsek {
 namespace {
-using namespace attn_fwd;
+using namespace attn_fwd_sm90;
 
 Key key_of(const AttentionArgs& a) { return {int(a.q.d), a.layout.block_q, a.q.dtype == DType::bf16}; }
 

@@ -79,7 +79,9 @@ __device__ __forceinline__ int fragment_col(int lane, int j, int e) { return 8 *
 // fragment's row is the column n and its column the row r.
 template <bool SWAP>
 __device__ __forceinline__ void fragment_coord(int mi, int j, int h, int e, int warp, int lane, int& r, int& n) {
-  const int fr = fragment_row(warp, lane, h), fc = fragment_col(lane, j, e);
+  // (The same values as fragment_row() / fragment_col(), in the products' order of the terms: ptxas
+  // allocates the epilogues' registers differently for the other one, and the 64-row kernels spill.)
+  const int fr = warp * 16 + h * 8 + lane / 4, fc = j * 8 + (lane % 4) * 2 + e;
   if constexpr (SWAP) {
     r = fc;
     n = mi * 64 + fr;
