@@ -1,5 +1,5 @@
 // Attention's plan(), run() and one-shot attention(), and the backward's plan(), run() and
-// attention_backward(), in the products' shape (plan.cpp, dispatch.cpp). A plan is made for shapes,
+// attention_backward(), in the products' shape (plan.cpp, one_shot.cpp). A plan is made for shapes,
 // strides, dtypes, memory, the layout's extents, causal and scale; never for the layout's contents,
 // which may change on every run (a gate makes a new layout every step): plan() and run() do not
 // read them.
