@@ -9,8 +9,8 @@
 
 #include "core/device.hpp"
 #include "plan/plan_internal.hpp"
+#include "plan/tuned_choice.hpp"
 #include "sparsek/gemm.hpp"
-#include "sparsek/tune.hpp"
 
 namespace sparsek {
 
@@ -111,7 +111,7 @@ void gemm(const GemmArgs& g, const Options& o) {
   if (g.kind != OpKind::sdd) key.c = dense_key(g.c);
   key.backend = int(be);
   key.threads = o.threads;
-  key.tune = o.variant.empty() ? int(tune_mode()) : -1;
+  key.tune = o.variant.empty() ? tuned_choice_setting() : -1;
   key.variant = o.variant;
   if (be == Backend::cuda) {
     key.stream = o.stream;

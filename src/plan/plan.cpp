@@ -11,8 +11,7 @@
 
 #include "core/device.hpp"
 #include "plan/plan_internal.hpp"
-#include "sparsek/tune.hpp"
-#include "tune/tune_internal.hpp"
+#include "plan/tuned_choice.hpp"
 
 namespace sparsek {
 
@@ -115,26 +114,9 @@ Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPatter
     v = &forced_variant(g, o.variant, be);
     impl->chosen_by = "forced";
   } else {
-    TuneMode mode = tune_mode();
-    if (mode != TuneMode::off) {
-      TuneKey key = tune_key(g, impl->stats, be, o.threads);
-      if (auto hit = tune_detail::cached_lookup(key)) {
-        const Variant* c = find_variant(hit->variant);
-        // An entry naming a variant this build lacks, or one that cannot run these exact args
-        // (e.g. an alignment the tuned problem had), is not used.
-        if (c && c->backend == be && c->why_not(g).empty()) {
-          v = c;
-          impl->chosen_by = "cache";
-        }
-      }
-      if (!v && mode == TuneMode::on) {
-        TuneReport rep = tune(g, o);
-        if (!rep.store_error.empty())
-          tune_detail::warn_once("tune-store", "tuning result not stored: " + rep.store_error);
-        v = find_variant(rep.entry.variant);
-        impl->chosen_by = "tuned";
-      }
-    }
+    const TunedChoice tuned = tuned_choice(g, o, be, impl->stats);  // the seam: plan/tuned_choice.hpp
+    v = tuned.variant;
+    impl->chosen_by = tuned.chosen_by;
     if (!v) {
       std::string reasons;
       v = heuristic_variant(g, be, &reasons);
