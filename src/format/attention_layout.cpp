@@ -10,6 +10,7 @@
 
 #include "core/device.hpp"
 #include "format/attention_internal.hpp"
+#include "format/format_internal.hpp"
 
 namespace sparsek {
 
@@ -262,22 +263,24 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
   HostLayout hl;
   const int64_t rows = l.batch * l.heads * l.q_blocks;
   const int32_t* src[4] = {l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices};
-  const int64_t count[4] = {rows, rows * l.kmax, l.has_full() ? rows : 0, l.has_full() ? rows * l.full_kmax : 0};
   const int32_t** dst[4] = {&hl.num, &hl.idx, &hl.full_num, &hl.full_idx};
   if (l.memory == Memory::host) {
     for (int a = 0; a < 4; ++a) *dst[a] = src[a];
     return hl;
   }
-  if (stream)
-    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
+  const int64_t count[4] = {rows, rows * l.kmax, l.has_full() ? rows : 0, l.has_full() ? rows * l.full_kmax : 0};
   static const char* what[4] = {"cudaMemcpy(kv_num_blocks to host)", "cudaMemcpy(kv_indices to host)",
                                 "cudaMemcpy(full_kv_num_blocks to host)", "cudaMemcpy(full_kv_indices to host)"};
-  for (int a = 0; a < 4; ++a) {
-    if (!src[a] || count[a] == 0) continue;
-    hl.copies[a].resize(size_t(count[a]));
-    check_cuda(cudaMemcpy(hl.copies[a].data(), src[a], size_t(count[a]) * 4, cudaMemcpyDeviceToHost), what[a]);
-    *dst[a] = hl.copies[a].data();
-  }
+  copy_to_host(stream,
+               "the stream is being captured into a CUDA graph, but checking a device layout's contents reads it "
+               "on the host (a synchronizing copy the capture cannot contain): check the layout before the "
+               "capture and capture the calls with check_indices off",
+               {{src[0], count[0], &hl.copies[0], what[0]},
+                {src[1], count[1], &hl.copies[1], what[1]},
+                {src[2], count[2], &hl.copies[2], what[2]},
+                {src[3], count[3], &hl.copies[3], what[3]}});
+  for (int a = 0; a < 4; ++a)
+    if (!hl.copies[a].empty()) *dst[a] = hl.copies[a].data();
   return hl;
 }
 

@@ -3,6 +3,7 @@
 // product's validation beyond the public validate(), and index arrays read on the host.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "sparsek/bsr.hpp"
@@ -40,11 +41,28 @@ void check_enums(const GemmArgs& g);
 // (the tuner's, which runs on operands of its own).
 void validate_description(const GemmArgs& g, bool check_indices);
 
-// ---- the sparse operand's pattern read on the host (host_copy.cpp) ----
+// ---- index arrays read on the host (host_copy.cpp) ----
 
 // Whether work enqueued on `stream` now would be captured into a CUDA graph (an error reads as no,
 // except cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally).
 bool stream_is_capturing(void* stream);
+
+// One device int32 array to copy into *dst (count entries; nothing when src is null or count 0).
+// `what` names the copy in an error ("cudaMemcpy(row_ptr to host)").
+struct HostCopy {
+  const int32_t* src;
+  int64_t count;
+  std::vector<int32_t>* dst;
+  const char* what;
+};
+// The one way device index arrays (a BSR pattern, an attention layout) reach the host. Refuses
+// with Error(invalid_argument, capture_refusal) when `stream` is being captured into a CUDA graph:
+// the copies synchronize, which a capture cannot contain (CUDA would invalidate the whole capture),
+// so nothing is touched. Then waits for `stream` (a cudaStream_t, may be null): the caller may have
+// written the arrays there, and the copies run on the legacy default stream, which does not order
+// itself after non-blocking streams. A failed CUDA call is cleared before it is thrown (it must not
+// surface again at the caller's next CUDA call).
+void copy_to_host(void* stream, const char* capture_refusal, std::initializer_list<HostCopy> copies);
 
 // The sparse operand's pattern, readable on the host: a view of host memory, or a copy of
 // device memory.
@@ -53,10 +71,8 @@ struct HostPattern {
   const int32_t* col_idx = nullptr;  // [nnzb] (nullptr when not fetched or nnzb = 0)
   std::vector<int32_t> row_ptr_copy, col_idx_copy;
 };
-// s passed the cheap checks. Device memory is copied (synchronously); col_idx only when asked.
-// `stream` (a cudaStream_t, may be null) is waited for first: the caller may have queued the
-// pattern's upload there, and our copies run on the legacy default stream, which does not order
-// itself after non-blocking streams.
+// s passed the cheap checks. Device memory is copied through copy_to_host() (synchronously,
+// after `stream`); col_idx only when asked.
 HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
 // The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.

@@ -1,5 +1,5 @@
-// The sparse operand's pattern read on the host (a view of host memory, or a synchronous copy of
-// device memory) and the pattern of its transpose.
+// Index arrays read on the host: the one copy path for device arrays (a BSR pattern here, an
+// attention layout in attention_layout.cpp), the sparse operand's pattern, and its transpose.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -11,6 +11,14 @@ namespace sparsek {
 
 namespace {
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
+
+// check_cuda(), but a failed call's error is cleared first: the caller's next CUDA call (a
+// framework's launch check, say) must not report it again as its own.
+void check_cleared(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  check_cuda(e, what);
+}
 }  // namespace
 
 bool stream_is_capturing(void* stream) {
@@ -20,6 +28,20 @@ bool stream_is_capturing(void* stream) {
   return ce == cudaErrorStreamCaptureImplicit || (ce == cudaSuccess && capture != cudaStreamCaptureStatusNone);
 }
 
+void copy_to_host(void* stream, const char* capture_refusal, std::initializer_list<HostCopy> copies) {
+  // NOTE: the copies below synchronize, which a stream capture cannot contain (CUDA would
+  // invalidate the whole capture): refuse before touching anything, saying what to do instead.
+  // cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally.
+  if (stream_is_capturing(stream)) bad(capture_refusal);
+  if (stream)
+    check_cleared(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
+  for (const HostCopy& c : copies) {
+    if (!c.src || c.count <= 0) continue;
+    c.dst->resize(size_t(c.count));
+    check_cleared(cudaMemcpy(c.dst->data(), c.src, size_t(c.count) * 4, cudaMemcpyDeviceToHost), c.what);
+  }
+}
+
 HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
   HostPattern hp;
   if (s.memory == Memory::host) {
@@ -27,25 +49,14 @@ HostPattern host_pattern(const BsrView& s, bool with_col_idx, void* stream) {
     hp.col_idx = s.nnzb > 0 ? s.col_idx : nullptr;
     return hp;
   }
-  // NOTE: the copies below synchronize, which a stream capture cannot contain (CUDA would
-  // invalidate the whole capture): refuse before touching anything, saying what to do instead.
-  // cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally.
-  if (stream_is_capturing(stream))
-    bad("the stream is being captured into a CUDA graph, but planning a device pattern reads it on the "
-        "host (a synchronizing copy the capture cannot contain): plan before the capture (make the plan, "
-        "or run the product once) and capture only the runs");
-  if (stream)
-    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
-  hp.row_ptr_copy.resize(size_t(s.mb() + 1));
-  check_cuda(cudaMemcpy(hp.row_ptr_copy.data(), s.row_ptr, hp.row_ptr_copy.size() * 4, cudaMemcpyDeviceToHost),
-             "cudaMemcpy(row_ptr to host)");
+  copy_to_host(stream,
+               "the stream is being captured into a CUDA graph, but planning a device pattern reads it on the "
+               "host (a synchronizing copy the capture cannot contain): plan before the capture (make the plan, "
+               "or run the product once) and capture only the runs",
+               {{s.row_ptr, s.mb() + 1, &hp.row_ptr_copy, "cudaMemcpy(row_ptr to host)"},
+                {with_col_idx ? s.col_idx : nullptr, s.nnzb, &hp.col_idx_copy, "cudaMemcpy(col_idx to host)"}});
   hp.row_ptr = hp.row_ptr_copy.data();
-  if (with_col_idx && s.nnzb > 0) {
-    hp.col_idx_copy.resize(size_t(s.nnzb));
-    check_cuda(cudaMemcpy(hp.col_idx_copy.data(), s.col_idx, hp.col_idx_copy.size() * 4, cudaMemcpyDeviceToHost),
-               "cudaMemcpy(col_idx to host)");
-    hp.col_idx = hp.col_idx_copy.data();
-  }
+  if (!hp.col_idx_copy.empty()) hp.col_idx = hp.col_idx_copy.data();
   return hp;
 }
 
