@@ -134,7 +134,9 @@ void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
 
 }  // namespace
 
-void validate(const AttentionArgs& a, bool check_indices) {
+void validate(const AttentionArgs& a, bool check_indices) { validate(a, check_indices, nullptr); }
+
+void validate(const AttentionArgs& a, bool check_indices, void* stream) {
   check_tensor(a.q, "q");
   check_tensor(a.k, "k");
   check_tensor(a.v, "v");
@@ -214,7 +216,7 @@ void validate(const AttentionArgs& a, bool check_indices) {
   forward_ranges(a, inputs, outputs);
   check_apart(outputs, 2, inputs, 7, "attention");
 
-  if (check_indices) check_layout_contents(a);
+  if (check_indices) check_layout_contents(a, stream);
 }
 
 void validate(const AttentionBackwardArgs& a, bool check_indices) {
