@@ -32,16 +32,6 @@ bool mul_add(int64_t a, int64_t b, int64_t c, int64_t* out) {
   return !__builtin_mul_overflow(a, b, &p) && !__builtin_add_overflow(p, c, out);
 }
 
-// [begin, end) of the bytes a tensor or array may touch (empty when begin == end).
-struct Bytes {
-  uintptr_t begin = 0, end = 0;
-  bool overlaps(const Bytes& o) const { return begin < o.end && o.begin < end; }
-};
-Bytes bytes_of(const void* p, int64_t n) {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
-  return p && n > 0 ? Bytes{b, b + uintptr_t(n)} : Bytes{};
-}
-
 const char* kDtypes = "f32 (0), f16 (1) or bf16 (2)";
 const char* kMemories = "host (0) or device (1)";
 
@@ -90,15 +80,16 @@ void check_no_self_overlap(const Tensor4View& t, const char* name) {
   }
 }
 
-std::string range_str(const Bytes& r) {
+std::string range_str(const ByteRange& r) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "[%#" PRIxPTR ", %#" PRIxPTR ")", r.begin, r.end);
   return buf;
 }
 
+// [begin, end) of the bytes a tensor or array may touch (byte_range(): empty for no bytes).
 struct Named {
   const char* name;
-  Bytes r;
+  ByteRange r;
 };
 // Outputs must not share a byte with an input or with each other (nothing is computed in place).
 void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in, const char* op) {
@@ -121,15 +112,15 @@ void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in,
 void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
   const AttentionLayout& l = a.layout;
   const int64_t rows = l.batch * l.heads * l.q_blocks;
-  in[0] = {"q", bytes_of(a.q.data, check_tensor(a.q, "q"))};
-  in[1] = {"k", bytes_of(a.k.data, check_tensor(a.k, "k"))};
-  in[2] = {"v", bytes_of(a.v.data, check_tensor(a.v, "v"))};
-  in[3] = {"layout.kv_num_blocks", bytes_of(l.kv_num_blocks, rows * 4)};
-  in[4] = {"layout.kv_indices", bytes_of(l.kv_indices, rows * l.kmax * 4)};
-  in[5] = {"layout.full_kv_num_blocks", bytes_of(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
-  in[6] = {"layout.full_kv_indices", bytes_of(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
-  out[0] = {"o", bytes_of(a.o.data, check_tensor(a.o, "o"))};
-  out[1] = {"lse", bytes_of(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
+  in[0] = {"q", byte_range(a.q.data, check_tensor(a.q, "q"))};
+  in[1] = {"k", byte_range(a.k.data, check_tensor(a.k, "k"))};
+  in[2] = {"v", byte_range(a.v.data, check_tensor(a.v, "v"))};
+  in[3] = {"layout.kv_num_blocks", byte_range(l.kv_num_blocks, rows * 4)};
+  in[4] = {"layout.kv_indices", byte_range(l.kv_indices, rows * l.kmax * 4)};
+  in[5] = {"layout.full_kv_num_blocks", byte_range(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
+  in[6] = {"layout.full_kv_indices", byte_range(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
+  out[0] = {"o", byte_range(a.o.data, check_tensor(a.o, "o"))};
+  out[1] = {"lse", byte_range(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
 }
 
 }  // namespace
@@ -253,10 +244,10 @@ void validate(const AttentionBackwardArgs& a, bool check_indices) {
   forward_ranges(f, inputs, fwd_out);
   inputs[7] = fwd_out[0];  // o and lse are the backward's inputs
   inputs[8] = fwd_out[1];
-  inputs[9] = {"dout", bytes_of(a.dout.data, bytes[0])};
-  const Named outputs[3] = {{"dq", bytes_of(a.dq.data, bytes[1])},
-                            {"dk", bytes_of(a.dk.data, bytes[2])},
-                            {"dv", bytes_of(a.dv.data, bytes[3])}};
+  inputs[9] = {"dout", byte_range(a.dout.data, bytes[0])};
+  const Named outputs[3] = {{"dq", byte_range(a.dq.data, bytes[1])},
+                            {"dk", byte_range(a.dk.data, bytes[2])},
+                            {"dv", byte_range(a.dv.data, bytes[3])}};
   check_apart(outputs, 3, inputs, 10, "the attention backward");
   if (check_indices) check_layout_contents(f);
 }

@@ -30,6 +30,10 @@ const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backen
 const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be);
 const AttentionBackwardVariant& forced_variant(const AttentionBackwardArgs& a, const std::string& name, Backend be);
 
+// run()'s error when args differ from the planned problem, for products and attention alike:
+// "run: args do not match the plan: <what> is <got>, the plan was made for <want>". Callers build
+// the strings on a mismatch alone, so a matching run allocates nothing.
+[[noreturn]] void plan_mismatch(const std::string& what, const std::string& got, const std::string& want);
 // Throws Error(invalid_argument) naming the first field where args differ from the planned problem
 // (all but the values, dense data pointers, alpha and beta); allocates nothing when they match.
 void match_planned(const GemmArgs& args, const GemmArgs& planned);

@@ -2,6 +2,7 @@
 // backend for a problem's memory, and the choices plan() makes from them: forced by name, or the
 // heuristic default. The tuner's choice comes in between (plan/tuned_choice.hpp).
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,39 +18,36 @@ namespace sparsek {
 
 namespace {
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
+
+// One table from the backends' rows, in the order given.
+template <class Args>
+std::vector<VariantOf<Args>> rows_of(std::initializer_list<std::vector<VariantOf<Args>> (*)()> backends) {
+  std::vector<VariantOf<Args>> t;
+  for (auto* f : backends)
+    for (const VariantOf<Args>& v : f()) t.push_back(v);
+  return t;
+}
 }  // namespace
 
 // The variant tables, each in default-preference order: the CPU rows, then the GPU ones.
 const std::vector<Variant>& variants() {
-  static const std::vector<Variant> table = [] {
-    std::vector<Variant> t;
-    // smalln first: where it applies (N <= 128) it is the one built for the problem (but see
-    // heuristic_variant: hopper is faster where it applies above one 64-column N tile, and below
-    // it for 64- and 128-wide blocks).
-    for (auto* f : {&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants})
-      for (const Variant& v : f()) t.push_back(v);
-    return t;
-  }();
+  // smalln first: where it applies (N <= 128) it is the one built for the problem (but see
+  // heuristic_variant: hopper is faster where it applies above one 64-column N tile, and below
+  // it for 64- and 128-wide blocks).
+  static const std::vector<Variant> table =
+      rows_of<GemmArgs>({&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants});
   return table;
 }
 
 const std::vector<AttentionVariant>& attention_variants() {
-  static const std::vector<AttentionVariant> table = [] {
-    std::vector<AttentionVariant> t;
-    for (auto* f : {&cpu_attention_variants, &hopper_attention_variants})
-      for (const AttentionVariant& v : f()) t.push_back(v);
-    return t;
-  }();
+  static const std::vector<AttentionVariant> table =
+      rows_of<AttentionArgs>({&cpu_attention_variants, &hopper_attention_variants});
   return table;
 }
 
 const std::vector<AttentionBackwardVariant>& attention_backward_variants() {
-  static const std::vector<AttentionBackwardVariant> table = [] {
-    std::vector<AttentionBackwardVariant> t;
-    for (auto* f : {&cpu_attention_backward_variants, &hopper_attention_backward_variants})
-      for (const AttentionBackwardVariant& v : f()) t.push_back(v);
-    return t;
-  }();
+  static const std::vector<AttentionBackwardVariant> table =
+      rows_of<AttentionBackwardArgs>({&cpu_attention_backward_variants, &hopper_attention_backward_variants});
   return table;
 }
 
