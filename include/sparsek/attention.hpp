@@ -91,6 +91,12 @@ struct AttentionArgs {
 // no block in both lists) — device layouts are copied to the host for that. Errors name the
 // tensor, the index and the value, e.g. "kv_indices[0, 3, 17, 2] = 140 is out of range [0, 128)".
 void validate(const AttentionArgs& args, bool check_indices = true);
+// The same with a device layout read in `stream`'s order (a cudaStream_t; the two-argument form
+// passes null): the work queued on `stream`, which may still be writing the layout, finishes
+// before the layout is copied to the host. The copy synchronizes, so while `stream` is being
+// captured into a CUDA graph a device layout's contents are not checked: Error(invalid_argument)
+// says to check them before the capture instead.
+void validate(const AttentionArgs& args, bool check_indices, void* stream);
 
 // Effective FLOPs: 4 * D * (number of unmasked score elements), summed over batch and heads
 // (validates args, layout contents included, then reads the layout; a device layout is copied to

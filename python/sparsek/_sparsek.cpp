@@ -439,67 +439,13 @@ AttentionBackwardArgs backward_args(const In& q, const In& k, const In& v, const
   return b;
 }
 
-// The layout with its contents copied to the host (on `stream`: the indices may still be in
-// flight there), for the content checks of validate().
-struct HostLayout {
-  AttentionLayout layout;
-  std::vector<int32_t> num, idx, fnum, fidx;
-};
-
-HostLayout host_copy(const AttentionLayout& l, uintptr_t stream) {
-  HostLayout h;
-  h.layout = l;
-  const size_t rows = size_t(l.batch * l.heads * l.q_blocks);
-  h.num.resize(rows);
-  h.idx.resize(rows * size_t(l.kmax));
-  if (l.has_full()) {
-    h.fnum.resize(rows);
-    h.fidx.resize(rows * size_t(l.full_kmax));
-  }
-  auto s = reinterpret_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaSuccess;
-  auto copy = [&](std::vector<int32_t>& dst, const int32_t* src) {
-    if (e == cudaSuccess && !dst.empty())
-      e = cudaMemcpyAsync(dst.data(), src, dst.size() * 4, cudaMemcpyDeviceToHost, s);
-  };
-  copy(h.num, l.kv_num_blocks);
-  copy(h.idx, l.kv_indices);
-  copy(h.fnum, l.full_kv_num_blocks);
-  copy(h.fidx, l.full_kv_indices);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(Status::cuda_error, std::string("copying the attention layout to the host failed: ") +
-                                        cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-  }
-  h.layout.memory = Memory::host;
-  h.layout.kv_num_blocks = h.num.data();
-  h.layout.kv_indices = h.idx.data();
-  if (l.has_full()) {
-    h.layout.full_kv_num_blocks = h.fnum.data();
-    h.layout.full_kv_indices = h.fidx.data();
-  }
-  return h;
-}
-
-// validate(args, true) for a layout anywhere: a device layout is read on `stream`, then checked
-// as a host layout (the tensors' own checks have run already, with their real memory kinds).
+// validate(args, true) for a layout anywhere: a device layout is read in `stream`'s order (the
+// indices may still be in flight there), with the GIL released while the copy waits for it.
 void check_layout_contents(const AttentionArgs& a, const std::vector<Place>& places, uintptr_t stream) {
-  validate(a, false);
-  if (a.layout.memory == Memory::host) {
-    validate(a, true);
-    return;
-  }
+  validate(a, false);  // a bad argument raises before anything touches a device
   DeviceGuard guard(places);
-  HostLayout h;
-  {
-    nb::gil_scoped_release release;
-    h = host_copy(a.layout, stream);
-  }
-  AttentionArgs ha = a;
-  ha.layout = h.layout;
-  for (Tensor4View* t : {&ha.q, &ha.k, &ha.v, &ha.o}) t->memory = Memory::host;
-  validate(ha, true);
+  nb::gil_scoped_release release;
+  validate(a, true, reinterpret_cast<void*>(stream));
 }
 
 Options options_for(uintptr_t stream, bool check_indices) {

@@ -17,8 +17,9 @@ struct HostLayout {
   const int32_t* full_idx = nullptr;  // full_kv_indices     [batch, heads, q_blocks, full_kmax]
   std::vector<int32_t> copies[4];
 };
-// l passed validate()'s cheap checks. Device arrays are copied synchronously, after waiting for
-// `stream` (a cudaStream_t, may be null: the caller may have written the layout there).
+// l passed validate()'s cheap checks. Device arrays are copied through copy_to_host()
+// (format_internal.hpp): synchronously, after waiting for `stream` (a cudaStream_t, may be null:
+// the caller may have written the layout there), and refused while `stream` is being captured.
 HostLayout host_layout(const AttentionLayout& l, void* stream = nullptr);
 
 // The layout row (an index into kv_num_blocks) that query block i of batch b and query head h

@@ -10,6 +10,7 @@
 
 #include "core/device.hpp"
 #include "format/attention_internal.hpp"
+#include "format/format_internal.hpp"
 
 namespace sparsek {
 
@@ -29,16 +30,6 @@ std::string at(const char* name, int64_t b, int64_t h, int64_t i, int64_t j) {
 bool mul_add(int64_t a, int64_t b, int64_t c, int64_t* out) {
   int64_t p;
   return !__builtin_mul_overflow(a, b, &p) && !__builtin_add_overflow(p, c, out);
-}
-
-// [begin, end) of the bytes a tensor or array may touch (empty when begin == end).
-struct Bytes {
-  uintptr_t begin = 0, end = 0;
-  bool overlaps(const Bytes& o) const { return begin < o.end && o.begin < end; }
-};
-Bytes bytes_of(const void* p, int64_t n) {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
-  return p && n > 0 ? Bytes{b, b + uintptr_t(n)} : Bytes{};
 }
 
 const char* kDtypes = "f32 (0), f16 (1) or bf16 (2)";
@@ -89,15 +80,16 @@ void check_no_self_overlap(const Tensor4View& t, const char* name) {
   }
 }
 
-std::string range_str(const Bytes& r) {
+std::string range_str(const ByteRange& r) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "[%#" PRIxPTR ", %#" PRIxPTR ")", r.begin, r.end);
   return buf;
 }
 
+// [begin, end) of the bytes a tensor or array may touch (byte_range(): empty for no bytes).
 struct Named {
   const char* name;
-  Bytes r;
+  ByteRange r;
 };
 // Outputs must not share a byte with an input or with each other (nothing is computed in place).
 void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in, const char* op) {
@@ -120,20 +112,22 @@ void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in,
 void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
   const AttentionLayout& l = a.layout;
   const int64_t rows = l.batch * l.heads * l.q_blocks;
-  in[0] = {"q", bytes_of(a.q.data, check_tensor(a.q, "q"))};
-  in[1] = {"k", bytes_of(a.k.data, check_tensor(a.k, "k"))};
-  in[2] = {"v", bytes_of(a.v.data, check_tensor(a.v, "v"))};
-  in[3] = {"layout.kv_num_blocks", bytes_of(l.kv_num_blocks, rows * 4)};
-  in[4] = {"layout.kv_indices", bytes_of(l.kv_indices, rows * l.kmax * 4)};
-  in[5] = {"layout.full_kv_num_blocks", bytes_of(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
-  in[6] = {"layout.full_kv_indices", bytes_of(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
-  out[0] = {"o", bytes_of(a.o.data, check_tensor(a.o, "o"))};
-  out[1] = {"lse", bytes_of(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
+  in[0] = {"q", byte_range(a.q.data, check_tensor(a.q, "q"))};
+  in[1] = {"k", byte_range(a.k.data, check_tensor(a.k, "k"))};
+  in[2] = {"v", byte_range(a.v.data, check_tensor(a.v, "v"))};
+  in[3] = {"layout.kv_num_blocks", byte_range(l.kv_num_blocks, rows * 4)};
+  in[4] = {"layout.kv_indices", byte_range(l.kv_indices, rows * l.kmax * 4)};
+  in[5] = {"layout.full_kv_num_blocks", byte_range(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
+  in[6] = {"layout.full_kv_indices", byte_range(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
+  out[0] = {"o", byte_range(a.o.data, check_tensor(a.o, "o"))};
+  out[1] = {"lse", byte_range(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
 }
 
 }  // namespace
 
-void validate(const AttentionArgs& a, bool check_indices) {
+void validate(const AttentionArgs& a, bool check_indices) { validate(a, check_indices, nullptr); }
+
+void validate(const AttentionArgs& a, bool check_indices, void* stream) {
   check_tensor(a.q, "q");
   check_tensor(a.k, "k");
   check_tensor(a.v, "v");
@@ -213,7 +207,7 @@ void validate(const AttentionArgs& a, bool check_indices) {
   forward_ranges(a, inputs, outputs);
   check_apart(outputs, 2, inputs, 7, "attention");
 
-  if (check_indices) check_layout_contents(a);
+  if (check_indices) check_layout_contents(a, stream);
 }
 
 void validate(const AttentionBackwardArgs& a, bool check_indices) {
@@ -250,10 +244,10 @@ void validate(const AttentionBackwardArgs& a, bool check_indices) {
   forward_ranges(f, inputs, fwd_out);
   inputs[7] = fwd_out[0];  // o and lse are the backward's inputs
   inputs[8] = fwd_out[1];
-  inputs[9] = {"dout", bytes_of(a.dout.data, bytes[0])};
-  const Named outputs[3] = {{"dq", bytes_of(a.dq.data, bytes[1])},
-                            {"dk", bytes_of(a.dk.data, bytes[2])},
-                            {"dv", bytes_of(a.dv.data, bytes[3])}};
+  inputs[9] = {"dout", byte_range(a.dout.data, bytes[0])};
+  const Named outputs[3] = {{"dq", byte_range(a.dq.data, bytes[1])},
+                            {"dk", byte_range(a.dk.data, bytes[2])},
+                            {"dv", byte_range(a.dv.data, bytes[3])}};
   check_apart(outputs, 3, inputs, 10, "the attention backward");
   if (check_indices) check_layout_contents(f);
 }
@@ -262,22 +256,24 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
   HostLayout hl;
   const int64_t rows = l.batch * l.heads * l.q_blocks;
   const int32_t* src[4] = {l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices};
-  const int64_t count[4] = {rows, rows * l.kmax, l.has_full() ? rows : 0, l.has_full() ? rows * l.full_kmax : 0};
   const int32_t** dst[4] = {&hl.num, &hl.idx, &hl.full_num, &hl.full_idx};
   if (l.memory == Memory::host) {
     for (int a = 0; a < 4; ++a) *dst[a] = src[a];
     return hl;
   }
-  if (stream)
-    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize(options.stream)");
+  const int64_t count[4] = {rows, rows * l.kmax, l.has_full() ? rows : 0, l.has_full() ? rows * l.full_kmax : 0};
   static const char* what[4] = {"cudaMemcpy(kv_num_blocks to host)", "cudaMemcpy(kv_indices to host)",
                                 "cudaMemcpy(full_kv_num_blocks to host)", "cudaMemcpy(full_kv_indices to host)"};
-  for (int a = 0; a < 4; ++a) {
-    if (!src[a] || count[a] == 0) continue;
-    hl.copies[a].resize(size_t(count[a]));
-    check_cuda(cudaMemcpy(hl.copies[a].data(), src[a], size_t(count[a]) * 4, cudaMemcpyDeviceToHost), what[a]);
-    *dst[a] = hl.copies[a].data();
-  }
+  copy_to_host(stream,
+               "the stream is being captured into a CUDA graph, but checking a device layout's contents reads it "
+               "on the host (a synchronizing copy the capture cannot contain): check the layout before the "
+               "capture and capture the calls with check_indices off",
+               {{src[0], count[0], &hl.copies[0], what[0]},
+                {src[1], count[1], &hl.copies[1], what[1]},
+                {src[2], count[2], &hl.copies[2], what[2]},
+                {src[3], count[3], &hl.copies[3], what[3]}});
+  for (int a = 0; a < 4; ++a)
+    if (!hl.copies[a].empty()) *dst[a] = hl.copies[a].data();
   return hl;
 }
 

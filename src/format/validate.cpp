@@ -1,11 +1,16 @@
-// BSR and dense validation. Every message names the array, the first offending index
-// and its value, so a user can find the bad entry without a debugger.
+// BSR, dense and product (GemmArgs) validation, and a product's dimensions. Every message names
+// the array, the first offending index and its value, so a user can find the bad entry without a
+// debugger.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <vector>
 
+#include "core/device.hpp"
 #include "format/format_internal.hpp"
 #include "sparsek/bsr.hpp"
+#include "sparsek/gemm.hpp"
 
 namespace sparsek {
 
@@ -13,6 +18,23 @@ namespace {
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
 std::string s(int64_t v) { return std::to_string(v); }
 bool supported_block(int b) { return b == 16 || b == 32 || b == 64 || b == 128; }
+std::string dims(int64_t r, int64_t c) {
+  return std::to_string(r) + "x" + std::to_string(c);
+}
+
+// Sparse operand's shape after op.
+int64_t op_rows(const BsrView& s, Op op) { return op == Op::none ? s.rows : s.cols; }
+int64_t op_cols(const BsrView& s, Op op) { return op == Op::none ? s.cols : s.rows; }
+
+void check_dense_shape(const DenseView& d, const char* name, int64_t rows, int64_t cols) {
+  if (d.rows != rows || d.cols != cols)
+    bad(std::string(name) + " must be " + dims(rows, cols) + " but is " + dims(d.rows, d.cols));
+}
+
+const char* sparse_name(const GemmArgs& g) {
+  return g.kind == OpKind::dsd ? "A (sparse)" : g.kind == OpKind::dds ? "B (sparse)" : "C (sparse)";
+}
+
 }  // namespace
 
 void validate(const BsrView& a, bool check_indices) {
@@ -110,6 +132,171 @@ ByteRange byte_range(const void* p, int64_t bytes) {
   if (!p || bytes <= 0) return {};
   const uintptr_t b = reinterpret_cast<uintptr_t>(p);
   return {b, b + uintptr_t(bytes)};
+}
+
+// ---- a product: its dimensions and its validation ----
+
+int64_t GemmArgs::m() const {
+  switch (kind) {
+    case OpKind::dsd: return op_rows(sparse, op);
+    case OpKind::dds: return a.rows;
+    case OpKind::sdd: return sparse.rows;
+  }
+  return 0;
+}
+int64_t GemmArgs::n() const {
+  switch (kind) {
+    case OpKind::dsd: return b.cols;
+    case OpKind::dds: return op_cols(sparse, op);
+    case OpKind::sdd: return sparse.cols;
+  }
+  return 0;
+}
+int64_t GemmArgs::k() const {
+  switch (kind) {
+    case OpKind::dsd: return op_cols(sparse, op);
+    case OpKind::dds: return op_rows(sparse, op);
+    case OpKind::sdd: return a.cols;
+  }
+  return 0;
+}
+double GemmArgs::effective_flops() const {
+  // Every stored block multiplies with the dense extent that is not blocked.
+  double block = double(sparse.nnzb) * sparse.bm * sparse.bk;
+  switch (kind) {
+    case OpKind::dsd: return 2.0 * block * double(n());
+    case OpKind::dds: return 2.0 * block * double(m());
+    case OpKind::sdd: return 2.0 * block * double(k());
+  }
+  return 0;
+}
+
+void validate_pattern(const GemmArgs& g, const HostPattern& hp) {
+  BsrView h = g.sparse;
+  h.row_ptr = hp.row_ptr;
+  h.col_idx = hp.col_idx;
+  h.values = g.sparse.nnzb > 0 ? reinterpret_cast<void*>(16) : nullptr;  // values are not read by the checks
+  h.memory = Memory::host;
+  try {
+    validate(h, true);
+  } catch (const Error& e) {
+    bad(std::string(sparse_name(g)) + ": " + e.what());
+  }
+}
+
+namespace {
+
+// C must not share a byte with any input: every backend reads inputs while it writes C, so an
+// overlap gives a wrong answer (or a race on the GPU). Ranges span first to last element.
+void check_no_aliasing(const GemmArgs& g) {
+  const BsrView& s = g.sparse;
+  const int64_t value_bytes = s.nnzb * s.bm * s.bk * int64_t(dtype_size(s.dtype));
+  struct Named {
+    const char* name;
+    ByteRange range;
+  };
+  std::vector<Named> inputs;
+  inputs.push_back({"the sparse operand's row_ptr", byte_range(s.row_ptr, (s.mb() + 1) * 4)});
+  inputs.push_back({"the sparse operand's col_idx", byte_range(s.col_idx, s.nnzb * 4)});
+  if (g.kind != OpKind::sdd) inputs.push_back({"A (sparse) values", byte_range(s.values, value_bytes)});
+  if (g.kind == OpKind::dds) inputs.back().name = "B (sparse) values";
+  if (g.kind != OpKind::dsd) inputs.push_back({"A", byte_range(g.a)});
+  if (g.kind != OpKind::dds) inputs.push_back({"B", byte_range(g.b)});
+  const bool sdd = g.kind == OpKind::sdd;
+  const ByteRange out = sdd ? byte_range(s.values, value_bytes) : byte_range(g.c);
+  for (const Named& in : inputs)
+    if (out.overlaps(in.range)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": C occupies [%#zx, %#zx) and %s [%#zx, %#zx)", size_t(out.begin),
+                    size_t(out.end), in.name, size_t(in.range.begin), size_t(in.range.end));
+      bad(std::string(sdd ? "C (sparse) values overlap " : "C overlaps ") + in.name + buf +
+          "; products are not computed in place: give C memory of its own");
+    }
+}
+
+}  // namespace
+
+void check_enums(const GemmArgs& g) {
+  auto range = [](int v, int hi, const std::string& what, const char* names) {
+    if (v < 0 || v > hi) bad(what + " " + std::to_string(v) + " is not " + names);
+  };
+  range(int(g.kind), 2, "kind", "dsd (0), dds (1) or sdd (2)");
+  range(int(g.op), 1, "op", "none (0) or trans (1)");
+  const std::string sp = sparse_name(g);
+  range(int(g.sparse.dtype), 2, sp + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+  range(int(g.sparse.memory), 1, sp + " memory", "host (0) or device (1)");
+  auto dense = [&](const DenseView& d, const std::string& n) {
+    range(int(d.dtype), 2, n + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+    range(int(d.layout), 1, n + " layout", "row-major (0) or col-major (1)");
+    range(int(d.memory), 1, n + " memory", "host (0) or device (1)");
+  };
+  if (g.kind != OpKind::dsd) dense(g.a, "A");
+  if (g.kind != OpKind::dds) dense(g.b, "B");
+  if (g.kind != OpKind::sdd) dense(g.c, "C");
+}
+
+void validate(const GemmArgs& g, bool check_indices) {
+  validate_description(g, check_indices);
+  check_no_aliasing(g);
+}
+
+void validate_description(const GemmArgs& g, bool check_indices) {
+  // Enumerations first: nothing below may print an out-of-range value as a valid name.
+  check_enums(g);
+  if (g.kind == OpKind::sdd && g.op != Op::none) bad("op must be none for sdd (got trans)");
+  const char* sname = sparse_name(g);
+  // BSR invariants: the cheap ones here, the O(nnzb) index checks on a host view of the pattern.
+  try {
+    validate(g.sparse, false);
+  } catch (const Error& e) {
+    bad(std::string(sname) + ": " + e.what());
+  }
+  // The dense operands' own checks (enums, dims, ld, extent) before anything compares them.
+  if (g.kind != OpKind::dsd) validate(g.a, "A");
+  if (g.kind != OpKind::dds) validate(g.b, "B");
+  if (g.kind != OpKind::sdd) validate(g.c, "C");
+  // All operands in one memory space.
+  Memory mem = g.sparse.memory;
+  auto same_mem = [&](const DenseView& d, const char* name) {
+    if (d.memory != mem)
+      bad(std::string(name) + " is in " + to_string(d.memory) + " memory but the sparse operand is in " +
+          to_string(mem) + " memory");
+  };
+  if (g.kind != OpKind::dds) same_mem(g.b, "B");
+  if (g.kind != OpKind::dsd) same_mem(g.a, "A");
+  if (g.kind != OpKind::sdd) same_mem(g.c, "C");
+  // Device operands need a device before anything touches them (the index copy below included).
+  if (mem == Memory::device && !device_info().available)
+    throw Error(Status::no_device, "operands are in device memory but no CUDA device answers: " + device_info().why_not);
+  if (check_indices) validate_pattern(g, host_pattern(g.sparse, true));
+  const int64_t M = g.m(), N = g.n(), K = g.k();
+  DType in = g.sparse.dtype;
+  switch (g.kind) {
+    case OpKind::dsd:
+      check_dense_shape(g.b, "B", K, g.b.cols);
+      check_dense_shape(g.c, "C", M, N);
+      if (g.b.dtype != in)
+        bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in));
+      break;
+    case OpKind::dds:
+      check_dense_shape(g.a, "A", g.a.rows, K);
+      check_dense_shape(g.c, "C", M, N);
+      if (g.a.dtype != in)
+        bad(std::string("A dtype ") + to_string(g.a.dtype) + " differs from B's " + to_string(in));
+      break;
+    case OpKind::sdd:
+      in = g.a.dtype;
+      check_dense_shape(g.a, "A", M, g.a.cols);
+      check_dense_shape(g.b, "B", K, N);
+      if (g.b.dtype != in)
+        bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in));
+      break;
+  }
+  DType out = g.kind == OpKind::sdd ? g.sparse.dtype : g.c.dtype;
+  if (in == DType::f32 && out != DType::f32)
+    bad(std::string("output dtype must be f32 for f32 inputs, got ") + to_string(out));
+  if (!(g.alpha == g.alpha) || !(g.beta == g.beta))
+    bad("alpha and beta must not be NaN (alpha=" + std::to_string(g.alpha) + ", beta=" + std::to_string(g.beta) + ")");
 }
 
 }  // namespace sparsek

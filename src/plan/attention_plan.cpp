@@ -1,5 +1,5 @@
 // Attention's plan(), run() and one-shot attention(), and the backward's plan(), run() and
-// attention_backward(), in the products' shape (plan.cpp, dispatch.cpp). A plan is made for shapes,
+// attention_backward(), in the products' shape (plan.cpp, one_shot.cpp). A plan is made for shapes,
 // strides, dtypes, memory, the layout's extents, causal and scale; never for the layout's contents,
 // which may change on every run (a gate makes a new layout every step): plan() and run() do not
 // read them.
@@ -103,10 +103,6 @@ AttentionPlan plan(const AttentionArgs& problem, const Options& options) {
 
 namespace {
 
-[[noreturn]] void mismatch(const std::string& what, const std::string& got, const std::string& want) {
-  throw Error(Status::invalid_argument,
-              "run: args do not match the plan: " + what + " is " + got + ", the plan was made for " + want);
-}
 std::string num(int64_t v) { return std::to_string(v); }
 
 // Only compares; strings are built on a mismatch alone, so a matching call allocates nothing.
@@ -115,9 +111,9 @@ void match_tensor(const Tensor4View& g, const Tensor4View& p, const char* name) 
   const int64_t want[7] = {p.b, p.h, p.s, p.d, p.stride_b, p.stride_h, p.stride_s};
   static const char* field[7] = {".b", ".h", ".s", ".d", ".stride_b", ".stride_h", ".stride_s"};
   for (int i = 0; i < 7; ++i)
-    if (got[i] != want[i]) mismatch(name + std::string(field[i]), num(got[i]), num(want[i]));
-  if (g.dtype != p.dtype) mismatch(name + std::string(" dtype"), to_string(g.dtype), to_string(p.dtype));
-  if (g.memory != p.memory) mismatch(name + std::string(" memory"), to_string(g.memory), to_string(p.memory));
+    if (got[i] != want[i]) plan_mismatch(name + std::string(field[i]), num(got[i]), num(want[i]));
+  if (g.dtype != p.dtype) plan_mismatch(name + std::string(" dtype"), to_string(g.dtype), to_string(p.dtype));
+  if (g.memory != p.memory) plan_mismatch(name + std::string(" memory"), to_string(g.memory), to_string(p.memory));
 }
 
 void match(const AttentionArgs& g, const AttentionArgs& p) {
@@ -131,14 +127,14 @@ void match(const AttentionArgs& g, const AttentionArgs& p) {
   static const char* field[7] = {"layout.batch", "layout.heads", "layout.q_blocks", "layout.kmax",
                                  "layout.full_kmax", "layout.block_q", "layout.block_kv"};
   for (int i = 0; i < 7; ++i)
-    if (got[i] != want[i]) mismatch(field[i], num(got[i]), num(want[i]));
-  if (l.memory != m.memory) mismatch("layout.memory", to_string(l.memory), to_string(m.memory));
+    if (got[i] != want[i]) plan_mismatch(field[i], num(got[i]), num(want[i]));
+  if (l.memory != m.memory) plan_mismatch("layout.memory", to_string(l.memory), to_string(m.memory));
   auto lists = [](bool full) { return std::string(full ? "with" : "without") + " full lists"; };
-  if (l.has_full() != m.has_full()) mismatch("the layout", lists(l.has_full()), lists(m.has_full()));
+  if (l.has_full() != m.has_full()) plan_mismatch("the layout", lists(l.has_full()), lists(m.has_full()));
   auto yn = [](bool b) { return std::string(b ? "true" : "false"); };
-  if (g.causal != p.causal) mismatch("causal", yn(g.causal), yn(p.causal));
+  if (g.causal != p.causal) plan_mismatch("causal", yn(g.causal), yn(p.causal));
   if (g.softmax_scale() != p.softmax_scale())
-    mismatch("the softmax scale", std::to_string(g.softmax_scale()), std::to_string(p.softmax_scale()));
+    plan_mismatch("the softmax scale", std::to_string(g.softmax_scale()), std::to_string(p.softmax_scale()));
 }
 
 // Whether any of n pointers is less aligned now than when the plan was made.

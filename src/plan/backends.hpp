@@ -1,4 +1,4 @@
-// Internal: each backend contributes its rows of the variant table (dispatch.cpp lists them in
+// Internal: each backend contributes its rows of the variant table (variants.cpp lists them in
 // default-preference order).
 #pragma once
 #include <vector>

@@ -11,8 +11,7 @@
 
 #include "core/device.hpp"
 #include "plan/plan_internal.hpp"
-#include "sparsek/tune.hpp"
-#include "tune/tune_internal.hpp"
+#include "plan/tuned_choice.hpp"
 
 namespace sparsek {
 
@@ -115,26 +114,9 @@ Plan make_plan(const GemmArgs& g, const Options& o, Backend be, const HostPatter
     v = &forced_variant(g, o.variant, be);
     impl->chosen_by = "forced";
   } else {
-    TuneMode mode = tune_mode();
-    if (mode != TuneMode::off) {
-      TuneKey key = tune_key(g, impl->stats, be, o.threads);
-      if (auto hit = tune_detail::cached_lookup(key)) {
-        const Variant* c = find_variant(hit->variant);
-        // An entry naming a variant this build lacks, or one that cannot run these exact args
-        // (e.g. an alignment the tuned problem had), is not used.
-        if (c && c->backend == be && c->why_not(g).empty()) {
-          v = c;
-          impl->chosen_by = "cache";
-        }
-      }
-      if (!v && mode == TuneMode::on) {
-        TuneReport rep = tune(g, o);
-        if (!rep.store_error.empty())
-          tune_detail::warn_once("tune-store", "tuning result not stored: " + rep.store_error);
-        v = find_variant(rep.entry.variant);
-        impl->chosen_by = "tuned";
-      }
-    }
+    const TunedChoice tuned = tuned_choice(g, o, be, impl->stats);  // the seam: plan/tuned_choice.hpp
+    v = tuned.variant;
+    impl->chosen_by = tuned.chosen_by;
     if (!v) {
       std::string reasons;
       v = heuristic_variant(g, be, &reasons);
@@ -163,12 +145,13 @@ Plan plan(const GemmArgs& problem, const Options& options) {
   return make_plan(problem, options, be, hp);
 }
 
+void plan_mismatch(const std::string& what, const std::string& got, const std::string& want) {
+  throw Error(Status::invalid_argument,
+              "run: args do not match the plan: " + what + " is " + got + ", the plan was made for " + want);
+}
+
 namespace {
 
-[[noreturn]] void mismatch(const char* what, const std::string& got, const std::string& want) {
-  throw Error(Status::invalid_argument, std::string("run: args do not match the plan: ") + what + " is " + got +
-                                            ", the plan was made for " + want);
-}
 std::string ptr(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
@@ -178,30 +161,30 @@ std::string num(int64_t v) { return std::to_string(v); }
 
 void match_dense(const DenseView& got, const DenseView& want, const char* name) {
   std::string n(name);
-  if (got.rows != want.rows) mismatch((n + ".rows").c_str(), num(got.rows), num(want.rows));
-  if (got.cols != want.cols) mismatch((n + ".cols").c_str(), num(got.cols), num(want.cols));
-  if (got.ld != want.ld) mismatch((n + ".ld").c_str(), num(got.ld), num(want.ld));
-  if (got.layout != want.layout) mismatch((n + ".layout").c_str(), to_string(got.layout), to_string(want.layout));
-  if (got.dtype != want.dtype) mismatch((n + ".dtype").c_str(), to_string(got.dtype), to_string(want.dtype));
-  if (got.memory != want.memory) mismatch((n + ".memory").c_str(), to_string(got.memory), to_string(want.memory));
+  if (got.rows != want.rows) plan_mismatch(n + ".rows", num(got.rows), num(want.rows));
+  if (got.cols != want.cols) plan_mismatch(n + ".cols", num(got.cols), num(want.cols));
+  if (got.ld != want.ld) plan_mismatch(n + ".ld", num(got.ld), num(want.ld));
+  if (got.layout != want.layout) plan_mismatch(n + ".layout", to_string(got.layout), to_string(want.layout));
+  if (got.dtype != want.dtype) plan_mismatch(n + ".dtype", to_string(got.dtype), to_string(want.dtype));
+  if (got.memory != want.memory) plan_mismatch(n + ".memory", to_string(got.memory), to_string(want.memory));
 }
 
 }  // namespace
 
 // Only compares; the strings are built on a mismatch alone, so a matching call allocates nothing.
 void match_planned(const GemmArgs& g, const GemmArgs& p) {
-  if (g.kind != p.kind) mismatch("kind", to_string(g.kind), to_string(p.kind));
-  if (g.op != p.op) mismatch("op", to_string(g.op), to_string(p.op));
+  if (g.kind != p.kind) plan_mismatch("kind", to_string(g.kind), to_string(p.kind));
+  if (g.op != p.op) plan_mismatch("op", to_string(g.op), to_string(p.op));
   const BsrView &s = g.sparse, &t = p.sparse;
-  if (s.rows != t.rows) mismatch("sparse.rows", num(s.rows), num(t.rows));
-  if (s.cols != t.cols) mismatch("sparse.cols", num(s.cols), num(t.cols));
-  if (s.bm != t.bm) mismatch("sparse.bm", num(s.bm), num(t.bm));
-  if (s.bk != t.bk) mismatch("sparse.bk", num(s.bk), num(t.bk));
-  if (s.nnzb != t.nnzb) mismatch("sparse.nnzb", num(s.nnzb), num(t.nnzb));
-  if (s.dtype != t.dtype) mismatch("sparse.dtype", to_string(s.dtype), to_string(t.dtype));
-  if (s.memory != t.memory) mismatch("sparse.memory", to_string(s.memory), to_string(t.memory));
-  if (s.row_ptr != t.row_ptr) mismatch("sparse.row_ptr", ptr(s.row_ptr), ptr(t.row_ptr));
-  if (s.col_idx != t.col_idx && s.nnzb > 0) mismatch("sparse.col_idx", ptr(s.col_idx), ptr(t.col_idx));
+  if (s.rows != t.rows) plan_mismatch("sparse.rows", num(s.rows), num(t.rows));
+  if (s.cols != t.cols) plan_mismatch("sparse.cols", num(s.cols), num(t.cols));
+  if (s.bm != t.bm) plan_mismatch("sparse.bm", num(s.bm), num(t.bm));
+  if (s.bk != t.bk) plan_mismatch("sparse.bk", num(s.bk), num(t.bk));
+  if (s.nnzb != t.nnzb) plan_mismatch("sparse.nnzb", num(s.nnzb), num(t.nnzb));
+  if (s.dtype != t.dtype) plan_mismatch("sparse.dtype", to_string(s.dtype), to_string(t.dtype));
+  if (s.memory != t.memory) plan_mismatch("sparse.memory", to_string(s.memory), to_string(t.memory));
+  if (s.row_ptr != t.row_ptr) plan_mismatch("sparse.row_ptr", ptr(s.row_ptr), ptr(t.row_ptr));
+  if (s.col_idx != t.col_idx && s.nnzb > 0) plan_mismatch("sparse.col_idx", ptr(s.col_idx), ptr(t.col_idx));
   if (g.kind != OpKind::dsd) match_dense(g.a, p.a, "A");
   if (g.kind != OpKind::dds) match_dense(g.b, p.b, "B");
   if (g.kind != OpKind::sdd) match_dense(g.c, p.c, "C");

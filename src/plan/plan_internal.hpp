@@ -1,4 +1,5 @@
-// Internal: the pieces plan(), the one-shot gemm() and the tuner share.
+// Internal: the pieces plan(), the one-shot gemm() and the tuner share (a product's validation
+// and its pattern read on the host come from format/format_internal.hpp).
 #pragma once
 #include <cstdint>
 #include <iterator>
@@ -13,35 +14,6 @@
 #include "sparsek/plan.hpp"
 
 namespace sparsek {
-
-// The sparse operand's pattern, readable on the host: a view of host memory, or a copy of
-// device memory.
-struct HostPattern {
-  const int32_t* row_ptr = nullptr;  // [mb + 1]
-  const int32_t* col_idx = nullptr;  // [nnzb] (nullptr when not fetched or nnzb = 0)
-  std::vector<int32_t> row_ptr_copy, col_idx_copy;
-};
-// s passed the cheap checks. Device memory is copied (synchronously); col_idx only when asked.
-// `stream` (a cudaStream_t, may be null) is waited for first: the caller may have queued the
-// pattern's upload there, and our copies run on the legacy default stream, which does not order
-// itself after non-blocking streams.
-HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
-
-// The enum fields of g's kind, op and used operands are in range (else Error naming the field
-// and the number): what must hold before any message prints one by name.
-void check_enums(const GemmArgs& g);
-
-// validate(g) but for the aliasing check: for a problem described with placeholder pointers
-// (the tuner's, which runs on operands of its own).
-void validate_description(const GemmArgs& g, bool check_indices);
-
-// The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
-void validate_pattern(const GemmArgs& g, const HostPattern& hp);
-
-// The pattern of s's transpose (transpose_pattern) read through host_pattern(). The indices are
-// range-checked first, cheaply: a kernel's set-up must not write out of bounds on a pattern that
-// skipped the O(nnzb) validation (Options::check_indices = false).
-PatternTranspose transposed_pattern(const BsrView& s);
 
 // cpu or cuda (Options::backend, else by memory kind); checks the memory kind fits and, for
 // cuda, that a GPU answers. Also rejects a negative Options::threads.
@@ -58,6 +30,10 @@ const Variant& forced_variant(const GemmArgs& g, const std::string& name, Backen
 const AttentionVariant& forced_variant(const AttentionArgs& a, const std::string& name, Backend be);
 const AttentionBackwardVariant& forced_variant(const AttentionBackwardArgs& a, const std::string& name, Backend be);
 
+// run()'s error when args differ from the planned problem, for products and attention alike:
+// "run: args do not match the plan: <what> is <got>, the plan was made for <want>". Callers build
+// the strings on a mismatch alone, so a matching run allocates nothing.
+[[noreturn]] void plan_mismatch(const std::string& what, const std::string& got, const std::string& want);
 // Throws Error(invalid_argument) naming the first field where args differ from the planned problem
 // (all but the values, dense data pointers, alpha and beta); allocates nothing when they match.
 void match_planned(const GemmArgs& args, const GemmArgs& planned);
@@ -79,10 +55,6 @@ PlanLaunch plan_launch(const Plan& p, void* stream);
 
 // A cheap 64-bit hash of a pattern (not cryptographic: tells an edited pattern from the old one).
 uint64_t hash_pattern(const int32_t* row_ptr, int64_t mb, const int32_t* col_idx, int64_t nnzb);
-
-// Whether work enqueued on `stream` now would be captured into a CUDA graph (an error reads as no,
-// except cudaErrorStreamCaptureImplicit: the legacy stream while another stream captures globally).
-bool stream_is_capturing(void* stream);
 
 // The one-shot entries' plan caches (gemm(), attention()): the most recently used plans under
 // their keys, up to a capacity. A plan is taken out while it runs, so two threads never share one.

@@ -558,35 +558,23 @@ std::vector<TuneEntry> read_cache_text(const std::string& text, std::string* sta
 TuneCache::TuneCache(std::string path) : path_(std::move(path)) {}
 
 void TuneCache::refresh() {
-  if (path_.empty()) {
-    entries_.clear();
-    index_.clear();
-    state_ = "missing";
-    loaded_ = true;
-    return;
-  }
-  FileSig s = file_sig(path_);
-  if (!s.exists) {
+  // No file to read: an empty cache, read again once a file appears (sig_size_ = -1 matches none).
+  auto missing = [this] {
     entries_.clear();
     index_.clear();
     state_ = "missing";
     loaded_ = true;
     sig_size_ = -1;
-    return;
-  }
+  };
+  if (path_.empty()) return missing();
+  FileSig s = file_sig(path_);
+  if (!s.exists) return missing();
   if (loaded_ && s.mtime_ns == sig_mtime_ns_ && s.size == sig_size_ && s.ino == sig_ino_ &&
       s.ctime_ns == sig_ctime_ns_)
     return;
   std::string text;
   int err = read_text(path_, text);
-  if (err == ENOENT) {  // replaced between stat and open: the next call sees the new file
-    entries_.clear();
-    index_.clear();
-    state_ = "missing";
-    loaded_ = true;
-    sig_size_ = -1;
-    return;
-  }
+  if (err == ENOENT) return missing();  // replaced between stat and open: the next call sees the new file
   if (err != 0) {
     entries_.clear();
     state_ = "unreadable: " + read_error(err);

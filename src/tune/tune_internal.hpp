@@ -1,4 +1,5 @@
-// Internal: what plan() and the tests need from the tuning cache beyond the public header.
+// Internal: what the tuner's side of plan()'s choice (tuned_choice.cpp) and the tests need from the
+// tuning cache beyond the public header.
 #pragma once
 #include <optional>
 #include <string>

@@ -2,6 +2,7 @@
 // on hand-checkable cases (empty rows, causal inside masked vs full blocks, tails, GQA, layout
 // broadcast), the CPU variant against the fp64 oracle on random problems, plan/run, effective
 // FLOPs and the C API.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -167,7 +168,11 @@ TEST(AttentionValidation, LayoutContentsNameTheEntry) {
     edit(l);
     c->args.layout = l.view();
     EXPECT_NO_THROW(validate(c->args, false)) << "the cheap checks do not read the contents";
+    EXPECT_NO_THROW(validate(c->args, false, cudaStreamPerThread)) << "nor do they with a stream";
     expect_invalid([&] { validate(c->args, true); }, parts);
+    // The stream form (what the Python binding calls) reads a host layout the same way: the
+    // stream orders device reads alone.
+    expect_invalid([&] { validate(c->args, true, cudaStreamPerThread); }, parts);
     l = saved;
     c->args.layout = l.view();
   };
@@ -207,6 +212,34 @@ TEST(AttentionValidation, LayoutContentsNameTheEntry) {
   std::sort(l.idx.begin() + r * l.kmax, l.idx.begin() + r * l.kmax + l.num[r]);
   c->args.layout = l.view();
   EXPECT_NO_THROW(validate(c->args, true));
+}
+
+// validate(args, check_indices, stream) on a device layout: the cheap checks first (no device is
+// touched for a bad argument), then the layout is read, which without a GPU is no_device, named.
+TEST(AttentionValidation, DeviceLayoutOnAStreamWithoutGpuSaysSo) {
+  if (device_info().available) GTEST_SKIP() << "a GPU answers; tests/gpu/test_stream_order.cu reads device layouts";
+  auto c = make_attention_case(small());
+  AttentionArgs a = c->args;  // host pointers never dereferenced: no device answers to copy from
+  for (Tensor4View* t : {&a.q, &a.k, &a.v, &a.o}) {
+    t->memory = Memory::device;
+    t->dtype = DType::bf16;
+  }
+  a.layout.memory = Memory::device;
+  EXPECT_NO_THROW(validate(a, false, cudaStreamPerThread)) << "the cheap checks read no layout";
+  for (bool check : {false, true}) {
+    AttentionArgs x = a;
+    x.layout.kmax = -4;
+    expect_invalid([&] { validate(x, check, cudaStreamPerThread); }, {"layout.kmax = -4 is negative"});
+  }
+  try {
+    validate(a, true, cudaStreamPerThread);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::no_device) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the layout is in device memory but no CUDA device answers"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------- semantics, by hand

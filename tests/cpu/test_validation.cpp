@@ -239,7 +239,7 @@ TEST(ValidateDense, NegativeDims) {
   expect_invalid([&] { validate(d, "B"); }, {"B cols=-3", "negative"});
 }
 
-// ---- GemmArgs (src/plan/dispatch.cpp) ----
+// ---- GemmArgs (src/format/validate.cpp) ----
 
 // A valid host DSD: A 64x64 BSR (the Fixture) times B 64x8 into C 64x8, all f32.
 struct GemmFixture {

@@ -2,12 +2,19 @@
 // on its own non-blocking stream, plan() must wait for that stream first (Options::stream), or it
 // checks and schedules stale indices. The Hopper DSD kernel may start while the kernel ahead of it
 // in the stream is still running (programmatic dependent launch): it must still see everything
-// that kernel writes (its A values, B and C).
+// that kernel writes (its A values, B and C). validate() of attention arguments reads a device
+// layout in its stream's order, and refuses to while that stream is being captured.
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_util.hpp"
 #include "cpu/oracle.hpp"
 #include "kernels/ptx/async.cuh"
 #include "device_case.hpp"
+#include "sparsek/attention.hpp"
 #include "sparsek/plan.hpp"
 
 namespace sparsek::test {
@@ -145,6 +152,70 @@ TEST(StreamOrder, HopperSeesWhatTheKernelAheadOfItWrites) {
     run_on.download(*new_case);
     expect_output_matches(*new_case, ref, before);
   }
+}
+
+// validate(args, true, stream) reads a device layout in `stream`'s order: the layout is uploaded
+// there behind a long kernel, over stale bytes (counts of -1) that fail the check if read first,
+// and a bad count written there later is seen and named. While `stream` is being captured the
+// check is refused before anything is enqueued, so the capture survives it.
+TEST(StreamOrder, AttentionValidateReadsTheLayoutInItsStreamsOrder) {
+  SPARSEK_REQUIRE_GPU();
+  AttnSpec spec;
+  spec.dtype = DType::bf16;
+  auto c = make_attention_case(spec);
+  const LayoutArrays& l = c->layout;
+  ASSERT_TRUE(l.full_num.empty());
+  ASSERT_GE(l.kmax, 1);
+  const size_t num_bytes = l.num.size() * 4, idx_bytes = l.idx.size() * 4;
+  int32_t* pinned = nullptr;  // pinned, so the async copies really are asynchronous
+  ASSERT_EQ(cudaMallocHost(&pinned, num_bytes + idx_bytes), cudaSuccess);
+  std::memcpy(pinned, l.num.data(), num_bytes);
+  std::memcpy(pinned + l.num.size(), l.idx.data(), idx_bytes);
+  std::vector<void*> allocations;
+  auto device = [&](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    allocations.push_back(p);
+    return p;
+  };
+  AttentionArgs a = c->args;
+  for (Tensor4View* t : {&a.q, &a.k, &a.v, &a.o}) {  // validate() reads none of them
+    t->data = device(size_t(t->b * t->stride_b) * dtype_size(t->dtype));
+    t->memory = Memory::device;
+  }
+  a.lse = static_cast<float*>(device(c->lse.size() * 4));
+  int32_t* dnum = static_cast<int32_t*>(device(num_bytes));
+  int32_t* didx = static_cast<int32_t*>(device(idx_bytes));
+  ASSERT_EQ(cudaMemset(dnum, 0xff, num_bytes), cudaSuccess);  // stale: every kv_num_blocks = -1
+  ASSERT_EQ(cudaMemset(didx, 0xff, idx_bytes), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  a.layout.kv_num_blocks = dnum;
+  a.layout.kv_indices = didx;
+  a.layout.memory = Memory::device;
+
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  spin<<<1, 1, 0, s>>>(200LL * 1000 * 1000);  // ~0.1 s at ~2 GHz
+  ASSERT_EQ(cudaMemcpyAsync(dnum, pinned, num_bytes, cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(didx, pinned + l.num.size(), idx_bytes, cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_NO_THROW(validate(a, true, s)) << "must not read the stale kv_num_blocks = -1";
+
+  pinned[0] = int32_t(l.kmax) + 1;  // the copies above have finished: validate() waited for them
+  spin<<<1, 1, 0, s>>>(200LL * 1000 * 1000);
+  ASSERT_EQ(cudaMemcpyAsync(dnum, pinned, 4, cudaMemcpyHostToDevice, s), cudaSuccess);
+  expect_invalid([&] { validate(a, true, s); },
+                 {"kv_num_blocks[0, 0, 0] = " + std::to_string(l.kmax + 1) + " is out of range"});
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  expect_invalid([&] { validate(a, true, s); }, {"captured into a CUDA graph", "check_indices off"});
+  EXPECT_NO_THROW(validate(a, false, s)) << "the cheap checks read no layout";
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess) << "the refusal must leave the capture intact";
+  cudaGraphDestroy(graph);
+
+  cudaStreamDestroy(s);
+  cudaFreeHost(pinned);
+  for (void* p : allocations) cudaFree(p);
 }
 
 }  // namespace
