@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "core/nccl.hpp"
 #include "sparsek/distributed.hpp"
+#include "tools_internal.hpp"
 
 using namespace sparsek;
 

@@ -25,12 +25,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "kernels/peers/peers.hpp"
-#include "plan/backends.hpp"
-#include "plan/variant.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -861,7 +857,7 @@ int bench_main(const std::vector<std::string>& argv) {
   Steps steps{progress, 0, std::max<size_t>(1, rows_each * table.size())};
 
   if (!gpu) {
-    const int t = cpu_threads(threads);
+    const int t = cpu_backend_threads(threads);
     if (backend == Backend::cpu)
       std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", t);
     else
@@ -885,7 +881,7 @@ int bench_main(const std::vector<std::string>& argv) {
   int bad = 0;
   for (const Result& r : results)
     for (const Row& x : r.rows) bad += x.status == "failed" || x.wrong;
-  Json doc = to_json(results, gpu, argv, reps, warmup, seed, cpu_threads(threads));
+  Json doc = to_json(results, gpu, argv, reps, warmup, seed, cpu_backend_threads(threads));
   int gate_rc = 0;
   if (!baseline.empty()) {
     std::printf("\n");

@@ -22,11 +22,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "format/attention_internal.hpp"
-#include "plan/backends.hpp"
-#include "plan/variant.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -384,7 +380,7 @@ std::unique_ptr<HostProblem> prepare(const Workload& w, uint64_t seed, bool back
   r.backward = backward;
   progress.update(prefix + "generating inputs ...");
   auto p = make_problem(w, seed);
-  r.eff_flops = effective_flops(p->args, host_layout(p->args.layout)) * (backward ? 2.5 : 1.0);
+  r.eff_flops = effective_flops(p->args) * (backward ? 2.5 : 1.0);
   r.kept = kept_fraction(p->layout, w.seq);
   progress.update(prefix + "computing the fp64 reference rows ...");
   if (!backward) {
@@ -607,7 +603,7 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
   Json j = json_header("bench", argv);
   j["op"] = "attention";
   j["mode"] = gpu ? "gpu" : "cpu";
-  j["device"] = device_json(gpu, cpu_threads(0));
+  j["device"] = device_json(gpu, cpu_backend_threads(0));
   j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
   Json ws = Json::array();
   for (const Result& r : results) {

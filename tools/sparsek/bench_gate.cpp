@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
 #include "sparsek/attention.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 

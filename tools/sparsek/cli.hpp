@@ -62,6 +62,9 @@ void print_help(const char* usage, const char* about, const std::vector<FlagSpec
 // Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
 // auto with a GPU.
 bool use_gpu(Backend requested);
+// The CPU backend's threads for Options::threads = requested (0: OMP_NUM_THREADS, else every
+// hardware thread), as the tuning key records them.
+int cpu_backend_threads(int requested);
 
 // The GPU workload table (docs/BENCHMARKS.md): size^3 products, fixed_k pattern. `sparsek bench` runs it by
 // default on a GPU; `sparsek tune --spec-workloads` tunes each one (defined in bench.cpp).

@@ -18,9 +18,8 @@
 #include <thread>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "kernels/peers/peers.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -153,6 +152,10 @@ bool use_gpu(Backend requested) {
   if (requested == Backend::cuda && !info.available)
     throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
   return info.available && requested != Backend::cpu;
+}
+
+int cpu_backend_threads(int requested) {
+  return tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, requested).sm_count;
 }
 
 std::vector<std::string> Args::list(const std::string& name) const {

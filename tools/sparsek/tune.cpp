@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "plan/plan_internal.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -253,8 +252,9 @@ std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOp
   return line;
 }
 
-// Host wall time per call of run(plan), of the bare variant launch run() ends in (same plan,
-// same prepared state, no checks) and of the one-shot gemm(), on the workload's real buffers.
+// Host wall time per call of run(plan), of the bare variant launch run() ends in (the plan's
+// variant, its state prepared as plan() prepares it, run under the options run() hands it, no
+// checks) and of the one-shot gemm(), on the workload's real buffers.
 // Calls go in batches, interleaved by kind; on a GPU the stream is synchronized between batches
 // (untimed), so a full launch queue never makes the host wait for kernels.
 int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed, int calls,
@@ -285,7 +285,13 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   Options unchecked = opt;
   unchecked.check_indices = false;
   const Plan p = plan(g, opt);
-  const PlanLaunch bare = plan_launch(p, stream);
+  const Variant* v = find_variant(p.variant());
+  Options bare;
+  bare.backend = p.backend();
+  bare.check_indices = false;
+  bare.threads = opt.threads;
+  const std::unique_ptr<VariantState> state = v->prepare ? v->prepare(g, bare) : nullptr;
+  bare.stream = stream;
   auto sync = [&] {
     if (gpu) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   };
@@ -298,7 +304,7 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   auto one = [&](int kind) {
     switch (kind) {
       case 0: run(p, g, stream); break;
-      case 1: bare.variant->run(g, bare.options, bare.state); break;
+      case 1: v->run(g, bare, state.get()); break;
       case 2: gemm(g, opt); break;
       default: gemm(g, unchecked); break;
     }

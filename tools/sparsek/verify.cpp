@@ -26,9 +26,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "plan/variant.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
