@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -278,7 +277,7 @@ Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std
   j["mode"] = gpu ? "gpu" : "cpu";
   j["device"] = device_json(gpu, threads);
   j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
-  if (gpu) j["settings"]["stream_held"] = stream_held();  // time_gpu()
+  if (gpu) j["settings"]["stream_held"] = timing::stream_held();  // time_gpu()
   j["units"] = gpu ? "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks"
                    : "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks (the table shows GFLOPS)";
   Json ws = Json::array();
@@ -402,14 +401,8 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     try {
       steps.at(std::string("timing ") + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(g, o) : nullptr;
-      for (int i = 0; i < warmup; ++i) v.run(g, o, st.get());
-      for (int i = 0; i < reps; ++i) {
-        auto t0 = std::chrono::steady_clock::now();
-        v.run(g, o, st.get());
-        auto t1 = std::chrono::steady_clock::now();
-        row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-      row.median_ms = median(row.times_ms);
+      row.times_ms = timing::time_host([&] { v.run(g, o, st.get()); }, warmup, reps);
+      row.median_ms = timing::median(row.times_ms);
       std::fill(out->begin(), out->end(), uint8_t(0xFF));  // NaN in every dtype: beta = 0 must not read it,
       v.run(g, o, st.get());                                // and every element must be written
       if (!ref.empty()) {
@@ -573,8 +566,8 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     try {
       steps.at(prefix + "timing " + v.name);
       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
-      row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets, w.calls);
-      row.median_ms = median(row.times_ms);
+      row.times_ms = timing::time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets, w.calls);
+      row.median_ms = timing::median(row.times_ms);
       check(row, [&] { v.run(args[0], o, st.get()); });
     } catch (const Error& e) {
       fail(row, e);
@@ -603,8 +596,8 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       std::unique_ptr<VariantState> st = v->prepare(args[0], o);
       auto* ps = static_cast<peers::PeerState*>(st.get());
       ps->convert(args[0], o.stream);
-      row.times_ms = time_gpu([&](int s) { ps->core(args[size_t(s)], o.stream); }, warmup, reps, r.sets, w.calls);
-      row.median_ms = median(row.times_ms);
+      row.times_ms = timing::time_gpu([&](int s) { ps->core(args[size_t(s)], o.stream); }, warmup, reps, r.sets, w.calls);
+      row.median_ms = timing::median(row.times_ms);
       check(row, [&] {
         ps->convert(args[0], o.stream);
         ps->core(args[0], o.stream);
@@ -869,7 +862,7 @@ int bench_main(const std::vector<std::string>& argv) {
                 info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.runtime_version,
                 info.driver_version);
     std::printf("median of %d runs after %d warm-up runs, CUDA events (%s); alpha = 1, beta = 0\n", reps, warmup,
-                stream_held() ? "GPU time: the stream held until each batch is enqueued"
+                timing::stream_held() ? "GPU time: the stream held until each batch is enqueued"
                               : "SPARSEK_BENCH_GATE=off: runs timed as the host issues them");
     for (size_t i = 0; i < table.size(); ++i) {
       std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";

@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -357,7 +356,7 @@ void for_each_variant(const std::vector<VariantOf<Args>>& table, Backend be, con
     } else {
       try {
         measure(v, row);
-        row.median_ms = median(row.times_ms);
+        row.median_ms = timing::median(row.times_ms);
         row.eff_tflops = r.eff_flops / (row.median_ms * 1e-3) / 1e12;
       } catch (const Error& e) {
         row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
@@ -405,13 +404,7 @@ void measure_cpu(const V& v, const Args& args, int warmup, int reps, const Poiso
   poison();
   v.run(args, o, st.get());
   check();
-  for (int i = 0; i < warmup; ++i) v.run(args, o, st.get());
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    v.run(args, o, st.get());
-    auto t1 = std::chrono::steady_clock::now();
-    row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
+  row.times_ms = timing::time_host([&] { v.run(args, o, st.get()); }, warmup, reps);
 }
 
 Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, bool backward,
@@ -537,7 +530,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool back
                        compare_backward(bref, w, got_dq, got_dk, got_dv, row);
                        progress.update(prefix + "timing " + v.name + " ...");
                        row.times_ms =
-                           time_gpu([&](int s) { v.run(bargs[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
+                           timing::time_gpu([&](int s) { v.run(bargs[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
                      });
     progress.clear();
     return r;
@@ -555,7 +548,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool back
     d_lse[0].download(got_lse.data(), lse_bytes);
     compare(ref, w, got_o, got_lse, row);
     progress.update(prefix + "timing " + v.name + " ...");
-    row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
+    row.times_ms = timing::time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
   });
   progress.clear();
   return r;

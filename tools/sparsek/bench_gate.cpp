@@ -6,9 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,31 +42,6 @@ const std::vector<FlagSpec> kGateSpecs = {
     {"--seed", "S", "random seed of the inputs (default 1)"},
     {"--json", "FILE", "also write the figures as JSON (- for stdout; the text then goes to stderr)"},
 };
-
-// Milliseconds of each of `reps` calls of f (after `warmup`): events around each call, all
-// enqueued back to back and read at the end, so the host's launch cost hides behind the GPU's
-// work as it does in an application's stream.
-template <class F>
-std::vector<double> time_calls(const F& f, int warmup, int reps, cudaStream_t st) {
-  for (int i = 0; i < warmup; ++i) f();
-  check_cuda(cudaStreamSynchronize(st), "warm-up");
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (cudaEvent_t& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(ev[size_t(2 * i)], st), "cudaEventRecord");
-    f();
-    check_cuda(cudaEventRecord(ev[size_t(2 * i + 1)], st), "cudaEventRecord");
-  }
-  check_cuda(cudaEventSynchronize(ev.back()), "timed runs");
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    float t = 0;
-    check_cuda(cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
-  return ms;
-}
 
 struct Problem {
   int64_t B = 1, Hq = 16, Hkv = 16, Sq = 16384, Skv = 16384, D = 128;
@@ -153,18 +128,12 @@ int run_cpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   out.idx.resize(out.num.size() * size_t(p.kmax()));
   a.kv_num_blocks = out.num.data();
   a.kv_indices = out.idx.data();
-  std::vector<double> ms;
-  for (int i = 0; i < warmup + reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gate(a);
-    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= warmup) ms.push_back(t);
-  }
-  std::printf("gate on the CPU backend: %s\nmedian %.3f ms over %d runs\n", p.label().c_str(), median(ms), reps);
+  const std::vector<double> ms = timing::time_host([&] { gate(a); }, warmup, reps);
+  std::printf("gate on the CPU backend: %s\nmedian %.3f ms over %d runs\n", p.label().c_str(), timing::median(ms), reps);
   doc["device"] = "cpu";
   doc["workload"] = p.label();
   doc["reps"] = reps;
-  doc["cpu_ms"] = num(median(ms));
+  doc["cpu_ms"] = num(timing::median(ms));
   json.write(doc);
   json.say_written();
   return 0;
@@ -227,24 +196,18 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   std::printf("layout vs CPU reference: %lld rows identical, %lld differ only by near-tie swaps, %lld wrong\n",
               (long long)c.same, (long long)c.near, (long long)c.wrong);
 
-  // The gate, then its floor: Q and K read once at the copy bandwidth of this GPU.
-  int set = 0;
-  const std::vector<double> gate_ms = time_calls(
-      [&] {
-        a.q.data = dq[size_t(set)].p;
-        a.k.data = dk[size_t(set)].p;
-        set = (set + 1) % sets;
-        gate(a, o);
-      },
-      warmup, reps, st);
+  // The gate, then its floor: Q and K read once at the copy bandwidth of this GPU. Timed on st, the
+  // stream the gate runs on (held like every bench timing: time_gpu()).
+  auto time = [&](const std::function<void(int)>& f) { return timing::time_gpu(f, warmup, reps, sets, 1, st); };
+  const std::vector<double> gate_ms = time([&](int s) {
+    a.q.data = dq[size_t(s)].p;
+    a.k.data = dk[size_t(s)].p;
+    gate(a, o);
+  });
   DeviceBuffer copy_dst(hq.size());
-  const std::vector<double> copy_ms = time_calls(
-      [&] {
-        check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(set)].p, hq.size(), cudaMemcpyDeviceToDevice, st),
-                   "cudaMemcpyAsync");
-        set = (set + 1) % sets;
-      },
-      warmup, reps, st);
+  const std::vector<double> copy_ms = time([&](int s) {
+    check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(s)].p, hq.size(), cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+  });
   // Selection alone: the same layout from given scores (no pooling, no dot products).
   std::vector<float> hs(ref.scores);
   for (float& x : hs) x = std::isfinite(x) ? x : -INFINITY;
@@ -254,10 +217,10 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   GateArgs g = a;
   g.given_scores = static_cast<const float*>(given.p);
   g.workspace_bytes = gate_workspace_bytes(g);
-  const std::vector<double> select_ms = time_calls([&] { gate(g, o); }, warmup, reps, st);
+  const std::vector<double> select_ms = time([&](int) { gate(g, o); });
   check_cuda(cudaStreamDestroy(st), "cudaStreamDestroy");
 
-  const double t_gate = median(gate_ms), t_copy = median(copy_ms), t_select = median(select_ms);
+  const double t_gate = timing::median(gate_ms), t_copy = timing::median(copy_ms), t_select = timing::median(select_ms);
   const double copy_bw = 2.0 * double(hq.size()) / (t_copy * 1e-3);  // read + write bytes per second
   const double floor_ms = double(qk_bytes) / copy_bw * 1e3;
   std::vector<std::vector<std::string>> table = {

@@ -1,10 +1,10 @@
 // Shared pieces of the `sparsek` CLI: flag parsing (bad flags -> exit code 2 with a message naming
-// the flag and the value), host/device buffers, random data, progress, tables and JSON output.
+// the flag and the value), host/device buffers, random data, progress, tables and JSON output; the
+// timing is timing.hpp's.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -15,6 +15,7 @@
 
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
+#include "timing.hpp"  // the benchmarks' timing (also the timers' in bench/)
 
 namespace sparsek::cli {
 
@@ -204,18 +205,6 @@ Json json_header(const char* tool, const std::vector<std::string>& argv);
 // The "device" object of a bench's JSON: the GPU that answered (or why none did); for a CPU run
 // (gpu false) also the CPU model and the thread count.
 Json device_json(bool gpu, int threads);
-
-// ---- timing ----
-double median(std::vector<double> v);  // NaN when empty
-// Warm-up, then `reps` timings, each bracketing `calls` consecutive runs with CUDA events on the
-// legacy default stream; run(set) enqueues one run on input set `set` (rotated over `sets` from
-// run to run). Returns the time per run of each timing in ms. calls > 1 measures a stream of calls
-// (a decode step's layers), where one call may start while the previous one ends; with calls = 1
-// the events sit between the runs and each run is timed alone.
-// The stream is held until each batch of timed runs is enqueued, so the events time GPU work only
-// (time_gpu()); SPARSEK_BENCH_GATE=off times the runs as the host issues them.
-bool stream_held();
-std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls = 1);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

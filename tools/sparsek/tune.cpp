@@ -120,11 +120,6 @@ std::string describe(const Workload& w) {
          fmt(100.0 * w.density, 2) + "%";
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 double mean_of(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -334,16 +329,16 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   Json calls_j = Json::array();
   for (int kind = 0; kind < 4; ++kind) {
     const double mn = *std::min_element(us[kind].begin(), us[kind].end());
-    rows.push_back({names[kind], fmt(median_of(us[kind]), 2), fmt(mean_of(us[kind]), 2), fmt(mn, 2)});
-    calls_j.push_back({{"call", names[kind]}, {"median_us", median_of(us[kind])}, {"mean_us", mean_of(us[kind])},
+    rows.push_back({names[kind], fmt(timing::median(us[kind]), 2), fmt(mean_of(us[kind]), 2), fmt(mn, 2)});
+    calls_j.push_back({{"call", names[kind]}, {"median_us", timing::median(us[kind])}, {"mean_us", mean_of(us[kind])},
                        {"min_us", mn}});
   }
   print_table({"call", "median us", "mean us", "min us"}, rows);
   *out = {{"workload", workload_json(w)}, {"variant", p.variant()}, {"calls_each", calls}, {"host_us", calls_j},
-          {"overhead_us_median", median_of(us[0]) - median_of(us[1])},
+          {"overhead_us_median", timing::median(us[0]) - timing::median(us[1])},
           {"overhead_us_mean", mean_of(us[0]) - mean_of(us[1])}};
   std::printf("run() overhead over the bare variant launch: %.2f us (median), %.2f us (mean); target < 5 us\n",
-              median_of(us[0]) - median_of(us[1]), mean_of(us[0]) - mean_of(us[1]));
+              timing::median(us[0]) - timing::median(us[1]), mean_of(us[0]) - mean_of(us[1]));
   return 0;
 }
 
@@ -442,13 +437,14 @@ int tune_main(const std::vector<std::string>& argv) {
       Plan q = plan(prob->g, opt);
       us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
     }
+    const double median_us = timing::median(us);
     std::sort(us.begin(), us.end());
     std::printf("sparsek %s plan() time: %s (nnzb=%lld) on %s, SPARSEK_TUNE=%s\n", version(), describe(given).c_str(),
                 static_cast<long long>(prob->g.sparse.nnzb), where.c_str(), to_string(tune_mode()));
     std::printf("variant %s (%s); %d calls after 3 warm-up calls: median %.1f us, min %.1f us, max %.1f us\n",
-                p.variant().c_str(), p.chosen_by().c_str(), reps, us[us.size() / 2], us.front(), us.back());
+                p.variant().c_str(), p.chosen_by().c_str(), reps, median_us, us.front(), us.back());
     doc["plan_time"] = {{"workload", workload_json(given)}, {"variant", p.variant()}, {"chosen_by", p.chosen_by()},
-                        {"calls", reps}, {"median_us", us[us.size() / 2]}, {"min_us", us.front()},
+                        {"calls", reps}, {"median_us", median_us}, {"min_us", us.front()},
                         {"max_us", us.back()}};
     return finish(0);
   }
