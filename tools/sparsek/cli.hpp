@@ -60,6 +60,11 @@ class Args {
 
 void print_help(const char* usage, const char* about, const std::vector<FlagSpec>& specs);
 
+// Flags that several subcommands take (Args::backend(), Args::integer("--threads", ...)).
+inline const FlagSpec kBackendFlag = {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"};
+inline const FlagSpec kThreadsFlag = {"--threads", "T",
+                                      "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"};
+
 // Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
 // auto with a GPU.
 bool use_gpu(Backend requested);
@@ -177,6 +182,7 @@ class Progress {
 // Left-aligned first column, right-aligned others; widths from the content.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int digits);  // fixed, "-" for NaN
+std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));  // printf into a string
 std::string fmt_sci(double v);          // 1.2e-04, "-" for NaN, "inf"
 
 // A number that is not finite becomes null in JSON (which has no NaN).

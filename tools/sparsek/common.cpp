@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -327,6 +328,18 @@ std::string fmt(double v, int digits) {
   char b[64];
   std::snprintf(b, sizeof b, "%.*f", digits, v);
   return b;
+}
+
+std::string strprintf(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string s(size_t(std::max(n, 0)), '\0');
+  std::vsnprintf(s.data(), s.size() + 1, format, again);
+  va_end(again);
+  return s;
 }
 
 std::string fmt_sci(double v) {

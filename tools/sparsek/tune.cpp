@@ -32,7 +32,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--density", "D", "fraction of stored blocks, in (0, 1] (default 0.125)"},
     {"--pattern", "NAME", "fixed_k | bernoulli | power_law | banded | block_diagonal | causal (default fixed_k)"},
     {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
+    kBackendFlag,
     {"--seed", "S", "random seed of the pattern and the values (default 1)"},
     {"--warmup", "W", "untimed runs per candidate (default 2)"},
     {"--reps", "R", "most timed runs per candidate; the median counts (default 100, at least 5)"},
@@ -43,7 +43,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
     {"--compare", nullptr, "after tuning, re-time the candidates and compare the tuner's pick with the best"},
     {"--spec-workloads", nullptr, "--compare over bench's workload table (its default list on a GPU; GPU only)"},
-    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    kThreadsFlag,
     {"--json", "FILE", "also write the results as JSON (- for stdout)"},
 };
 
