@@ -207,7 +207,8 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
                            100 * w.density, (long long)m.nnzb, 100.0 * double(m.nnzb) / double(blocks > 0 ? blocks : 1),
                            to_string(w.dtype))};
   if (gpu && w.calls > 1)
-    r.intro.push_back(strprintf("   time per call of %d calls back to back (input sets rotated from call to call)", w.calls));
+    r.intro.push_back(
+        strprintf("   time per call of %d calls back to back (input sets rotated from call to call)", w.calls));
   r.intro.push_back(strprintf("   effective GFLOP %.2f; %sreference: %s", r.eff_flops / 1e9,
                               gpu ? (std::to_string(m.sets) + " input set(s) rotated; ").c_str() : "",
                               m.reference.c_str()));
@@ -247,7 +248,8 @@ struct Candidate {
 std::vector<Candidate> candidates(bool gpu, const std::vector<std::string>& only) {
   std::vector<Candidate> c;
   for (const Variant& v : variants())
-    if (v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name)) c.push_back({v.name, v.peer, &v, false});
+    if (v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name))
+      c.push_back({v.name, v.peer, &v, false});
   if (gpu)
     for (auto [name, parent] : kCoreRows)
       if (const Variant* v = find_variant(parent); v && wanted(only, name)) c.push_back({name, true, v, true});
@@ -764,7 +766,9 @@ int bench_main(const std::vector<std::string>& argv) {
               (gpu ? "" : " (the table shows GFLOPS)");
   return run_workloads(
       labels,
-      [&](size_t i, const std::string& prefix) { return gpu ? run_gpu(table[i], s, steps, prefix) : run_cpu(table[i], s, steps); },
+      [&](size_t i, const std::string& prefix) {
+        return gpu ? run_gpu(table[i], s, steps, prefix) : run_cpu(table[i], s, steps);
+      },
       t, argv, run, json,
       baseline.empty() ? std::function<int(Json&)>() : [&](Json& doc) {
         std::printf("\n");

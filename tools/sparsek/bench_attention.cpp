@@ -362,7 +362,8 @@ Job prepare(const Workload& w, uint64_t seed, bool backward, Progress& progress,
 void finish(const Workload& w, const Measured& m, bool backward, bool gpu, BenchResult& r) {
   add_rates(r);
   const bool causal = w.causal || w.layout == LayoutKind::causal;
-  r.intro = {"", strprintf("== %s: B=%lld Hq=%lld Hkv=%lld S=%lld D=%d, %s blocks, layout %s (%.2f%% of blocks kept)%s, %s",
+  r.intro = {"", strprintf("== %s: B=%lld Hq=%lld Hkv=%lld S=%lld D=%d, %s blocks, layout %s "
+                           "(%.2f%% of blocks kept)%s, %s",
                            r.label.c_str(), (long long)w.batch, (long long)w.heads, (long long)w.kv_heads,
                            (long long)w.seq, w.dim, block_str(w.block, w.block).c_str(), to_string(w.layout),
                            100 * m.kept, causal ? ", causal" : "", to_string(w.dtype))};
@@ -372,7 +373,8 @@ void finish(const Workload& w, const Measured& m, bool backward, bool gpu, Bench
                                 r.eff_flops / 1e9, sets.c_str(), (long long)m.checked_rows));
   else
     r.intro.push_back(strprintf("   backward (dq, dk, dv): effective GFLOP %.2f (2.5 x the forward's); %sdq of %lld "
-                                "sampled rows and dk, dv of %lld sampled key block(s) checked against the fp64 reference",
+                                "sampled rows and dk, dv of %lld sampled key block(s) checked against the fp64 "
+                                "reference",
                                 r.eff_flops / 1e9, sets.c_str(), (long long)m.checked_rows,
                                 (long long)m.checked_key_blocks));
   if (!m.unchecked.empty()) r.intro.push_back("   " + m.unchecked);

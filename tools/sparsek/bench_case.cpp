@@ -128,7 +128,8 @@ int run_workloads(const std::vector<std::string>& labels,
                   const std::function<int(Json&)>& amend) {
   std::vector<BenchResult> results;
   for (size_t i = 0; i < labels.size(); ++i) {
-    const std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(labels.size()) + "] " + labels[i] + ": ";
+    const std::string prefix =
+        "[" + std::to_string(i + 1) + "/" + std::to_string(labels.size()) + "] " + labels[i] + ": ";
     results.push_back(measure(i, prefix));
     print_result(results.back(), table);
     std::fflush(stdout);

@@ -1,7 +1,12 @@
 // What every `sparsek bench` op shares (the products, attention and the gate): one row type, one
 // result with its table, one JSON document, one way to measure a variant's row, one loop over the
 // workloads. An op is a case: its flags, its workloads and how one is measured (bench.cpp,
-// bench_attention.cpp, bench_gate.cpp); a new op adds a case, not another copy of these.
+// bench_attention.cpp, bench_gate.cpp); a new op adds a case, not another copy of these:
+//   - parse its flags (kWarmupFlag, kJsonFlag, kBackendFlag and its own) and make its workloads;
+//   - per workload, a BenchResult: the label, its rows from variant_rows() over its variant table
+//     (or measure_row() per row), add_rates(), the JSON fields and the lines around the table;
+//   - its Table (the columns after the name: median_column(), rate_column(), its figures);
+//   - run_workloads() prints, writes the JSON and gives the exit code.
 #pragma once
 #include <functional>
 #include <limits>
@@ -113,8 +118,8 @@ Json bench_json(const std::vector<std::string>& argv, const BenchRun& run, const
 // (with `amend` adding to it first, e.g. the performance gate, whose exit code it returns) and
 // counts what failed. Returns the exit code: 1 when a row failed or was wrong, a result had no row
 // to run (when_empty), or amend returned non-zero.
-int run_workloads(const std::vector<std::string>& labels, const std::function<BenchResult(size_t, const std::string&)>& measure,
-                  const Table& table, const std::vector<std::string>& argv, const BenchRun& run, JsonOutput& json,
+int run_workloads(const std::vector<std::string>& labels,
+                  const std::function<BenchResult(size_t, const std::string&)>& measure, const Table& table, const std::vector<std::string>& argv, const BenchRun& run, JsonOutput& json,
                   const std::function<int(Json&)>& amend = nullptr);
 
 }  // namespace sparsek::cli

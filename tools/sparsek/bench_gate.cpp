@@ -229,7 +229,8 @@ int run_gpu(const Problem& p, const BenchRun& run, const std::vector<std::string
   });
   DeviceBuffer copy_dst(hq.size());
   const std::vector<double> copy_ms = time([&](int s) {
-    check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(s)].p, hq.size(), cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(s)].p, hq.size(), cudaMemcpyDeviceToDevice, st),
+               "cudaMemcpyAsync");
   });
   // Selection alone: the same layout from given scores (no pooling, no dot products).
   std::vector<float> hs(ref.scores);
