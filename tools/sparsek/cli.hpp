@@ -182,8 +182,8 @@ class Progress {
 // Left-aligned first column, right-aligned others; widths from the content.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int digits);  // fixed, "-" for NaN
-std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));  // printf into a string
 std::string fmt_sci(double v);          // 1.2e-04, "-" for NaN, "inf"
+std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));  // printf into a string
 
 // A number that is not finite becomes null in JSON (which has no NaN).
 Json num(double v);
