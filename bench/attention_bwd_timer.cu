@@ -1,26 +1,17 @@
-// Checks and times the "hopper" attention backward variant directly (not part of CMake; built on
-// the GPU machine against a build of the library, like attention_timer.cu):
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
-//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o attention_bwd_timer
-//   ./attention_bwd_timer check [filter]   # edge cases: every element of dq, dk, dv against an fp64
-//                                          # host reference; deterministic runs repeated bit-identical
-//   ./attention_bwd_timer time [filter]    # the target workloads: median of CUDA-event timings
+// Checks and times the "hopper" attention backward variant directly:
+//   cmake --build build --target attention_bwd_timer
+//   build/attention_bwd_timer check [filter]   # edge cases: every element of dq, dk, dv against an fp64
+//                                              # host reference; deterministic runs repeated bit-identical
+//   build/attention_bwd_timer time [filter]    # the target workloads: median of CUDA-event timings
 // The forward (the "hopper" attention variant) makes O and LSE; dO is uniform in [-1, 1) like the
 // inputs; dq, dk, dv are poisoned (NaN) before every run. Effective FLOPs of the backward = 2.5 x
 // those of the forward (FlashAttention's convention: 4 * D * unmasked score elements, x 2.5).
 #include <functional>
 
 #include "attention_problem.cuh"
-#include "cpu/oracle.hpp"
 
-const AttentionVariant& forward() {
-  static std::vector<AttentionVariant> v = hopper_attention_variants();
-  return v.at(0);
-}
-const AttentionBackwardVariant& backward() {
-  static std::vector<AttentionBackwardVariant> v = hopper_attention_backward_variants();
-  return v.at(0);
-}
+const AttentionVariant& forward() { return hopper_variant(find_attention_variant("hopper")); }
+const AttentionBackwardVariant& backward() { return hopper_variant(find_attention_backward_variant("hopper")); }
 
 // A forward problem (q, k, v, O, LSE on the device; O and LSE from the forward kernel) plus dO and
 // the gradient outputs.
@@ -36,13 +27,12 @@ BwdProblem make_bwd(const Case& c, uint32_t seed, bool deterministic) {
   B.P = make_problem(c, seed);
   B.nq = int64_t(c.b) * c.hq * c.sq * c.d;
   B.nk = int64_t(c.b) * c.hkv * c.skv * c.d;
-  CK(cudaMalloc(&B.g_o, std::max<int64_t>(B.nq, 1) * 2));
-  CK(cudaMalloc(&B.g_q, std::max<int64_t>(B.nq, 1) * 2));
-  CK(cudaMalloc(&B.g_k, std::max<int64_t>(B.nk, 1) * 2));
-  CK(cudaMalloc(&B.g_v, std::max<int64_t>(B.nk, 1) * 2));
-  fill_uniform<<<1024, 256>>>(B.g_o, B.nq, seed * 3 + 4, c.bf16);
-  CK(cudaGetLastError());
+  SPARSEK_CHECK_CUDA(cudaMalloc(&B.g_o, std::max<int64_t>(B.nq, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&B.g_q, std::max<int64_t>(B.nq, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&B.g_k, std::max<int64_t>(B.nk, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&B.g_v, std::max<int64_t>(B.nk, 1) * 2));
   const DType dt = c.bf16 ? DType::bf16 : DType::f16;
+  fill_uniform(B.g_o, dt, B.nq, seed * 3 + 4);
   AttentionBackwardArgs& a = B.args;
   a.forward = B.P.args;
   a.dout = Tensor4View::packed(B.g_o, dt, Memory::device, c.b, c.hq, c.sq, c.d);
@@ -71,12 +61,12 @@ void run_forward(const BwdProblem& B) {
   Options o;
   auto state = forward().prepare(B.P.args, o);
   forward().run(B.P.args, o, state.get());
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 std::vector<uint16_t> download(const uint16_t* d, int64_t n) {
   std::vector<uint16_t> h(size_t(std::max<int64_t>(n, 0)));
-  if (n > 0) CK(cudaMemcpy(h.data(), d, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  if (n > 0) SPARSEK_CHECK_CUDA(cudaMemcpy(h.data(), d, size_t(n) * 2, cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -156,11 +146,11 @@ int check(const Case& c, uint32_t seed, bool deterministic) {
   std::vector<uint16_t> gq, gk, gv, fq, fk, fv;
   int fails = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    CK(cudaMemset(B.g_q, 0xff, size_t(std::max<int64_t>(B.nq, 1)) * 2));  // NaN poison
-    CK(cudaMemset(B.g_k, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
-    CK(cudaMemset(B.g_v, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
+    SPARSEK_CHECK_CUDA(cudaMemset(B.g_q, 0xff, size_t(std::max<int64_t>(B.nq, 1)) * 2));  // NaN poison
+    SPARSEK_CHECK_CUDA(cudaMemset(B.g_k, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
+    SPARSEK_CHECK_CUDA(cudaMemset(B.g_v, 0xff, size_t(std::max<int64_t>(B.nk, 1)) * 2));
     backward().run(B.args, o, state.get());
-    CK(cudaDeviceSynchronize());
+    SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
     gq = download(B.g_q, B.nq);
     gk = download(B.g_k, B.nk);
     gv = download(B.g_v, B.nk);
@@ -188,27 +178,11 @@ int check(const Case& c, uint32_t seed, bool deterministic) {
   return fails ? 1 : 0;
 }
 
-float median_ms(const std::function<void()>& fn) {
-  for (int i = 0; i < 5; ++i) fn();
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    CK(cudaEventRecord(e0));
-    fn();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+// Median ms of 30 runs after 5 warm-up runs.
+double median_ms(const std::function<void()>& fn) {
+  const std::vector<double> ms = timing::time_gpu([&](int) { fn(); }, 5, 30, 1);
+  SPARSEK_CHECK_CUDA(cudaGetLastError());
+  return timing::median(ms);
 }
 
 void time_case(const Case& c, bool deterministic) {
@@ -223,15 +197,15 @@ void time_case(const Case& c, bool deterministic) {
   Options o;
   auto fstate = forward().prepare(B.P.args, o);
   auto bstate = backward().prepare(B.args, o);
-  const float fwd = median_ms([&] { forward().run(B.P.args, o, fstate.get()); });
-  const float bwd = median_ms([&] { backward().run(B.args, o, bstate.get()); });
+  const double fwd = median_ms([&] { forward().run(B.P.args, o, fstate.get()); });
+  const double bwd = median_ms([&] { backward().run(B.args, o, bstate.get()); });
   const double flops = 2.5 * B.P.flops;
   std::printf("%-44s bwd %8.3f ms %7.1f eff TFLOPS | fwd %.3f ms, fwd+bwd %.3f ms\n", name.c_str(), bwd,
               flops / (bwd * 1e9), fwd, fwd + bwd);
   free_bwd(B);
 }
 
-int main(int argc, char** argv) {
+int timer_main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   const std::string filter = argc > 2 ? argv[2] : "";
   // The filter is a substring of the printed name ("[atomic]" included).
@@ -376,4 +350,8 @@ int main(int argc, char** argv) {
   for (const auto& [c, det] : cases)
     if (matches(c, det)) time_case(c, det);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return bench::run_timer("attention_bwd_timer", [&] { return timer_main(argc, argv); });
 }

@@ -1,9 +1,7 @@
 // Problems for the attention checkers / timers (bench/attention_timer.cu, bench/attention_bwd_timer.cu):
-// random top-k block layouts (FlexAttention style), inputs uniform in [-1, 1) from a hash (never
-// zero), device buffers, and the effective FLOPs of the forward counted on the host.
+// random top-k block layouts (FlexAttention style), inputs uniform in [-1, 1) from a hash (timer.cuh),
+// device buffers, and the effective FLOPs of the forward counted on the host.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,40 +13,19 @@
 #include <string>
 #include <vector>
 
-#include "plan/backends.hpp"
 #include "sparsek/attention.hpp"
+#include "timer.cuh"
+#include "tools_internal.hpp"
 
 using namespace sparsek;
+using bench::fill_uniform;
+using bench::to_f;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-
-__global__ void fill_uniform(uint16_t* p, int64_t n, uint32_t seed, bool bf16) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u ^ seed * 2246822519u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    const float v = float(h & 0xffffff) / float(1 << 23) - 1.f;
-    if (bf16) {
-      __nv_bfloat16 b = __float2bfloat16_rn(v);
-      p[i] = *reinterpret_cast<uint16_t*>(&b);
-    } else {
-      __half b = __float2half_rn(v);
-      p[i] = *reinterpret_cast<uint16_t*>(&b);
-    }
-  }
-}
-
-float to_f(uint16_t b, bool bf16) {
-  if (bf16) return bf16_to_float(bfloat16_t{b});
-  return half_to_float(half_t{b});
+// The "hopper" variant of an attention table (forward or backward); it is registered in every build.
+template <class V>
+const V& hopper_variant(const V* v) {
+  if (!v) throw Error(Status::internal, "no \"hopper\" attention variant is registered");
+  return *v;
 }
 
 struct Case {
@@ -64,12 +41,12 @@ struct Case {
 
 // A random top-k layout: each row keeps round(density * allowed) random blocks (causal: j <= i).
 // With `full`, blocks strictly below the diagonal (causal) or every other block go to the full list.
-struct HostLayout {
+struct RandomLayout {
   int64_t lb, lh, mq, kmax, fkmax;
   std::vector<int32_t> num, idx, fnum, fidx;
 };
-HostLayout make_layout(const Case& c, std::mt19937& rng) {
-  HostLayout L;
+RandomLayout make_layout(const Case& c, std::mt19937& rng) {
+  RandomLayout L;
   const int nkb = (c.skv + c.block - 1) / c.block;
   L.mq = (c.sq + c.block - 1) / c.block;
   L.lb = c.layout_batch ? 1 : c.b;
@@ -110,7 +87,7 @@ HostLayout make_layout(const Case& c, std::mt19937& rng) {
 
 struct Problem {
   Case c;
-  HostLayout L;
+  RandomLayout L;
   std::vector<uint16_t> q, k, v;
   uint16_t *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
   float* dlse = nullptr;
@@ -122,8 +99,8 @@ struct Problem {
 template <class T>
 T* upload(const std::vector<T>& v) {
   T* p = nullptr;
-  CK(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)));
-  if (!v.empty()) CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty()) SPARSEK_CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -145,20 +122,20 @@ Problem make_problem(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   P.L = make_layout(c, rng);
   const int64_t nq = int64_t(c.b) * c.hq * c.sq * c.d, nk = int64_t(c.b) * c.hkv * c.skv * c.d;
-  CK(cudaMalloc(&P.dq, std::max<int64_t>(nq, 1) * 2));
-  CK(cudaMalloc(&P.dk, std::max<int64_t>(nk, 1) * 2));
-  CK(cudaMalloc(&P.dv, std::max<int64_t>(nk, 1) * 2));
-  CK(cudaMalloc(&P.dout, std::max<int64_t>(nq, 1) * 2));
-  CK(cudaMalloc(&P.dlse, std::max<int64_t>(int64_t(c.b) * c.hq * c.sq, 1) * 4));
-  fill_uniform<<<1024, 256>>>(P.dq, nq, seed * 3 + 1, c.bf16);
-  fill_uniform<<<1024, 256>>>(P.dk, nk, seed * 3 + 2, c.bf16);
-  fill_uniform<<<1024, 256>>>(P.dv, nk, seed * 3 + 3, c.bf16);
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaMalloc(&P.dq, std::max<int64_t>(nq, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&P.dk, std::max<int64_t>(nk, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&P.dv, std::max<int64_t>(nk, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&P.dout, std::max<int64_t>(nq, 1) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&P.dlse, std::max<int64_t>(int64_t(c.b) * c.hq * c.sq, 1) * 4));
+  const DType dt = c.bf16 ? DType::bf16 : DType::f16;
+  fill_uniform(P.dq, dt, nq, seed * 3 + 1);
+  fill_uniform(P.dk, dt, nk, seed * 3 + 2);
+  fill_uniform(P.dv, dt, nk, seed * 3 + 3);
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
   P.dnum = upload(P.L.num);
   P.didx = upload(P.L.idx);
   P.dfnum = upload(P.L.fnum);
   P.dfidx = upload(P.L.fidx);
-  const DType dt = c.bf16 ? DType::bf16 : DType::f16;
   AttentionArgs& a = P.args;
   a.q = Tensor4View::packed(P.dq, dt, Memory::device, c.b, c.hq, c.sq, c.d);
   a.k = Tensor4View::packed(P.dk, dt, Memory::device, c.b, c.hkv, c.skv, c.d);

@@ -1,17 +1,12 @@
-// Checks and times the "hopper" attention variant directly (not part of CMake; built on the GPU
-// machine against a build of the library, like hopper_timer.cu):
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
-//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o attention_timer
-//   ./attention_timer check            # edge cases, every output row against an fp64 host reference
-//   ./attention_timer time [filter]    # the target workloads: median of CUDA-event timings
+// Checks and times the "hopper" attention variant directly:
+//   cmake --build build --target attention_timer
+//   build/attention_timer check [filter]   # edge cases, every output row against an fp64 host reference
+//   build/attention_timer time [filter]    # the target workloads: median of CUDA-event timings (timing.hpp)
 // Inputs are uniform [-1, 1) from a hash (never zero); outputs are poisoned (NaN) before each run.
 // Effective FLOPs = 4 * D * (unmasked score elements), counted on the host from the layout.
 #include "attention_problem.cuh"
 
-const AttentionVariant& hopper() {
-  static std::vector<AttentionVariant> v = hopper_attention_variants();
-  return v.at(0);
-}
+const AttentionVariant& hopper() { return hopper_variant(find_attention_variant("hopper")); }
 
 // Every row (or rows of `every`-th item) against the fp64 reference. Returns the number of failures.
 int check(const Case& c, uint32_t seed) {
@@ -26,9 +21,9 @@ int check(const Case& c, uint32_t seed) {
   P.q.resize(size_t(nq));
   P.k.resize(size_t(nk));
   P.v.resize(size_t(nk));
-  CK(cudaMemcpy(P.q.data(), P.dq, size_t(nq) * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(P.k.data(), P.dk, size_t(nk) * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(P.v.data(), P.dv, size_t(nk) * 2, cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(P.q.data(), P.dq, size_t(nq) * 2, cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(P.k.data(), P.dk, size_t(nk) * 2, cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(P.v.data(), P.dv, size_t(nk) * 2, cudaMemcpyDeviceToHost));
   Options o;
   auto state = hopper().prepare(P.args, o);
   std::vector<uint16_t> out(static_cast<size_t>(nq)), first;
@@ -36,12 +31,12 @@ int check(const Case& c, uint32_t seed) {
   int fails = 0;
   double max_err = 0, max_lse_err = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    CK(cudaMemset(P.dout, 0xff, size_t(std::max<int64_t>(nq, 1)) * 2));  // NaN poison
-    CK(cudaMemset(P.dlse, 0xff, lse.size() * 4));
+    SPARSEK_CHECK_CUDA(cudaMemset(P.dout, 0xff, size_t(std::max<int64_t>(nq, 1)) * 2));  // NaN poison
+    SPARSEK_CHECK_CUDA(cudaMemset(P.dlse, 0xff, lse.size() * 4));
     hopper().run(P.args, o, state.get());
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(out.data(), P.dout, size_t(nq) * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(lse.data(), P.dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
+    SPARSEK_CHECK_CUDA(cudaMemcpy(out.data(), P.dout, size_t(nq) * 2, cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(lse.data(), P.dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
     if (rep == 0) {
       first = out;
       first_lse = lse;
@@ -120,32 +115,15 @@ void time_case(const Case& c) {
   }
   Options o;
   auto state = hopper().prepare(P.args, o);
-  for (int i = 0; i < 5; ++i) hopper().run(P.args, o, state.get());
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    CK(cudaEventRecord(e0));
-    hopper().run(P.args, o, state.get());
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  const std::vector<double> ms = timing::time_gpu([&](int) { hopper().run(P.args, o, state.get()); }, 5, 30, 1);
+  SPARSEK_CHECK_CUDA(cudaGetLastError());
+  const double med = timing::median(ms);
   std::printf("%-40s %8.3f ms  %7.1f eff TFLOPS  (min %.3f ms)\n", c.name.c_str(), med, P.flops / (med * 1e9),
-              double(ms[0]));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+              *std::min_element(ms.begin(), ms.end()));
   free_problem(P);
 }
 
-int main(int argc, char** argv) {
+int timer_main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   const std::string filter = argc > 2 ? argv[2] : "";
   if (mode == "check") {
@@ -204,4 +182,8 @@ int main(int argc, char** argv) {
   for (const Case& c : cases)
     if (filter.empty() || c.name.find(filter) != std::string::npos) time_case(c);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return bench::run_timer("attention_timer", [&] { return timer_main(argc, argv); });
 }

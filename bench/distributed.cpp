@@ -20,19 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "core/nccl.hpp"
 #include "sparsek/distributed.hpp"
+#include "timing.hpp"
+#include "tools_internal.hpp"
 
 using namespace sparsek;
-
-#define CK(x)                                                                                         \
-  do {                                                                                                \
-    cudaError_t e_ = (x);                                                                             \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 namespace {
 
@@ -51,20 +43,20 @@ struct RankData {
   cudaEvent_t start = nullptr, stop = nullptr;
   GemmArgs g;
   RankData(int dev, const BsrMatrix& a, const std::vector<uint16_t>& hb, int64_t n) : device(dev) {
-    CK(cudaSetDevice(dev));
+    SPARSEK_CHECK_CUDA(cudaSetDevice(dev));
     auto up = [](void** d, const void* h, size_t bytes) {
-      CK(cudaMalloc(d, std::max<size_t>(bytes, 16)));
-      if (bytes) CK(cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice));
+      SPARSEK_CHECK_CUDA(cudaMalloc(d, std::max<size_t>(bytes, 16)));
+      if (bytes) SPARSEK_CHECK_CUDA(cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice));
     };
     up(&rp, a.row_ptr().data(), a.row_ptr().size() * 4);
     up(&ci, a.col_idx().data(), a.col_idx().size() * 4);
     up(&val, a.value_bytes().data(), a.value_bytes().size());
     up(&b, hb.data(), hb.size() * 2);
-    CK(cudaMalloc(&c, size_t(a.rows()) * n * 2));
-    CK(cudaMemset(c, 0xff, size_t(a.rows()) * n * 2));
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&start));
-    CK(cudaEventCreate(&stop));
+    SPARSEK_CHECK_CUDA(cudaMalloc(&c, size_t(a.rows()) * n * 2));
+    SPARSEK_CHECK_CUDA(cudaMemset(c, 0xff, size_t(a.rows()) * n * 2));
+    SPARSEK_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    SPARSEK_CHECK_CUDA(cudaEventCreate(&start));
+    SPARSEK_CHECK_CUDA(cudaEventCreate(&stop));
     g.kind = OpKind::dsd;
     g.sparse = a.view();
     g.sparse.row_ptr = static_cast<const int32_t*>(rp);
@@ -83,7 +75,8 @@ struct RankData {
   }
 };
 
-// Median over reps of the slowest rank's time of one run(plans), in ms.
+// Median over reps of the slowest rank's time of one run(plans), in ms (events on every rank's
+// stream, which time_gpu(), one stream's timing, does not do).
 double time_runs(const std::vector<DistributedPlan>& plans, std::vector<std::unique_ptr<RankData>>& ranks, int reps) {
   std::vector<GemmArgs> args;
   std::vector<void*> streams;
@@ -95,32 +88,32 @@ double time_runs(const std::vector<DistributedPlan>& plans, std::vector<std::uni
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     for (auto& r : ranks) {
-      CK(cudaSetDevice(r->device));
-      CK(cudaEventRecord(r->start, r->stream));
+      SPARSEK_CHECK_CUDA(cudaSetDevice(r->device));
+      SPARSEK_CHECK_CUDA(cudaEventRecord(r->start, r->stream));
     }
     run(plans, args, streams);
     double slowest = 0;
     for (auto& r : ranks) {
-      CK(cudaSetDevice(r->device));
-      CK(cudaEventRecord(r->stop, r->stream));
+      SPARSEK_CHECK_CUDA(cudaSetDevice(r->device));
+      SPARSEK_CHECK_CUDA(cudaEventRecord(r->stop, r->stream));
     }
     for (auto& r : ranks) {
-      CK(cudaSetDevice(r->device));
-      CK(cudaEventSynchronize(r->stop));
+      SPARSEK_CHECK_CUDA(cudaSetDevice(r->device));
+      SPARSEK_CHECK_CUDA(cudaEventSynchronize(r->stop));
       float ms = 0;
-      CK(cudaEventElapsedTime(&ms, r->start, r->stop));
+      SPARSEK_CHECK_CUDA(cudaEventElapsedTime(&ms, r->start, r->stop));
       slowest = std::max(slowest, double(ms));
     }
     t.push_back(slowest);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return timing::median(t);
 }
 
 std::vector<uint8_t> rank0_rows(const RankData& r, const DistributedPlan& p, int64_t n, int bm) {
   std::vector<uint8_t> h(size_t((p.row_end() - p.row_begin()) * bm * n * 2));
-  CK(cudaSetDevice(r.device));
-  CK(cudaMemcpy(h.data(), static_cast<char*>(r.c) + p.row_begin() * bm * n * 2, h.size(), cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaSetDevice(r.device));
+  const char* rows = static_cast<char*>(r.c) + p.row_begin() * bm * n * 2;
+  SPARSEK_CHECK_CUDA(cudaMemcpy(h.data(), rows, h.size(), cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -177,7 +170,7 @@ int main(int argc, char** argv) {
             ranks.push_back(std::make_unique<RankData>(i, A, hb, a.n));
             args.push_back(ranks.back()->g);
           }
-          CK(cudaSetDevice(0));
+          SPARSEK_CHECK_CUDA(cudaSetDevice(0));
           DistributedOptions plain, gather;
           gather.all_gather = true;
           std::vector<DistributedPlan> p = plan_distributed(args, comms, plain);

@@ -1,13 +1,12 @@
-// Times the "hopper" variant on the issue-4 workloads (not part of CMake; built on the GPU machine):
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/hopper_timer.cu \
-//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o hopper_timer
-//   ./hopper_timer [filter ...]    (the rows whose name contains any of the filters)
+// Times the "hopper" variant on the DSD target workloads and the shapes beside them:
+//   cmake --build build --target hopper_timer
+//   build/hopper_timer [filter ...]    (the rows whose name contains any of the filters)
 // Per workload: random data generated on the device, the schedule prepared once, 5 warm-up runs,
-// then >= 30 timed runs (CUDA events around each launch), median reported as effective TFLOPS
-// (2 * nnzb * bm * bk * N / time). Inputs rotate over several sets when one set fits in L2.
-// 64 sampled outputs are checked against an fp64 host reference.
+// then 40 timed runs (20 for the single-item schedule; CUDA events between the runs, the stream
+// held: timing.hpp), median reported as effective TFLOPS (2 * nnzb * bm * bk * N / time). Inputs
+// rotate over several sets when one set fits in L2. 64 sampled outputs are checked against an fp64
+// host reference.
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,45 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "plan/variant.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
+#include "timer.cuh"
+#include "tools_internal.hpp"
 
 using namespace sparsek;
-
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-
-// Uniform [-1, 1) from a hash of the index: 16-bit floats (bits), reproducible, never all zero.
-__global__ void fill_uniform(uint16_t* p, int64_t n, uint32_t seed, bool bf16) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u ^ seed * 2246822519u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    h *= 3266489917u;
-    h ^= h >> 16;
-    const float v = float(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    if (bf16) {
-      __nv_bfloat16 b = __float2bfloat16_rn(v);
-      p[i] = *reinterpret_cast<uint16_t*>(&b);
-    } else {
-      __half x = __float2half_rn(v);
-      p[i] = *reinterpret_cast<uint16_t*>(&x);
-    }
-  }
-}
-
-float host_f(uint16_t bits, bool bf16) {
-  if (bf16) return bf16_to_float(bfloat16_t{bits});
-  return half_to_float(half_t{bits});
-}
+using bench::fill_uniform;
+using bench::to_f;
 
 struct Work {
   const char* name;
@@ -78,34 +46,14 @@ struct Set {
   void* c = nullptr;
 };
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Times v->run over the sets; returns the median ms.
 double time_runs(const Variant* v, std::vector<GemmArgs>& args, VariantState* st, int reps) {
   Options o;
   o.backend = Backend::cuda;
-  for (int i = 0; i < 5; ++i) v->run(args[size_t(i) % args.size()], o, st);
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(e0));
-    v->run(args[size_t(i) % args.size()], o, st);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return median(ms);
+  const std::vector<double> ms = timing::time_gpu([&](int s) { v->run(args[size_t(s)], o, st); }, 5, reps,
+                                                  int(args.size()));
+  SPARSEK_CHECK_CUDA(cudaGetLastError());
+  return timing::median(ms);
 }
 
 struct Row {
@@ -120,22 +68,23 @@ Row run_work(const Work& w, const Variant* v) {
   Pattern pat = make_pattern(w.kind, w.m / w.bm, w.k / w.bk, w.density, 42);
   const int64_t nnzb = pat.nnzb();
   int32_t *d_rp, *d_ci;
-  CK(cudaMalloc(&d_rp, pat.row_ptr.size() * 4));
-  CK(cudaMalloc(&d_ci, std::max<size_t>(1, pat.col_idx.size()) * 4));
-  CK(cudaMemcpy(d_rp, pat.row_ptr.data(), pat.row_ptr.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_ci, pat.col_idx.data(), pat.col_idx.size() * 4, cudaMemcpyHostToDevice));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&d_rp, pat.row_ptr.size() * 4));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&d_ci, std::max<size_t>(1, pat.col_idx.size()) * 4));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(d_rp, pat.row_ptr.data(), pat.row_ptr.size() * 4, cudaMemcpyHostToDevice));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(d_ci, pat.col_idx.data(), pat.col_idx.size() * 4, cudaMemcpyHostToDevice));
   const int64_t nv = nnzb * w.bm * w.bk, nb = w.k * w.n, nc = w.m * w.n;
   const double set_bytes = 2.0 * double(nv + nb + nc);
   const int sets = int(std::min(4.0, std::ceil(200e6 / set_bytes)));
   std::vector<Set> S(static_cast<size_t>(sets));
   std::vector<GemmArgs> args;
   for (int s = 0; s < sets; ++s) {
-    CK(cudaMalloc(&S[s].vals, size_t(nv) * 2));
-    CK(cudaMalloc(&S[s].b, size_t(nb) * 2));
-    CK(cudaMalloc(&S[s].c, size_t(nc) * (w.c32 ? 4 : 2)));
-    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].vals), nv, 11 + s, bf16);
-    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[s].b), nb, 23 + s, bf16);
-    CK(cudaMemset(S[s].c, 0xff, size_t(nc) * (w.c32 ? 4 : 2)));  // NaN poison: beta = 0 must overwrite it
+    SPARSEK_CHECK_CUDA(cudaMalloc(&S[s].vals, size_t(nv) * 2));
+    SPARSEK_CHECK_CUDA(cudaMalloc(&S[s].b, size_t(nb) * 2));
+    SPARSEK_CHECK_CUDA(cudaMalloc(&S[s].c, size_t(nc) * (w.c32 ? 4 : 2)));
+    fill_uniform(S[s].vals, w.dt, nv, 11 + s);
+    fill_uniform(S[s].b, w.dt, nb, 23 + s);
+    // NaN poison: beta = 0 must overwrite it
+    SPARSEK_CHECK_CUDA(cudaMemset(S[s].c, 0xff, size_t(nc) * (w.c32 ? 4 : 2)));
     GemmArgs g;
     g.kind = OpKind::dsd;
     g.sparse = BsrView{w.m, w.k, w.bm, w.bk, nnzb, d_rp, d_ci, S[s].vals, w.dt, Memory::device};
@@ -145,7 +94,7 @@ Row run_work(const Work& w, const Variant* v) {
     g.beta = w.beta;
     args.push_back(g);
   }
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
   const std::string why = v->why_not(args[0]);
   if (!why.empty()) {
     std::printf("%s: hopper does not support it: %s\n", w.name, why.c_str());
@@ -178,25 +127,25 @@ Row run_work(const Work& w, const Variant* v) {
     auto st2 = v->prepare(args[0], o);  // leave set 0's C from the persistent schedule for the check
     v->run(args[0], o, st2.get());
   }
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
   // Check 64 sampled outputs of set 0 against fp64 on the host.
   std::vector<uint16_t> hv(static_cast<size_t>(nv)), hb(static_cast<size_t>(nb)), hc(static_cast<size_t>(nc));
   std::vector<uint16_t> hc0;  // beta != 0: C before the checked run (16-bit C only)
   if (w.beta != 0.f && !w.c32) {
-    fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(S[0].c), nc, 31, bf16);
+    fill_uniform(S[0].c, w.dt, nc, 31);
     hc0.resize(static_cast<size_t>(nc));
-    CK(cudaMemcpy(hc0.data(), S[0].c, hc0.size() * 2, cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(hc0.data(), S[0].c, hc0.size() * 2, cudaMemcpyDeviceToHost));
     auto st = v->prepare(args[0], o);
     v->run(args[0], o, st.get());
-    CK(cudaDeviceSynchronize());
+    SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
   }
-  CK(cudaMemcpy(hv.data(), S[0].vals, hv.size() * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hb.data(), S[0].b, hb.size() * 2, cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(hv.data(), S[0].vals, hv.size() * 2, cudaMemcpyDeviceToHost));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(hb.data(), S[0].b, hb.size() * 2, cudaMemcpyDeviceToHost));
   std::vector<float> hc32(w.c32 ? static_cast<size_t>(nc) : 0);
   if (w.c32)
-    CK(cudaMemcpy(hc32.data(), S[0].c, hc32.size() * 4, cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(hc32.data(), S[0].c, hc32.size() * 4, cudaMemcpyDeviceToHost));
   else
-    CK(cudaMemcpy(hc.data(), S[0].c, hc.size() * 2, cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(hc.data(), S[0].c, hc.size() * 2, cudaMemcpyDeviceToHost));
   std::mt19937_64 rng(5);
   double worst = 0;
   for (int t = 0; t < 64; ++t) {
@@ -205,29 +154,29 @@ Row run_work(const Work& w, const Variant* v) {
     double ref = 0, mag = 0;
     for (int32_t j = pat.row_ptr[r]; j < pat.row_ptr[r + 1]; ++j)
       for (int c = 0; c < w.bk; ++c) {
-        const double a = host_f(hv[size_t((int64_t(j) * w.bm + rr) * w.bk + c)], bf16);
+        const double a = to_f(hv[size_t((int64_t(j) * w.bm + rr) * w.bk + c)], bf16);
         const int64_t kk = int64_t(pat.col_idx[j]) * w.bk + c;
-        const double b = host_f(hb[size_t(w.cols ? kk + n * w.k : kk * w.n + n)], bf16);
+        const double b = to_f(hb[size_t(w.cols ? kk + n * w.k : kk * w.n + n)], bf16);
         ref += a * b;
         mag += std::fabs(a * b);
       }
     const size_t ci = size_t(w.cols ? m + n * w.m : m * w.n + n);
     if (!hc0.empty()) {
-      ref += double(w.beta) * host_f(hc0[ci], bf16);
-      mag += std::fabs(double(w.beta) * host_f(hc0[ci], bf16));
+      ref += double(w.beta) * to_f(hc0[ci], bf16);
+      mag += std::fabs(double(w.beta) * to_f(hc0[ci], bf16));
     }
-    const double got = w.c32 ? double(hc32[ci]) : host_f(hc[ci], bf16);
+    const double got = w.c32 ? double(hc32[ci]) : to_f(hc[ci], bf16);
     const double e = std::fabs(got - ref) / std::max(1.0, mag);
     worst = std::isfinite(got) ? std::max(worst, e) : INFINITY;
   }
   row.err = worst;
   for (auto& s : S) {
-    CK(cudaFree(s.vals));
-    CK(cudaFree(s.b));
-    CK(cudaFree(s.c));
+    SPARSEK_CHECK_CUDA(cudaFree(s.vals));
+    SPARSEK_CHECK_CUDA(cudaFree(s.b));
+    SPARSEK_CHECK_CUDA(cudaFree(s.c));
   }
-  CK(cudaFree(d_rp));
-  CK(cudaFree(d_ci));
+  SPARSEK_CHECK_CUDA(cudaFree(d_rp));
+  SPARSEK_CHECK_CUDA(cudaFree(d_ci));
   return row;
 }
 
@@ -235,40 +184,27 @@ double cublas_dense_tflops(int64_t n, bool bf16) {
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
   void *a, *b, *c;
-  CK(cudaMalloc(&a, size_t(n * n) * 2));
-  CK(cudaMalloc(&b, size_t(n * n) * 2));
-  CK(cudaMalloc(&c, size_t(n * n) * 2));
-  fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(a), n * n, 1, bf16);
-  fill_uniform<<<1024, 256>>>(static_cast<uint16_t*>(b), n * n, 2, bf16);
+  SPARSEK_CHECK_CUDA(cudaMalloc(&a, size_t(n * n) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&b, size_t(n * n) * 2));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&c, size_t(n * n) * 2));
+  const DType dt = bf16 ? DType::bf16 : DType::f16;
+  fill_uniform(a, dt, n * n, 1);
+  fill_uniform(b, dt, n * n, 2);
   const float one = 1.f, zero = 0.f;
   const cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   auto go = [&] {
     return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &one, a, t, int(n), b, t, int(n), &zero, c,
                         t, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   };
-  for (int i = 0; i < 5; ++i) go();
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    CK(cudaEventRecord(e0));
-    go();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t0 = 0;
-    CK(cudaEventElapsedTime(&t0, e0, e1));
-    ms.push_back(t0);
-  }
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  CK(cudaFree(c));
+  const double ms = timing::median(timing::time_gpu([&](int) { go(); }, 5, 20, 1));
+  SPARSEK_CHECK_CUDA(cudaFree(a));
+  SPARSEK_CHECK_CUDA(cudaFree(b));
+  SPARSEK_CHECK_CUDA(cudaFree(c));
   cublasDestroy(h);
-  return 2.0 * double(n) * n * n / (median(ms) * 1e-3) / 1e12;
+  return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
 }
 
-int main(int argc, char** argv) {
+int timer_main(int argc, char** argv) {
   const std::vector<std::string> filters(argv + 1, argv + argc);
   auto wanted = [&](const std::string& name) {
     if (filters.empty()) return true;
@@ -282,7 +218,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  SPARSEK_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const Work works[] = {
       {"8192^3 128x128 12.5% f16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::f16, true},
       {"8192^3 128x128 12.5% bf16", 8192, 8192, 8192, 128, 128, 0.125, PatternKind::fixed_k, DType::bf16, false},
@@ -321,4 +257,8 @@ int main(int argc, char** argv) {
     std::printf("%-36s %10.3f %10.1f %12.1f %10.2e\n", r.name.c_str(), r.ms, r.tf_persistent, r.tf_single, r.err);
   if (dense > 0) std::printf("cuBLAS dense f16 8192^3: %.1f TFLOPS\n", dense);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return bench::run_timer("hopper_timer", [&] { return timer_main(argc, argv); });
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Tile-configuration experiments for the portable kernel (docs/KERNELS.md): builds
 # bench/portable_timing.cu against copies of src/kernels/sm80/portable_sm80.cu whose Config<BM> rows
-# are replaced, then times each copy on the workloads it changes. Run from the repository root
-# after building the library:   bench/portable_configs.sh BUILD_DIR OUT_DIR [reps] [build-only]
+# are replaced, then times each copy on the workloads it changes. Each copy is compiled here (it is
+# made here), linked with the build's libsparsek_internal.a and libsparsek_timing.a (the timing the
+# CMake-built timers use). Run from the repository root after building them
+# (cmake --build BUILD_DIR --target portable_timing):
+#   bench/portable_configs.sh BUILD_DIR OUT_DIR [reps] [build-only]
 set -uo pipefail
 SRC=src/kernels/sm80/portable_sm80.cu
 B=${1:-build}
@@ -23,7 +26,8 @@ variant() {
   echo "$filter" > "$O/$name.filter"
   nvcc -O3 -std=c++17 -gencode=arch=compute_$GENCODE,code=sm_$GENCODE --expt-relaxed-constexpr \
     -Xptxas=-v,--warn-on-spills -DPORTABLE_SRC="\"$O/$name.cu\"" bench/portable_timing.cu -Iinclude -Isrc \
-    -L"$B" -lsparsek -lcublas -o "$O/$name" > "$O/$name.build.log" 2>&1 || echo "$name: BUILD FAILED"
+    -Itools/sparsek -L"$B" -lsparsek_timing -lsparsek_internal -lcublas -lcusparse -lgomp -o "$O/$name" \
+    > "$O/$name.build.log" 2>&1 || echo "$name: BUILD FAILED"
 }
 
 W128="128x"

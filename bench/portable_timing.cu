@@ -1,16 +1,12 @@
-// Times the portable sm80 variant (through sparsek::gemm, variant "portable") on the issue-3
+// Times the portable sm80 variant (through sparsek::gemm, variant "portable") on its target
 // workloads, beside cuBLAS dense fp16 at 8192^3 as the machine's dense rate. Inputs are random
 // (never zeros), rotated over enough copies that the working set exceeds L2; each timing is the
-// median over `reps` batches (CUDA events around `batch` back-to-back calls, warm-up first).
-// Every workload's output is spot-checked against fp64 on the host.
+// median over `reps` batches (CUDA events around `batch` back-to-back calls, the stream held,
+// warm-up first: timing.hpp). Every workload's output is spot-checked against fp64 on the host.
 //
-// Build and run on the GPU machine, after building the library in build/:
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/portable_timing.cu -Iinclude \
-//        -Lbuild -lsparsek_internal -lcublas -lcusparse -o build/portable_timing
-//   LD_LIBRARY_PATH=build build/portable_timing [reps]
+//   cmake --build build --target portable_timing
+//   build/portable_timing [reps [workload substrings, comma-separated]]
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +18,7 @@
 
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
+#include "timer.cuh"
 
 // Tile-configuration experiments (bench/portable_configs.sh): PORTABLE_SRC names a copy of
 // src/kernels/sm80/portable_sm80.cu with other Config<BM> rows and portable_variants renamed to
@@ -41,32 +38,7 @@ void call_portable(const GemmArgs& g, const Options& o) {
 #endif
 }
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
-// Uniform values in [-1, 1) from a hash of the index (seeded), in the element type.
-template <typename T>
-__global__ void fill_random(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u ^ seed * 2246822519u;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-    const float v = float(h >> 8) * (1.f / 8388608.f) - 1.f;
-    if constexpr (sizeof(T) == 4) p[i] = v;
-    else p[i] = T(v);
-  }
-}
-void fill(void* p, DType t, size_t n, uint32_t seed) {
-  if (t == DType::f16) fill_random<<<1024, 256>>>(static_cast<__half*>(p), n, seed);
-  else if (t == DType::bf16) fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
-  else fill_random<<<1024, 256>>>(static_cast<float*>(p), n, seed);
-  CK(cudaGetLastError());
-}
+using bench::fill_uniform;
 
 float to_float(const std::vector<uint8_t>& bytes, DType t, size_t i) { return load_as_float(bytes.data(), t, int64_t(i)); }
 
@@ -79,11 +51,6 @@ struct Workload {
   double density;
   DType in, out;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Returns the median milliseconds per call; prints a table row.
 void run_workload(const Workload& w, int reps) {
@@ -105,23 +72,23 @@ void run_workload(const Workload& w, int reps) {
                            (w.kind != OpKind::dds ? b_n * dtype_size(w.in) : 0) +
                            (w.kind != OpKind::sdd ? c_n * dtype_size(w.out) : 0);
   int device = 0;
-  CK(cudaGetDevice(&device));
+  SPARSEK_CHECK_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, device));
+  SPARSEK_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   // Enough input sets that consecutive calls never find their operands in L2.
   const int nsets = std::max(2, std::min(8, int(3.0 * prop.l2CacheSize / double(set_bytes)) + 1));
 
   int32_t *d_rp = nullptr, *d_ci = nullptr;
-  CK(cudaMalloc(&d_rp, pat.row_ptr.size() * 4));
-  CK(cudaMalloc(&d_ci, std::max<size_t>(pat.col_idx.size(), 1) * 4));
-  CK(cudaMemcpy(d_rp, pat.row_ptr.data(), pat.row_ptr.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_ci, pat.col_idx.data(), pat.col_idx.size() * 4, cudaMemcpyHostToDevice));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&d_rp, pat.row_ptr.size() * 4));
+  SPARSEK_CHECK_CUDA(cudaMalloc(&d_ci, std::max<size_t>(pat.col_idx.size(), 1) * 4));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(d_rp, pat.row_ptr.data(), pat.row_ptr.size() * 4, cudaMemcpyHostToDevice));
+  SPARSEK_CHECK_CUDA(cudaMemcpy(d_ci, pat.col_idx.data(), pat.col_idx.size() * 4, cudaMemcpyHostToDevice));
   std::vector<GemmArgs> args(static_cast<size_t>(nsets));
   std::vector<void*> bufs;
   auto alloc = [&](size_t n, DType t, uint32_t seed) {
     void* p = nullptr;
-    CK(cudaMalloc(&p, std::max<size_t>(n, 1) * dtype_size(t)));
-    fill(p, t, n, seed);
+    SPARSEK_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * dtype_size(t)));
+    fill_uniform(p, t, int64_t(n), seed);
     bufs.push_back(p);
     return p;
   };
@@ -156,32 +123,20 @@ void run_workload(const Workload& w, int reps) {
     if (w.kind != OpKind::dds) g.b = dense(w.K, w.N, w.in, alloc(b_n, w.in, 3));
     if (w.kind != OpKind::sdd) g.c = dense(w.M, w.N, w.out, alloc(c_n, w.out, 4));
   }
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
 
   Options o;
   o.variant = "portable";
   o.check_indices = false;  // checked once below; timing measures the kernel, not validation
   gemm(args[0], Options{o.backend, o.variant, nullptr, true});  // validates the pattern once
   call_portable(args[0], o);
-  CK(cudaDeviceSynchronize());
+  SPARSEK_CHECK_CUDA(cudaDeviceSynchronize());
 
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  // Each timing brackets `batch` calls (twice around the input sets); 3 batches of warm-up first.
   const int batch = 2 * nsets;
-  auto time_batch = [&]() {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < batch; ++i) call_portable(args[size_t(i % nsets)], o);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return double(ms) / batch;
-  };
-  for (int i = 0; i < 3; ++i) time_batch();  // warm-up
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) t.push_back(time_batch());
-  const double ms = median(t);
+  const std::vector<double> t =
+      timing::time_gpu([&](int s) { call_portable(args[size_t(s)], o); }, 3 * batch, reps, nsets, batch);
+  const double ms = timing::median(t);
   const double tmin = *std::min_element(t.begin(), t.end()), tmax = *std::max_element(t.begin(), t.end());
   const double flops = args[0].effective_flops();
 
@@ -189,7 +144,7 @@ void run_workload(const Workload& w, int reps) {
   const GemmArgs& g = args[0];
   auto down = [&](const void* p, size_t n, DType t) {
     std::vector<uint8_t> h(n * dtype_size(t));
-    CK(cudaMemcpy(h.data(), p, h.size(), cudaMemcpyDeviceToHost));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(h.data(), p, h.size(), cudaMemcpyDeviceToHost));
     return h;
   };
   const std::vector<uint8_t> hv = down(g.sparse.values, vals_n, sdt);
@@ -237,11 +192,9 @@ void run_workload(const Workload& w, int reps) {
               w.name.c_str(), ms, flops / (ms * 1e-3) / 1e12, tmin, tmax, nsets, batch, worst / (scale + 1e-30));
   std::printf("RESULT|%s|%.5f|%.2f|%.2e\n", w.name.c_str(), ms, flops / (ms * 1e-3) / 1e12, worst / (scale + 1e-30));
   std::fflush(stdout);
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  for (void* p : bufs) CK(cudaFree(p));
-  CK(cudaFree(d_rp));
-  CK(cudaFree(d_ci));
+  for (void* p : bufs) SPARSEK_CHECK_CUDA(cudaFree(p));
+  SPARSEK_CHECK_CUDA(cudaFree(d_rp));
+  SPARSEK_CHECK_CUDA(cudaFree(d_ci));
 }
 
 // cuBLAS fp16 x fp16 -> fp16 (fp32 accumulate), n^3: the machine's dense tensor-core rate.
@@ -251,40 +204,26 @@ void cublas_dense(int64_t n, int reps) {
   const int sets = 2;
   std::vector<void*> A(sets), B(sets), C(sets);
   for (int s = 0; s < sets; ++s) {
-    CK(cudaMalloc(&A[s], size_t(n * n) * 2));
-    CK(cudaMalloc(&B[s], size_t(n * n) * 2));
-    CK(cudaMalloc(&C[s], size_t(n * n) * 2));
-    fill(A[s], DType::f16, size_t(n * n), 5);
-    fill(B[s], DType::f16, size_t(n * n), 6);
+    SPARSEK_CHECK_CUDA(cudaMalloc(&A[s], size_t(n * n) * 2));
+    SPARSEK_CHECK_CUDA(cudaMalloc(&B[s], size_t(n * n) * 2));
+    SPARSEK_CHECK_CUDA(cudaMalloc(&C[s], size_t(n * n) * 2));
+    fill_uniform(A[s], DType::f16, n * n, 5);
+    fill_uniform(B[s], DType::f16, n * n, 6);
   }
   const float alpha = 1.f, beta = 0.f;
   auto call = [&](int s) {
     cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, A[s], CUDA_R_16F,
                                      int(n), B[s], CUDA_R_16F, int(n), &beta, C[s], CUDA_R_16F, int(n),
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) { std::printf("cublasGemmEx failed: %d\n", int(st)); std::exit(1); }
+    if (st != CUBLAS_STATUS_SUCCESS) throw Error(Status::cuda_error, "cublasGemmEx failed: " + std::to_string(int(st)));
   };
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 4; ++i) call(i % sets);
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 4; ++i) call(i % sets);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms / 4.0);
-  }
-  const double ms = median(t);
+  const double ms = timing::median(timing::time_gpu(call, 4, reps, sets, 4));  // 4 calls per timing
   std::printf("%-44s %9.4f ms  %7.1f TFLOPS (dense)\n", ("cuBLAS fp16 dense " + std::to_string(n) + "^3").c_str(), ms,
               2.0 * double(n) * n * n / (ms * 1e-3) / 1e12);
   for (int s = 0; s < sets; ++s) {
-    CK(cudaFree(A[s]));
-    CK(cudaFree(B[s]));
-    CK(cudaFree(C[s]));
+    SPARSEK_CHECK_CUDA(cudaFree(A[s]));
+    SPARSEK_CHECK_CUDA(cudaFree(B[s]));
+    SPARSEK_CHECK_CUDA(cudaFree(C[s]));
   }
   cublasDestroy(h);
 }
@@ -300,12 +239,11 @@ bool selected(const std::string& name, const std::string& filters) {
   return false;
 }
 
-// portable_timing [reps [workload substrings, comma-separated]]
-int main(int argc, char** argv) {
+int timer_main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
   const std::string only = argc > 2 ? argv[2] : "";
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  SPARSEK_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB; median of %d batches\n", prop.name, prop.multiProcessorCount,
               int(prop.l2CacheSize >> 20), reps);
   const DType h = DType::f16, b = DType::bf16, f = DType::f32;
@@ -326,4 +264,8 @@ int main(int argc, char** argv) {
     if (selected(w.name, only)) run_workload(w, reps);
   if (only.empty()) cublas_dense(8192, reps);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return bench::run_timer("portable_timing", [&] { return timer_main(argc, argv); });
 }

@@ -38,8 +38,7 @@ B=./$BUILD
 if want attention; then
   # The attention kernel on its own (bench/attention_timer.cu): every output row of the edge cases
   # against fp64, once under compute-sanitizer memcheck (small cases), then the target workloads.
-  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_timer.cu \
-    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -lgomp -o "$BUILD/attention_timer" > "$OUT/attention-build.log" 2>&1
+  cmake --build "$BUILD" --target attention_timer > "$OUT/attention-build.log" 2>&1
   timeout 120 "$B/attention_timer" check > "$OUT/attention-check.txt" 2>&1
   note attn-check "rc=$? $(tail -1 "$OUT/attention-check.txt")"
   grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-check.txt" | head -12
@@ -57,8 +56,7 @@ if want attention-bwd; then
   # The attention backward on its own (bench/attention_bwd_timer.cu): every element of dq, dk, dv of
   # the edge cases against fp64 and repeated runs bit-identical, memcheck and racecheck on small
   # cases, then the target workloads.
-  nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention_bwd_timer.cu \
-    -L"$BUILD" -lsparsek_internal -lcublas -lcusparse -lgomp -o "$BUILD/attention_bwd_timer" > "$OUT/attention-bwd-build.log" 2>&1
+  cmake --build "$BUILD" --target attention_bwd_timer > "$OUT/attention-bwd-build.log" 2>&1
   timeout 240 "$B/attention_bwd_timer" check > "$OUT/attention-bwd-check.txt" 2>&1
   note bwd-check "rc=$? $(tail -1 "$OUT/attention-bwd-check.txt")"
   grep -E 'FAIL|UNSUPPORTED' "$OUT/attention-bwd-check.txt" | head -12

@@ -1,46 +1,43 @@
 // `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL, SDDMM) and cuBLAS on the
 // densified matrix, on the same inputs, in one process (how docs/BENCHMARKS.md measures), for any of
-// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout).
+// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout); --op attention and
+// --op gate are cases of their own (bench_attention.cpp, bench_gate.cpp).
 //
 // GPU: per workload, every cuda variant that supports it (+ the peers' core calls timed alone:
 // "cublas_dense_gemm" = GEMM on an A densified beforehand, "cusparse_ell_spmm" = SpMM on values
 // converted beforehand, "cublas_batched_gemm" = strided-batched GEMM over the experts of a
 // block-diagonal A, as the peers publish their numbers); median of --reps CUDA-event timings
-// (the stream held until a batch of them is enqueued: time_gpu()) after --warmup runs, input sets
-// rotated so the working set exceeds 2x L2; effective TFLOPS
-// (stored blocks only), ratio to cuBLAS dense and to the best peer, the "ideal" (effective flops
-// at the measured dense cuBLAS rate), and the relative error of a run on a NaN-poisoned output
+// (time_gpu()) after --warmup runs, input sets rotated so the working set exceeds 2x L2; effective
+// TFLOPS (stored blocks only), ratio to cuBLAS dense and to the best peer, the "ideal" (effective
+// flops at the measured dense cuBLAS rate), and the relative error of a run on a NaN-poisoned output
 // against a reference (fp64 oracle for small problems, else cuBLAS dense with fp32 output).
 //
 // No GPU: the CPU backend on a problem that finishes in seconds, against the fp64 oracle.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "kernels/peers/peers.hpp"
-#include "plan/backends.hpp"
-#include "plan/variant.hpp"
-#include "sparsek/tune.hpp"
+#include "bench_case.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
 namespace {
 
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Core-only peer rows: name, the variant whose state they reuse.
 const char* kDenseGemm = "cublas_dense_gemm";
 const char* kEllSpmm = "cusparse_ell_spmm";
 const char* kBatchedGemm = "cublas_batched_gemm";  // over the experts of a block-diagonal A (torch.bmm's call)
+const std::pair<const char*, const char*> kCoreRows[] = {
+    {kDenseGemm, "cublas_dense"}, {kEllSpmm, "cusparse_ell"}, {kBatchedGemm, "cublas_batched"}};
 // Rows that apply to one kind of pattern only: shown where they run or where --variants names them.
 bool pattern_specific(const std::string& name) { return name == "cublas_batched" || name == kBatchedGemm; }
 
@@ -59,13 +56,13 @@ const std::vector<FlagSpec> kSpecs = {
     {"--pattern", "NAME", "fixed_k | bernoulli | power_law | banded | block_diagonal | causal (default fixed_k)"},
     {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
     {"--reps", "R", "timed repetitions, the median is reported (default 20 GPU, 5 CPU)"},
-    {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
+    kWarmupFlag,
     {"--calls", "R", "GPU: time R calls back to back per repetition and report the time per call, as a stream of "
                      "calls runs (a decode step's layers; default 1: each call timed alone)"},
     {"--variants", "a,b", "only these rows (variant names, cublas_dense_gemm, cusparse_ell_spmm, cublas_batched_gemm)"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
-    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
-    {"--json", "FILE", "also write every number as JSON (- for stdout; the table then goes to stderr)"},
+    kBackendFlag,
+    kThreadsFlag,
+    kJsonFlag,
     {"--seed", "S", "random seed of patterns and values (default 1)"},
     {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
     {"--compare", "BASELINE", "the performance gate: exit 1 when a sparsek row is more than 5% slower than in "
@@ -140,204 +137,123 @@ void make_host(const Workload& w, uint64_t seed, HostProblem& p) {
   g.sparse = p.s.view();
 }
 
-struct Row {
-  std::string name;
-  bool peer = false;
-  std::string status = "ok";  // ok | unsupported | failed
-  std::string reason;
-  std::vector<double> times_ms;
-  double median_ms = kNaN, eff_tflops = kNaN, vs_dense = kNaN, vs_best_peer = kNaN, frac_ideal = kNaN;
-  double rel_err = kNaN, max_err = kNaN;
-  bool wrong = false;
-};
+// A row's figures (BenchRow::figures), in the order the JSON writes them.
+const std::vector<std::string> kFigures = {"ratio_vs_cublas_dense", "ratio_vs_best_peer", "fraction_of_ideal",
+                                           "rel_error", "max_rel_error"};
 
-struct Result {
-  Workload w;
+// What a workload reports beside its rows.
+struct Measured {
   int64_t nnzb = 0;
   double a_bytes = 0;  // A's stored values: what a small-N product must stream at least once
-  double eff_flops = 0, dense_flops = 0;
+  double dense_flops = 0;
   int sets = 1;
   std::string reference;
-  double dense_tflops = kNaN, ideal_ms = kNaN;
-  std::vector<Row> rows;
 };
-
-// ‖got − ref‖₂ / ‖ref‖₂ and max|got − ref| / max|ref|; NaN/Inf in got gives inf.
-template <typename R>
-void compare(const std::vector<uint8_t>& got, DType t, const R* ref, int64_t n, double* rel, double* max_rel) {
-  double num = 0, den = 0, mx = 0, mref = 0;
-  bool bad = false;
-  for (int64_t i = 0; i < n; ++i) {
-    double g = load_as_float(got.data(), t, i), r = double(ref[i]);
-    if (!std::isfinite(g)) {
-      bad = true;
-      break;
-    }
-    double d = g - r;
-    num += d * d;
-    den += r * r;
-    mx = std::max(mx, std::fabs(d));
-    mref = std::max(mref, std::fabs(r));
-  }
-  if (bad) {
-    *rel = *max_rel = std::numeric_limits<double>::infinity();
-    return;
-  }
-  *rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  *max_rel = mref > 0 ? mx / mref : mx;
-}
 
 // A generous bound that only flags broken results (wrong indexing, NaN leaks), not rounding.
 double sanity_tolerance(DType out) { return out == DType::bf16 ? 3e-2 : 5e-3; }
 
-// A row for `name`: "unsupported" with the reason when `why` (why_not()'s answer) is not empty.
-Row make_row(const std::string& name, bool peer, const std::string& why) {
-  Row row;
-  row.name = name;
-  row.peer = peer;
-  if (!why.empty()) {
-    row.status = "unsupported";
-    row.reason = why;
+// rel_error = ‖got − ref‖₂ / ‖ref‖₂ and max_rel_error = max|got − ref| / max|ref| (inf for NaN/Inf
+// in got), and whether the row is wrong; nothing when there is no reference.
+template <typename R>
+void check_output(const std::vector<uint8_t>& got, DType t, const std::vector<R>& ref, BenchRow& row) {
+  if (ref.empty()) return;
+  double num = 0, den = 0, mx = 0, mref = 0;
+  bool bad = false;
+  for (size_t i = 0; i < ref.size() && !bad; ++i) {
+    const double g = load_as_float(got.data(), t, int64_t(i)), r = double(ref[i]);
+    bad = !std::isfinite(g);
+    num += (g - r) * (g - r);
+    den += r * r;
+    mx = std::max(mx, std::fabs(g - r));
+    mref = std::max(mref, std::fabs(r));
   }
-  return row;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double rel = bad ? inf : den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  row.figures["rel_error"] = rel;
+  row.figures["max_rel_error"] = bad ? inf : mref > 0 ? mx / mref : mx;
+  row.wrong = !(rel <= sanity_tolerance(t));
 }
 
-// A row whose run threw: "unsupported" for Status::unsupported, else "failed".
-void mark_failed(Row& row, const Error& e) {
-  row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
-  row.reason = e.what();
-}
-
-bool wanted(const std::vector<std::string>& only, const std::string& name) {
-  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
-}
-
-void fill_ratios(Result& r) {
-  const Row* gemm = nullptr;
-  for (const Row& x : r.rows)
-    if (x.name == kDenseGemm && x.status == "ok") gemm = &x;
+// The rates and ratios (to cuBLAS dense, to the best peer, to the ideal: the effective FLOPs at
+// the measured dense cuBLAS rate), the lines around the table and the workload's JSON fields.
+void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
+  add_rates(r);
+  const BenchRow* gemm = nullptr;
+  for (const BenchRow& x : r.rows)
+    if (x.name == kDenseGemm && x.ok()) gemm = &x;
   if (!gemm)
-    for (const Row& x : r.rows)
-      if (x.name == std::string("cublas_dense") && x.status == "ok") gemm = &x;
-  double best_peer = kNaN;
-  for (const Row& x : r.rows)
-    if (x.peer && x.status == "ok" && !(x.median_ms >= best_peer)) best_peer = x.median_ms;
+    for (const BenchRow& x : r.rows)
+      if (x.name == std::string("cublas_dense") && x.ok()) gemm = &x;
+  double best_peer = kNaN, dense_tflops = kNaN, ideal_ms = kNaN;
+  for (const BenchRow& x : r.rows)
+    if (x.peer && x.ok() && !(x.median_ms >= best_peer)) best_peer = x.median_ms;
   if (gemm) {
-    r.dense_tflops = r.dense_flops / (gemm->median_ms * 1e-3) / 1e12;
-    r.ideal_ms = r.eff_flops / (r.dense_tflops * 1e12) * 1e3;
+    dense_tflops = m.dense_flops / (gemm->median_ms * 1e-3) / 1e12;
+    ideal_ms = r.eff_flops / (dense_tflops * 1e12) * 1e3;
   }
-  for (Row& x : r.rows) {
-    if (x.status != "ok") continue;
-    x.eff_tflops = r.eff_flops / (x.median_ms * 1e-3) / 1e12;
-    if (gemm) x.vs_dense = gemm->median_ms / x.median_ms;
-    x.vs_best_peer = best_peer / x.median_ms;
-    x.frac_ideal = x.eff_tflops / r.dense_tflops;
+  for (BenchRow& x : r.rows) {
+    if (!x.ok()) continue;
+    if (gemm) x.figures["ratio_vs_cublas_dense"] = gemm->median_ms / x.median_ms;
+    x.figures["ratio_vs_best_peer"] = best_peer / x.median_ms;
+    x.figures["fraction_of_ideal"] = x.eff_tflops / dense_tflops;
   }
-}
 
-void print_result(const Result& r, bool gpu) {
-  const Workload& w = r.w;
   const auto [srows, scols] = sparse_dims(w);
   const int64_t blocks = (srows / w.bm) * (scols / w.bk);
-  std::printf("\n== %s: %s%s M=%lld N=%lld K=%lld, %s blocks, %s %.2f%% (nnzb %lld, actual %.2f%%), %s\n",
-              label(w).c_str(), to_string(w.kind), w.op == Op::trans ? " op=trans" : "", (long long)w.m,
-              (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern), 100 * w.density,
-              (long long)r.nnzb, 100.0 * double(r.nnzb) / double(blocks > 0 ? blocks : 1), to_string(w.dtype));
+  r.intro = {"", strprintf("== %s: %s%s M=%lld N=%lld K=%lld, %s blocks, %s %.2f%% (nnzb %lld, actual %.2f%%), %s",
+                           r.label.c_str(), to_string(w.kind), w.op == Op::trans ? " op=trans" : "", (long long)w.m,
+                           (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern),
+                           100 * w.density, (long long)m.nnzb, 100.0 * double(m.nnzb) / double(blocks > 0 ? blocks : 1),
+                           to_string(w.dtype))};
   if (gpu && w.calls > 1)
-    std::printf("   time per call of %d calls back to back (input sets rotated from call to call)\n", w.calls);
-  std::printf("   effective GFLOP %.2f; %s\n", r.eff_flops / 1e9,
-              gpu ? (std::to_string(r.sets) + " input set(s) rotated; reference: " + r.reference).c_str()
-                  : ("reference: " + r.reference).c_str());
-  std::vector<std::vector<std::string>> rows;
-  for (const Row& x : r.rows) {
-    std::string note = x.status == "ok" ? (x.wrong ? "WRONG: error above " + fmt_sci(sanity_tolerance(w.dtype)) : "")
-                                        : x.status + ": " + x.reason;
-    if (gpu)
-      rows.push_back({x.name + (x.peer ? " *" : ""), fmt(x.median_ms, 3), fmt(x.eff_tflops, 1), fmt(x.vs_dense, 2),
-                      fmt(x.vs_best_peer, 2), fmt(100 * x.frac_ideal, 1), fmt_sci(x.rel_err), note});
-    else
-      rows.push_back({x.name, fmt(x.median_ms, 3), fmt(x.eff_tflops * 1e3, 2), fmt_sci(x.rel_err), note});
-  }
+    r.intro.push_back(
+        strprintf("   time per call of %d calls back to back (input sets rotated from call to call)", w.calls));
+  r.intro.push_back(strprintf("   effective GFLOP %.2f; %sreference: %s", r.eff_flops / 1e9,
+                              gpu ? (std::to_string(m.sets) + " input set(s) rotated; ").c_str() : "",
+                              m.reference.c_str()));
+  r.wrong_note = "WRONG: error above " + fmt_sci(sanity_tolerance(w.dtype));
   if (gpu) {
-    rows.push_back({"ideal", fmt(r.ideal_ms, 3), fmt(r.dense_tflops, 1), "-", "-", "100.0", "-",
-                    "effective flops at the measured cuBLAS dense rate"});
-    print_table({"variant", "median ms", "eff TFLOPS", "x cuBLAS", "x best peer", "% ideal", "rel err", "note"}, rows);
-    std::printf("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)\n");
+    r.extra_rows = {{"ideal", fmt(ideal_ms, 3), fmt(dense_tflops, 1), "-", "-", "100.0", "-",
+                     "effective flops at the measured cuBLAS dense rate"}};
+    r.outro.push_back("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)");
     if (w.n <= 128) {  // small N: bound by A's bytes, so the rate that matters is bytes per second
       std::string line;
-      for (const Row& x : r.rows)
-        if (x.status == "ok" && !x.peer)
-          line += "  " + x.name + " " + fmt(r.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
-      std::printf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)\n",
-                  r.a_bytes / 1e6, line.c_str());
+      for (const BenchRow& x : r.rows)
+        if (x.ok() && !x.peer) line += "  " + x.name + " " + fmt(m.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
+      r.outro.push_back(strprintf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
+                                  m.a_bytes / 1e6, line.c_str()));
     }
-  } else {
-    print_table({"variant", "median ms", "eff GFLOPS", "rel err", "note"}, rows);
   }
+
+  r.fields = {{"m", w.m}, {"n", w.n}, {"k", w.k}, {"bm", w.bm}, {"bk", w.bk}, {"op", to_string(w.kind)},
+              {"trans", w.op == Op::trans}, {"a_layout", to_string(w.la)}, {"b_layout", to_string(w.lb)},
+              {"density", w.density}, {"pattern", to_string(w.pattern)}, {"dtype", to_string(w.dtype)},
+              {"nnzb", m.nnzb}, {"effective_flops", r.eff_flops}, {"dense_flops", m.dense_flops}};
+  if (!w.name.empty()) r.fields["name"] = w.name;
+  r.fields.update(Json{{"a_value_bytes", m.a_bytes}, {"rotation_sets", m.sets}, {"calls", w.calls},
+                       {"reference", m.reference}, {"dense_tflops", num(dense_tflops)}, {"ideal_ms", num(ideal_ms)},
+                       {"ideal_effective_tflops", num(dense_tflops)}});
 }
 
-Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
-             int warmup, uint64_t seed, int threads) {
-  Json j = json_header("bench", argv);
-  j["mode"] = gpu ? "gpu" : "cpu";
-  j["device"] = device_json(gpu, threads);
-  j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
-  if (gpu) j["settings"]["stream_held"] = stream_held();  // time_gpu()
-  j["units"] = gpu ? "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks"
-                   : "effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks (the table shows GFLOPS)";
-  Json ws = Json::array();
-  for (const Result& r : results) {
-    const Workload& w = r.w;
-    Json x;
-    x["label"] = label(w);
-    x["m"] = w.m;
-    x["n"] = w.n;
-    x["k"] = w.k;
-    x["bm"] = w.bm;
-    x["bk"] = w.bk;
-    x["op"] = to_string(w.kind);
-    x["trans"] = w.op == Op::trans;
-    x["a_layout"] = to_string(w.la);
-    x["b_layout"] = to_string(w.lb);
-    x["density"] = w.density;
-    x["pattern"] = to_string(w.pattern);
-    x["dtype"] = to_string(w.dtype);
-    x["nnzb"] = r.nnzb;
-    x["effective_flops"] = r.eff_flops;
-    x["dense_flops"] = r.dense_flops;
-    if (!w.name.empty()) x["name"] = w.name;
-    x["a_value_bytes"] = r.a_bytes;
-    x["rotation_sets"] = r.sets;
-    x["calls"] = w.calls;
-    x["reference"] = r.reference;
-    x["dense_tflops"] = num(r.dense_tflops);
-    x["ideal_ms"] = num(r.ideal_ms);
-    x["ideal_effective_tflops"] = num(r.dense_tflops);
-    Json vs = Json::array();
-    for (const Row& v : r.rows) {
-      Json y;
-      y["name"] = v.name;
-      y["peer"] = v.peer;
-      y["status"] = v.status;
-      y["reason"] = v.reason;
-      y["median_ms"] = num(v.median_ms);
-      y["effective_tflops"] = num(v.eff_tflops);
-      y["ratio_vs_cublas_dense"] = num(v.vs_dense);
-      y["ratio_vs_best_peer"] = num(v.vs_best_peer);
-      y["fraction_of_ideal"] = num(v.frac_ideal);
-      y["rel_error"] = num(v.rel_err);
-      y["max_rel_error"] = num(v.max_err);
-      y["wrong"] = v.wrong;
-      Json t = Json::array();
-      for (double ms : v.times_ms) t.push_back(num(ms));
-      y["times_ms"] = t;
-      vs.push_back(y);
-    }
-    x["variants"] = vs;
-    ws.push_back(x);
-  }
-  j["workloads"] = ws;
-  return j;
+// A row of the table before it is measured: a variant, or a peer's core call on the state of its
+// parent variant (on data converted beforehand).
+struct Candidate {
+  std::string name;
+  bool peer;
+  const Variant* v;
+  bool core;
+};
+// The listed rows (--variants), else every variant of the backend (on a GPU + the peers' core calls).
+std::vector<Candidate> candidates(bool gpu, const std::vector<std::string>& only) {
+  std::vector<Candidate> c;
+  for (const Variant& v : variants())
+    if (v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name))
+      c.push_back({v.name, v.peer, &v, false});
+  if (gpu)
+    for (auto [name, parent] : kCoreRows)
+      if (const Variant* v = find_variant(parent); v && wanted(only, name)) c.push_back({name, true, v, true});
+  return c;
 }
 
 // The progress line over all rows of the run: "[####....]  40%  4/10  ETA 0:12  what".
@@ -346,6 +262,38 @@ struct Steps {
   size_t done = 0, total = 1;
   void at(const std::string& what) { progress.step(done, total, what); }
 };
+
+// Every candidate's row on `args` (one per input set; set 0 is the checked one): prepared, timed
+// by time(run on a set) and checked by check(row, run on set 0).
+void measure_rows(const std::vector<GemmArgs>& args, bool gpu, const Options& o, const std::vector<std::string>& only,
+                  Steps& steps, const std::string& prefix,
+                  const std::function<std::vector<double>(const std::function<void(int)>&)>& time,
+                  const std::function<void(BenchRow&, const std::function<void()>&)>& check, BenchResult& r) {
+  for (const Candidate& c : candidates(gpu, only)) {
+    const std::string why = c.v->why_not(args[0]);
+    if (!why.empty() && pattern_specific(c.name) && only.empty()) {
+      ++steps.done;
+      continue;
+    }
+    r.rows.push_back(measure_row(c.name, c.peer, why, gpu, [&](BenchRow& row) {
+      steps.at(prefix + "timing " + c.name);
+      std::unique_ptr<VariantState> st = c.v->prepare ? c.v->prepare(args[0], o) : nullptr;
+      auto* peer = c.core ? static_cast<peers::PeerState*>(st.get()) : nullptr;
+      auto run_on = [&](int set) {
+        if (peer) peer->core(args[size_t(set)], o.stream);
+        else c.v->run(args[size_t(set)], o, st.get());
+      };
+      if (peer) peer->convert(args[0], o.stream);
+      row.times_ms = time(run_on);
+      check(row, [&] {
+        if (peer) peer->convert(args[0], o.stream);
+        run_on(0);
+      });
+    }));
+    ++steps.done;
+  }
+  steps.progress.clear();
+}
 
 // Bytes of one workload's operands: A's values (at most the stored density), B and C.
 double operand_bytes(const Workload& w) {
@@ -357,20 +305,28 @@ std::string dims_text(const Workload& w) {
   return "--m " + std::to_string(w.m) + " --n " + std::to_string(w.n) + " --k " + std::to_string(w.k);
 }
 
+struct Settings {
+  int reps, warmup;
+  uint64_t seed;
+  std::vector<std::string> only;
+  int threads;
+};
+
 // ---------------------------------------------------------------------------------------------
 // CPU
 
-Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               int threads, Steps& steps) {
-  Result r;
-  r.w = w;
+BenchResult run_cpu(const Workload& w, const Settings& s, Steps& steps) {
+  BenchResult r;
+  r.label = label(w);
+  r.figures = kFigures;
+  Measured m;
   const bool with_oracle = 2.0 * w.density * double(w.m) * double(w.k) * double(w.n) <= 4e9;
   // The operands, the CPU backend's float panels of them, and the oracle's doubles.
   check_host_bytes("the workload " + dims_text(w),
                    operand_bytes(w) * (1.0 + 4.0 / double(dtype_size(w.dtype))) +
                        (with_oracle ? 8.0 * double(w.m) * double(w.n) : 0.0));
   HostProblem hp;
-  make_host(w, seed, hp);
+  make_host(w, s.seed, hp);
   GemmArgs& g = hp.g;
   HostMatrix c;  // dsd / dds: C (sdd writes the sparse operand's values)
   std::vector<uint8_t>* out = &hp.s.value_bytes();
@@ -380,74 +336,52 @@ Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     out = &c.bytes;
   }
   validate(g, true);
-  r.nnzb = hp.s.nnzb();
+  m.nnzb = hp.s.nnzb();
   r.eff_flops = g.effective_flops();
-  r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
+  m.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   std::vector<double> ref;
   // The fp64 oracle is naive (~1 GFLOP/s): skip it where it would take longer than the bench.
   if (with_oracle) {
     steps.at("computing the fp64 oracle");
     ref = oracle(g);
-    r.reference = "fp64 oracle";
+    m.reference = "fp64 oracle";
   } else {
-    r.reference = "none (problem too large for the fp64 oracle)";
+    m.reference = "none (problem too large for the fp64 oracle)";
   }
   Options o;
   o.backend = Backend::cpu;
-  o.threads = threads;
-  for (const Variant& v : variants()) {
-    if (v.backend != Backend::cpu || !wanted(only, v.name)) continue;
-    Row row = make_row(v.name, v.peer, v.why_not(g));
-    if (row.status != "ok") {
-      r.rows.push_back(row);
-      ++steps.done;
-      continue;
-    }
-    try {
-      steps.at(std::string("timing ") + v.name);
-      std::unique_ptr<VariantState> st = v.prepare ? v.prepare(g, o) : nullptr;
-      for (int i = 0; i < warmup; ++i) v.run(g, o, st.get());
-      for (int i = 0; i < reps; ++i) {
-        auto t0 = std::chrono::steady_clock::now();
-        v.run(g, o, st.get());
-        auto t1 = std::chrono::steady_clock::now();
-        row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-      row.median_ms = median(row.times_ms);
-      std::fill(out->begin(), out->end(), uint8_t(0xFF));  // NaN in every dtype: beta = 0 must not read it,
-      v.run(g, o, st.get());                                // and every element must be written
-      if (!ref.empty()) {
-        compare(*out, w.dtype, ref.data(), int64_t(ref.size()), &row.rel_err, &row.max_err);
-        row.wrong = !(row.rel_err <= sanity_tolerance(w.dtype));
-      }
-    } catch (const Error& e) {
-      mark_failed(row, e);
-    }
-    r.rows.push_back(row);
-    ++steps.done;
-  }
-  steps.progress.clear();
-  fill_ratios(r);
+  o.threads = s.threads;
+  measure_rows(
+      {g}, false, o, s.only, steps, "",
+      [&](const std::function<void(int)>& run) { return timing::time_host([&] { run(0); }, s.warmup, s.reps); },
+      [&](BenchRow& row, const std::function<void()>& run) {
+        std::fill(out->begin(), out->end(), uint8_t(0xFF));  // NaN in every dtype: beta = 0 must not read it,
+        run();                                                // and every element must be written
+        check_output(*out, w.dtype, ref, row);
+      },
+      r);
+  finish(w, m, false, r);
   return r;
 }
 
 // ---------------------------------------------------------------------------------------------
 // GPU
 
-Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std::vector<std::string>& only,
-               Steps& steps, const std::string& prefix) {
-  Result r;
-  r.w = w;
+BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const std::string& prefix) {
+  BenchResult r;
+  r.label = label(w);
+  r.figures = kFigures;
+  Measured m;
   const DeviceInfo& info = device_info();
   // Host: the operands and a float reference; device: one input set and an f32 reference.
   check_host_bytes("the workload " + dims_text(w), operand_bytes(w) + 8.0 * double(w.m) * double(w.n));
   check_device_bytes("the workload " + dims_text(w), operand_bytes(w) + 4.0 * double(w.m) * double(w.n));
   steps.at(prefix + "generating inputs");
   HostProblem hp;
-  make_host(w, seed, hp);
+  make_host(w, s.seed, hp);
   const BsrMatrix& sp = hp.s;
-  r.nnzb = sp.nnzb();
-  r.a_bytes = double(sp.value_bytes().size());
+  m.nnzb = sp.nnzb();
+  m.a_bytes = double(sp.value_bytes().size());
   const bool sdd = w.kind == OpKind::sdd;
   const size_t es = dtype_size(w.dtype);
   // The output: C (dsd, dds) or the sparse operand's values (sdd).
@@ -455,7 +389,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   const size_t c_bytes = sdd ? s_bytes : size_t(w.m * w.n) * es;
   // Rotate enough input sets that consecutive runs cannot find their operands in L2.
   const size_t set_bytes = s_bytes + a_bytes + b_bytes + (sdd ? 0 : c_bytes);
-  r.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * info.l2_bytes + set_bytes - 1) / set_bytes)));
+  m.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * info.l2_bytes + set_bytes - 1) / set_bytes)));
 
   DeviceBuffer d_rp(sp.row_ptr().size() * 4), d_ci(sp.col_idx().size() * 4);
   d_rp.upload(sp.row_ptr().data(), d_rp.bytes);
@@ -470,22 +404,17 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     else if (bytes)
       check_cuda(cudaMemcpy(v.back().p, v[0].p, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy(input copy)");
   };
-  for (int s = 0; s < r.sets; ++s) {
+  for (int set = 0; set < m.sets; ++set) {
     GemmArgs g = hp.g;
     copy0(d_s, sp.value_bytes(), s_bytes);
     g.sparse.row_ptr = static_cast<const int32_t*>(d_rp.p);
     g.sparse.col_idx = static_cast<const int32_t*>(d_ci.p);
-    g.sparse.values = d_s[size_t(s)].p;
+    g.sparse.values = d_s[size_t(set)].p;
     g.sparse.memory = Memory::device;
     if (!sdd) {
       d_c.emplace_back(c_bytes);
       check_cuda(cudaMemset(d_c.back().p, 0xFF, c_bytes), "cudaMemset(C)");
-      g.c.data = d_c.back().p;
-      g.c.rows = w.m;
-      g.c.cols = w.n;
-      g.c.ld = w.n;
-      g.c.dtype = w.dtype;
-      g.c.memory = Memory::device;
+      g.c = {d_c.back().p, w.m, w.n, w.n, Layout::row_major, w.dtype, Memory::device};
     }
     if (w.kind != OpKind::dsd) {
       copy0(d_a, hp.a.bytes, a_bytes);
@@ -501,7 +430,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
   }
   validate(args[0], true);
   r.eff_flops = args[0].effective_flops();
-  r.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
+  m.dense_flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
   Options o;
   o.backend = Backend::cuda;
   DeviceBuffer& out0 = sdd ? d_s[0] : d_c[0];
@@ -517,7 +446,7 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
     if (!sdd) h.c = hc.view;
     std::vector<double> d = oracle(h);
     ref.assign(d.begin(), d.end());
-    r.reference = "fp64 oracle";
+    m.reference = "fp64 oracle";
   } else if (const Variant* v = find_variant("cublas_dense")) {
     steps.at(prefix + "computing the cuBLAS fp32 reference");
     try {
@@ -537,90 +466,26 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, const std
       check_cuda(cudaDeviceSynchronize(), "cuBLAS reference");
       ref.resize(outputs);
       d_ref.download(ref.data(), d_ref.bytes);
-      r.reference = "cuBLAS dense, fp32 output";
+      m.reference = "cuBLAS dense, fp32 output";
     } catch (const Error& e) {
       ref.clear();
-      r.reference = std::string("none (cuBLAS reference failed: ") + e.what() + ")";
+      m.reference = std::string("none (cuBLAS reference failed: ") + e.what() + ")";
     }
   }
 
   std::vector<uint8_t> got(c_bytes);
-  // Poison the output of set 0, run once, compare with the reference.
-  auto check = [&](Row& row, auto&& run_once) {
-    check_cuda(cudaMemset(out0.p, 0xFF, c_bytes), "cudaMemset(poison the output)");
-    run_once();
-    check_cuda(cudaDeviceSynchronize(), "checked run");
-    out0.download(got.data(), c_bytes);
-    if (!ref.empty()) {
-      compare(got, w.dtype, ref.data(), int64_t(ref.size()), &row.rel_err, &row.max_err);
-      row.wrong = !(row.rel_err <= sanity_tolerance(w.dtype));
-    }
-  };
-  auto fail = [&](Row& row, const Error& e) {
-    mark_failed(row, e);
-    cudaDeviceSynchronize();  // do not let one row's error hit the next
-    cudaGetLastError();
-  };
-
-  for (const Variant& v : variants()) {
-    if (v.backend != Backend::cuda || !wanted(only, v.name)) continue;
-    Row row = make_row(v.name, v.peer, v.why_not(args[0]));
-    if (row.status != "ok" && pattern_specific(v.name) && only.empty()) {
-      ++steps.done;
-      continue;
-    }
-    if (row.status != "ok") {
-      r.rows.push_back(row);
-      ++steps.done;
-      continue;
-    }
-    try {
-      steps.at(prefix + "timing " + v.name);
-      std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
-      row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets, w.calls);
-      row.median_ms = median(row.times_ms);
-      check(row, [&] { v.run(args[0], o, st.get()); });
-    } catch (const Error& e) {
-      fail(row, e);
-    }
-    r.rows.push_back(row);
-    ++steps.done;
-  }
-
-  // The peers' core calls alone, on data converted beforehand.
-  for (auto [name, parent] : {std::pair{kDenseGemm, "cublas_dense"}, std::pair{kEllSpmm, "cusparse_ell"},
-                              std::pair{kBatchedGemm, "cublas_batched"}}) {
-    const Variant* v = find_variant(parent);
-    if (!v || !wanted(only, name)) continue;
-    Row row = make_row(name, true, v->why_not(args[0]));
-    if (row.status != "ok" && pattern_specific(name) && only.empty()) {
-      ++steps.done;
-      continue;
-    }
-    if (row.status != "ok") {
-      r.rows.push_back(row);
-      ++steps.done;
-      continue;
-    }
-    try {
-      steps.at(prefix + "timing " + name);
-      std::unique_ptr<VariantState> st = v->prepare(args[0], o);
-      auto* ps = static_cast<peers::PeerState*>(st.get());
-      ps->convert(args[0], o.stream);
-      row.times_ms = time_gpu([&](int s) { ps->core(args[size_t(s)], o.stream); }, warmup, reps, r.sets, w.calls);
-      row.median_ms = median(row.times_ms);
-      check(row, [&] {
-        ps->convert(args[0], o.stream);
-        ps->core(args[0], o.stream);
-      });
-    } catch (const Error& e) {
-      fail(row, e);
-    }
-    r.rows.push_back(row);
-    ++steps.done;
-  }
-  steps.progress.clear();
-  fill_ratios(r);
+  measure_rows(
+      args, true, o, s.only, steps, prefix,
+      [&](const std::function<void(int)>& run) { return timing::time_gpu(run, s.warmup, s.reps, m.sets, w.calls); },
+      [&](BenchRow& row, const std::function<void()>& run) {  // on a poisoned output of set 0
+        check_cuda(cudaMemset(out0.p, 0xFF, c_bytes), "cudaMemset(poison the output)");
+        run();
+        check_cuda(cudaDeviceSynchronize(), "checked run");
+        out0.download(got.data(), c_bytes);
+        check_output(got, w.dtype, ref, row);
+      },
+      r);
+  finish(w, m, true, r);
   return r;
 }
 
@@ -632,6 +497,8 @@ const std::vector<SpecWorkload>& spec_workloads() {
                                                   {8192, 128, 128, 0.25},  {8192, 128, 32, 0.0625}};
   return table;
 }
+
+namespace {
 
 // The serving suite: the shapes users run (decode against block-pruned weights, the N alignment
 // step, mixture-of-experts, structured and skewed patterns), fp16, beside the dense peers.
@@ -667,6 +534,31 @@ std::vector<Workload> serving_workloads(DType dtype) {
   return table;
 }
 
+// The GPU table of a product other than dsd: a block-sparse layer W (14336 x 4096, 64x64 blocks,
+// 25%) with 4096 tokens, the forward y = x*W^T (dds) or the weight gradient dW = dy^T*x on W's
+// blocks (sdd), and 8192^3 128x128 12.5%.
+std::vector<Workload> layer_workloads(const Workload& custom) {
+  struct Shape {
+    int64_t m, n, k;
+    int b;
+    double density;
+  };
+  const bool dds = custom.kind == OpKind::dds;
+  std::vector<Workload> table;
+  for (const Shape& d : {dds ? Shape{4096, 14336, 4096, 64, 0.25} : Shape{14336, 4096, 4096, 64, 0.25},
+                         Shape{8192, 8192, 8192, 128, 0.125}}) {
+    Workload w = custom;
+    w.m = d.m;
+    w.n = d.n;
+    w.k = d.k;
+    w.bm = w.bk = d.b;
+    w.density = d.density;
+    w.pattern = PatternKind::fixed_k;
+    table.push_back(w);
+  }
+  return table;
+}
+
 // `--op OP` (or --op=OP) among the flags: the attention and gate benches have flags of their own.
 bool op_requested(const std::vector<std::string>& argv, const std::string& op) {
   for (size_t i = 0; i < argv.size(); ++i)
@@ -681,9 +573,11 @@ bool attention_requested(const std::vector<std::string>& argv) {
   return op_requested(argv, "attention");
 }
 
+}  // namespace
+
 int bench_main(const std::vector<std::string>& argv) {
   if (attention_requested(argv)) return bench_attention_main(argv);
-  if (op_requested(argv, "gate")) return bench_gate_main(argv);  // its own flags (bench_gate.cpp)
+  if (op_requested(argv, "gate")) return bench_gate_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -740,10 +634,11 @@ int bench_main(const std::vector<std::string>& argv) {
   custom.lb = layout("--b-layout", OpKind::dds);
   const bool dtype_given = args.has("--dtype");
   DType dtype = args.dtype("--dtype", DType::f16);
-  const uint64_t seed = args.seed("--seed", 1);
-  const int threads = int(args.integer("--threads", 0, 1, 4096));
-  std::vector<std::string> only = args.list("--variants");
-  for (const std::string& name : only)
+  Settings s;
+  s.seed = args.seed("--seed", 1);
+  s.threads = int(args.integer("--threads", 0, 1, 4096));
+  s.only = args.list("--variants");
+  for (const std::string& name : s.only)
     if (!find_variant(name) && name != kDenseGemm && name != kEllSpmm && name != kBatchedGemm) {
       std::string known;
       for (const Variant& v : variants()) known += std::string(v.name) + ", ";
@@ -754,19 +649,24 @@ int bench_main(const std::vector<std::string>& argv) {
   if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
   if (suite == "serving" && shaped)
     args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
-  const int calls = int(args.integer("--calls", 1, 1, 1000));
+  custom.calls = int(args.integer("--calls", 1, 1, 1000));
   if (suite == "serving" && args.has("--calls")) args.bad("--calls", "not with --suite serving (it sets its own)");
   const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
   if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
   if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
   const double threshold = args.real("--threshold", 5.0, 0.0, 1000.0);
   JsonOutput json(args);
+  // The performance gate: these results (bench's JSON) against the baseline; its report joins them.
+  auto gate = [&](Json& results) {
+    Json report;
+    const int rc = bench_gate(results, baseline, threshold, &report);
+    results["gate"] = report;
+    return rc;
+  };
 
   if (!from.empty()) {  // the gate on recorded results: nothing runs
     Json results = read_json_file(from, "--from");
-    Json gate;
-    const int rc = bench_gate(results, baseline, threshold, &gate);
-    results["gate"] = gate;
+    const int rc = gate(results);
     json.write(results);
     json.say_written();
     return rc;
@@ -782,7 +682,7 @@ int bench_main(const std::vector<std::string>& argv) {
     args.bad("--suite", "these workloads are sized for a GPU and none is in use (" +
                             (backend == Backend::cpu ? std::string("--backend cpu") : info.why_not) + ")");
   // --variants names rows of one backend: the GPU's (and the peers' core rows) or the CPU's.
-  for (const std::string& name : only) {
+  for (const std::string& name : s.only) {
     const Variant* v = find_variant(name);
     const bool gpu_row = !v || v->backend == Backend::cuda;
     if (gpu_row && !gpu) {
@@ -792,11 +692,8 @@ int bench_main(const std::vector<std::string>& argv) {
     if (!gpu_row && gpu)
       args.bad("--variants", "'" + name + "' runs on the CPU backend; with a GPU add --backend cpu");
   }
-  const int reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
-  const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
-
-  Progress progress(stdout_is_tty());
-  std::vector<Result> results;
+  s.reps = int(args.integer("--reps", gpu ? 20 : 5, 1, 100000));
+  s.warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
   auto fill_dims = [&](Workload w, int64_t dflt) {
     if (w.m < 0) w.m = dflt;
@@ -808,16 +705,12 @@ int bench_main(const std::vector<std::string>& argv) {
                               std::to_string(cols) + ", not whole " + block_str(w.bm, w.bk) + " blocks");
     return w;
   };
-  custom.calls = calls;
   std::vector<Workload> table;
   if (!gpu) {
-    Workload w = fill_dims(custom, 1024);
-    w.dtype = dtype_given ? dtype : DType::f32;
-    table.push_back(w);
+    table.push_back(fill_dims(custom, 1024));
+    dtype = dtype_given ? dtype : DType::f32;
   } else if (shaped) {
-    Workload w = fill_dims(custom, 8192);
-    w.dtype = dtype;
-    table.push_back(w);
+    table.push_back(fill_dims(custom, 8192));
   } else if (suite == "serving") {
     table = serving_workloads(dtype);
   } else if (custom.kind == OpKind::dsd) {
@@ -828,78 +721,59 @@ int bench_main(const std::vector<std::string>& argv) {
       w.bk = d.bk;
       w.density = d.density;
       w.pattern = PatternKind::fixed_k;
-      w.dtype = dtype;
       table.push_back(w);
     }
   } else {
-    // A block-sparse layer W (14336 x 4096, 64x64 blocks, 25%) with 4096 tokens: the forward
-    // y = x*W^T (dds) and the weight gradient dW = dy^T*x on W's blocks (sdd); and 8192^3 128x128.
-    const bool dds = custom.kind == OpKind::dds;
-    struct Shape {
-      int64_t m, n, k;
-      int b;
-      double density;
-    };
-    for (const Shape& d : {dds ? Shape{4096, 14336, 4096, 64, 0.25} : Shape{14336, 4096, 4096, 64, 0.25},
-                           Shape{8192, 8192, 8192, 128, 0.125}}) {
-      Workload w = custom;
-      w.m = d.m;
-      w.n = d.n;
-      w.k = d.k;
-      w.bm = w.bk = d.b;
-      w.density = d.density;
-      w.pattern = PatternKind::fixed_k;
-      w.dtype = dtype;
-      table.push_back(w);
-    }
+    table = layer_workloads(custom);
   }
-  // Rows to time: the listed ones, else every variant of the backend (+ the two peer core rows).
-  size_t rows_each = 0;
-  for (const Variant& v : variants())
-    rows_each += v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name);
-  if (gpu) rows_each += size_t(wanted(only, kDenseGemm)) + size_t(wanted(only, kEllSpmm)) + size_t(wanted(only, kBatchedGemm));
-  Steps steps{progress, 0, std::max<size_t>(1, rows_each * table.size())};
+  std::vector<std::string> labels;
+  for (Workload& w : table) {
+    w.dtype = dtype;
+    labels.push_back(label(w));
+  }
 
-  if (!gpu) {
-    const int t = cpu_threads(threads);
-    if (backend == Backend::cpu)
-      std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", t);
-    else
-      std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), t);
-    results.push_back(run_cpu(table[0], reps, warmup, seed, only, threads, steps));
-    print_result(results.back(), false);
-  } else {
+  Progress progress(stdout_is_tty());
+  Steps steps{progress, 0, std::max<size_t>(1, candidates(gpu, s.only).size() * table.size())};
+  Table t;
+  if (gpu) {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
                 info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.runtime_version,
                 info.driver_version);
-    std::printf("median of %d runs after %d warm-up runs, CUDA events (%s); alpha = 1, beta = 0\n", reps, warmup,
-                stream_held() ? "GPU time: the stream held until each batch is enqueued"
-                              : "SPARSEK_BENCH_GATE=off: runs timed as the host issues them");
-    for (size_t i = 0; i < table.size(); ++i) {
-      std::string prefix = "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
-      results.push_back(run_gpu(table[i], reps, warmup, seed, only, steps, prefix));
-      print_result(results.back(), true);
-      std::fflush(stdout);
-    }
+    std::printf("median of %d runs after %d warm-up runs, CUDA events (%s); alpha = 1, beta = 0\n", s.reps, s.warmup,
+                timing::stream_held() ? "GPU time: the stream held until each batch is enqueued"
+                                      : "SPARSEK_BENCH_GATE=off: runs timed as the host issues them");
+    t.columns = {median_column(),
+                 rate_column(true),
+                 fixed_column("x cuBLAS", "ratio_vs_cublas_dense", 2),
+                 fixed_column("x best peer", "ratio_vs_best_peer", 2),
+                 fixed_column("% ideal", "fraction_of_ideal", 1, 100),
+                 sci_column("rel err", "rel_error")};
+  } else {
+    const int threads = cpu_backend_threads(s.threads);
+    if (backend == Backend::cpu)
+      std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", threads);
+    else
+      std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), threads);
+    t.columns = {median_column(), rate_column(false), sci_column("rel err", "rel_error")};
   }
-  int bad = 0;
-  for (const Result& r : results)
-    for (const Row& x : r.rows) bad += x.status == "failed" || x.wrong;
-  Json doc = to_json(results, gpu, argv, reps, warmup, seed, cpu_threads(threads));
-  int gate_rc = 0;
-  if (!baseline.empty()) {
-    std::printf("\n");
-    Json gate;
-    gate_rc = bench_gate(doc, baseline, threshold, &gate);
-    doc["gate"] = gate;
-  }
-  if (json.enabled()) {
-    json.write(doc);
-    std::printf("\n");
-    json.say_written();
-  }
-  if (bad) std::printf("%d row(s) failed or gave a wrong result\n", bad);
-  return bad || gate_rc ? 1 : 0;
+  BenchRun run;
+  run.gpu = gpu;
+  run.threads = cpu_backend_threads(s.threads);
+  run.reps = s.reps;
+  run.warmup = s.warmup;
+  run.seed = s.seed;
+  run.units = std::string("effective_tflops: TFLOPS (10^12 FLOP/s) on stored blocks") +
+              (gpu ? "" : " (the table shows GFLOPS)");
+  return run_workloads(
+      labels,
+      [&](size_t i, const std::string& prefix) {
+        return gpu ? run_gpu(table[i], s, steps, prefix) : run_cpu(table[i], s, steps);
+      },
+      t, argv, run, json,
+      baseline.empty() ? std::function<int(Json&)>() : [&](Json& doc) {
+        std::printf("\n");
+        return gate(doc);
+      });
 }
 
 }  // namespace sparsek::cli

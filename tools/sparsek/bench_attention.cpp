@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -21,18 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "format/attention_internal.hpp"
-#include "plan/backends.hpp"
-#include "plan/variant.hpp"
+#include "bench_case.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
 namespace {
-
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 const std::vector<FlagSpec> kSpecs = {
     {"--op", "attention", "the attention bench (this text); dsd is the products' bench"},
@@ -49,10 +42,10 @@ const std::vector<FlagSpec> kSpecs = {
     {"--layout", "NAME", "topk | dense | causal (default topk; causal = every block j <= i, implies --causal)"},
     {"--dtype", "T", "bf16 | f16 | f32 (default bf16 on a GPU, f32 on the CPU)"},
     {"--reps", "R", "timed repetitions, the median is reported (default 20 GPU, 3 CPU)"},
-    {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
+    kWarmupFlag,
     {"--variants", "a,b", "only these variants"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
-    {"--json", "FILE", "also write every number as JSON (- for stdout; the table then goes to stderr)"},
+    kBackendFlag,
+    kJsonFlag,
     {"--seed", "S", "random seed of layouts and values (default 1)"},
 };
 
@@ -75,25 +68,18 @@ std::string label(const Workload& w) {
   return s + " " + to_string(w.dtype);
 }
 
-struct Row {
-  std::string name;
-  std::string status = "ok";  // ok | unsupported | failed
-  std::string reason;
-  std::vector<double> times_ms;
-  double median_ms = kNaN, eff_tflops = kNaN, err_o = kNaN, err_lse = kNaN;
-  double err_dq = kNaN, err_dk = kNaN, err_dv = kNaN;  // --backward: max |error| / rms of the reference
-  bool wrong = false;
-};
+// A row's figures (BenchRow::figures), in the order the JSON writes them: the max |error| of O and
+// LSE; with --backward (they stay null) the max |error| / rms of the reference of dq, dk and dv.
+const std::vector<std::string> kForward = {"max_abs_error_o", "max_abs_error_lse"};
+const std::vector<std::string> kBackward = {"max_abs_error_o", "max_abs_error_lse", "max_error_over_rms_dq",
+                                            "max_error_over_rms_dk", "max_error_over_rms_dv"};
 
-struct Result {
-  Workload w;
-  double eff_flops = 0, kept = 0;  // kept: attended key blocks / all (query block, key block) pairs
+// What a workload reports beside its rows.
+struct Measured {
+  double kept = 0;  // attended key blocks / all (query block, key block) pairs
   int sets = 1;
-  int64_t checked_rows = 0;
-  bool backward = false;
-  int64_t checked_key_blocks = 0;
+  int64_t checked_rows = 0, checked_key_blocks = 0;
   std::string unchecked;  // --backward: what the check had to leave out, and why
-  std::vector<Row> rows;
 };
 
 // Max |error| of O and of LSE that only flags broken results (wrong indexing, masks, NaN leaks),
@@ -200,7 +186,7 @@ Reference reference(const HostProblem& p, const Workload& w, uint64_t seed) {
 
 // Compares a run's packed o (bytes in w.dtype) and lse with the reference rows.
 void compare(const Reference& ref, const Workload& w, const std::vector<uint8_t>& o, const std::vector<float>& lse,
-             Row& row) {
+             BenchRow& row) {
   const double inf = std::numeric_limits<double>::infinity();
   double eo = 0, el = 0;
   for (size_t i = 0; i < ref.rows.size(); ++i) {
@@ -214,8 +200,8 @@ void compare(const Reference& ref, const Workload& w, const std::vector<uint8_t>
     if (std::isinf(want)) el = got == want ? el : inf;  // an empty row: -inf exactly
     else el = std::isfinite(got) ? std::max(el, std::fabs(got - want)) : inf;
   }
-  row.err_o = eo;
-  row.err_lse = el;
+  row.figures["max_abs_error_o"] = eo;
+  row.figures["max_abs_error_lse"] = el;
   row.wrong = !(eo <= tolerance(w.dtype) && el <= tolerance(w.dtype));
 }
 
@@ -308,7 +294,7 @@ struct ErrorTally {
 
 // Compares a run's packed dq, dk, dv (bytes in w.dtype) with the reference.
 void compare_backward(const BwdReference& ref, const Workload& w, const std::vector<uint8_t>& dq,
-                      const std::vector<uint8_t>& dk, const std::vector<uint8_t>& dv, Row& row) {
+                      const std::vector<uint8_t>& dk, const std::vector<uint8_t>& dv, BenchRow& row) {
   const int64_t D = w.dim;
   ErrorTally tq, tk, tv;
   for (size_t i = 0; i < ref.rows.size(); ++i) {
@@ -335,132 +321,129 @@ void compare_backward(const BwdReference& ref, const Workload& w, const std::vec
       }
   }
   int64_t fails = 0;
-  row.err_dq = tq.max_over_rms(w.dtype, &fails);
-  row.err_dk = tk.max_over_rms(w.dtype, &fails);
-  row.err_dv = tv.max_over_rms(w.dtype, &fails);
+  row.figures["max_error_over_rms_dq"] = tq.max_over_rms(w.dtype, &fails);
+  row.figures["max_error_over_rms_dk"] = tk.max_over_rms(w.dtype, &fails);
+  row.figures["max_error_over_rms_dv"] = tv.max_over_rms(w.dtype, &fails);
   row.wrong = fails > 0;
 }
 
-bool wanted(const std::vector<std::string>& only, const std::string& name) {
-  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
-}
-
-// Every variant of `be` in `table` (forward or backward): a row each ("unsupported" with the
-// reason where why_not() objects).
-template <class Args, class Measure>
-void for_each_variant(const std::vector<VariantOf<Args>>& table, Backend be, const Args& args,
-                      const std::vector<std::string>& only, Result& r, const Measure& measure) {
-  for (const VariantOf<Args>& v : table) {
-    if (v.backend != be || !wanted(only, v.name)) continue;
-    Row row;
-    row.name = v.name;
-    const std::string why = v.why_not(args);
-    if (!why.empty()) {
-      row.status = "unsupported";
-      row.reason = why;
-    } else {
-      try {
-        measure(v, row);
-        row.median_ms = median(row.times_ms);
-        row.eff_tflops = r.eff_flops / (row.median_ms * 1e-3) / 1e12;
-      } catch (const Error& e) {
-        row.status = e.status() == Status::unsupported ? "unsupported" : "failed";
-        row.reason = e.what();
-        if (be == Backend::cuda) {  // do not let one row's error hit the next
-          cudaDeviceSynchronize();
-          cudaGetLastError();
-        }
-      }
-    }
-    r.rows.push_back(row);
-  }
-}
-
-// The workload's host problem, its result's header (FLOPs, kept fraction) and the reference
-// rows (with backward: of the backward, in bref).
-std::unique_ptr<HostProblem> prepare(const Workload& w, uint64_t seed, bool backward, Progress& progress,
-                                     const std::string& prefix, Result& r, Reference& ref, BwdReference& bref) {
-  r.w = w;
-  r.backward = backward;
-  progress.update(prefix + "generating inputs ...");
-  auto p = make_problem(w, seed);
-  r.eff_flops = effective_flops(p->args, host_layout(p->args.layout)) * (backward ? 2.5 : 1.0);
-  r.kept = kept_fraction(p->layout, w.seq);
-  progress.update(prefix + "computing the fp64 reference rows ...");
-  if (!backward) {
-    ref = reference(*p, w, seed);
-    r.checked_rows = int64_t(ref.rows.size());
-    return p;
-  }
-  add_backward(*p, w, seed);
-  bref = backward_reference(*p, w, seed, r.unchecked);
-  r.checked_rows = int64_t(bref.rows.size());
-  r.checked_key_blocks = int64_t(bref.blocks.size());
-  return p;
-}
-
-// Runs v on host memory: checked once on poisoned outputs, then timed (wall clock).
-template <class V, class Args, class Poison, class Check>
-void measure_cpu(const V& v, const Args& args, int warmup, int reps, const Poison& poison, const Check& check,
-                 Row& row) {
-  Options o;
-  o.backend = Backend::cpu;
-  std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args, o) : nullptr;
-  poison();
-  v.run(args, o, st.get());
-  check();
-  for (int i = 0; i < warmup; ++i) v.run(args, o, st.get());
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    v.run(args, o, st.get());
-    auto t1 = std::chrono::steady_clock::now();
-    row.times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-}
-
-Result run_cpu(const Workload& w, int reps, int warmup, uint64_t seed, bool backward,
-               const std::vector<std::string>& only, Progress& progress, const std::string& prefix) {
-  Result r;
+// One workload being measured: its host problem, the reference rows (with --backward: of the
+// backward, in bref), and what its result reports.
+struct Job {
+  std::unique_ptr<HostProblem> p;
   Reference ref;
   BwdReference bref;
-  auto p = prepare(w, seed, backward, progress, prefix, r, ref, bref);
-  Options o;
-  o.backend = Backend::cpu;
-  if (backward) {
-    attention(p->args, o);  // O and LSE
-    for_each_variant(attention_backward_variants(), Backend::cpu, p->bargs, only, r,
-                     [&](const AttentionBackwardVariant& v, Row& row) {
-                       progress.update(prefix + "checking and timing " + v.name + " ...");
-                       measure_cpu(
-                           v, p->bargs, warmup, reps,
-                           [&] {
-                             for (HostMatrix* m : {&p->dq, &p->dk, &p->dv}) m->fill_bytes(0xFF);  // NaN
-                           },
-                           [&] { compare_backward(bref, w, p->dq.bytes, p->dk.bytes, p->dv.bytes, row); }, row);
-                     });
-    progress.clear();
-    return r;
+  Measured m;
+  BenchResult r;
+};
+
+Job prepare(const Workload& w, uint64_t seed, bool backward, Progress& progress, const std::string& prefix) {
+  Job j;
+  j.r.label = label(w);
+  j.r.figures = backward ? kBackward : kForward;
+  progress.update(prefix + "generating inputs ...");
+  j.p = make_problem(w, seed);
+  j.r.eff_flops = effective_flops(j.p->args) * (backward ? 2.5 : 1.0);
+  j.m.kept = kept_fraction(j.p->layout, w.seq);
+  progress.update(prefix + "computing the fp64 reference rows ...");
+  if (!backward) {
+    j.ref = reference(*j.p, w, seed);
+    j.m.checked_rows = int64_t(j.ref.rows.size());
+    return j;
   }
-  for_each_variant(attention_variants(), Backend::cpu, p->args, only, r, [&](const AttentionVariant& v, Row& row) {
-    progress.update(prefix + "checking and timing " + v.name + " ...");
-    measure_cpu(
-        v, p->args, warmup, reps,
+  add_backward(*j.p, w, seed);
+  j.bref = backward_reference(*j.p, w, seed, j.m.unchecked);
+  j.m.checked_rows = int64_t(j.bref.rows.size());
+  j.m.checked_key_blocks = int64_t(j.bref.blocks.size());
+  return j;
+}
+
+// The rates, the lines around the table and the workload's JSON fields.
+void finish(const Workload& w, const Measured& m, bool backward, bool gpu, BenchResult& r) {
+  add_rates(r);
+  const bool causal = w.causal || w.layout == LayoutKind::causal;
+  r.intro = {"", strprintf("== %s: B=%lld Hq=%lld Hkv=%lld S=%lld D=%d, %s blocks, layout %s "
+                           "(%.2f%% of blocks kept)%s, %s",
+                           r.label.c_str(), (long long)w.batch, (long long)w.heads, (long long)w.kv_heads,
+                           (long long)w.seq, w.dim, block_str(w.block, w.block).c_str(), to_string(w.layout),
+                           100 * m.kept, causal ? ", causal" : "", to_string(w.dtype))};
+  const std::string sets = gpu ? std::to_string(m.sets) + " input set(s) rotated; " : "";
+  if (!backward)
+    r.intro.push_back(strprintf("   effective GFLOP %.2f; %s%lld sampled rows checked against the fp64 reference",
+                                r.eff_flops / 1e9, sets.c_str(), (long long)m.checked_rows));
+  else
+    r.intro.push_back(strprintf("   backward (dq, dk, dv): effective GFLOP %.2f (2.5 x the forward's); %sdq of %lld "
+                                "sampled rows and dk, dv of %lld sampled key block(s) checked against the fp64 "
+                                "reference",
+                                r.eff_flops / 1e9, sets.c_str(), (long long)m.checked_rows,
+                                (long long)m.checked_key_blocks));
+  if (!m.unchecked.empty()) r.intro.push_back("   " + m.unchecked);
+  r.when_empty = strprintf("   no %s attention variant is registered", gpu ? "GPU" : "CPU");
+  r.wrong_note = backward ? "WRONG: outside the rounding bound" : "WRONG: error above " + fmt_sci(tolerance(w.dtype));
+
+  r.fields = {{"batch", w.batch}, {"heads", w.heads}, {"kv_heads", w.kv_heads}, {"seq", w.seq}, {"dim", w.dim},
+              {"block", w.block}, {"layout", to_string(w.layout)}, {"density", w.density}, {"causal", causal},
+              {"dtype", to_string(w.dtype)}, {"kept_fraction", m.kept}, {"effective_flops", r.eff_flops},
+              {"rotation_sets", m.sets}, {"checked_rows", m.checked_rows}, {"pass", backward ? "backward" : "forward"}};
+  if (backward) r.fields.update(Json{{"checked_key_blocks", m.checked_key_blocks}, {"unchecked", m.unchecked}});
+}
+
+struct Settings {
+  int reps, warmup;
+  uint64_t seed;
+  bool backward;
+  std::vector<std::string> only;
+};
+
+// Every variant of `table` that --variants lists, on the backend: run once on set 0 after poison()
+// and checked by check(row), then timed over the input sets (`sets`: one args per set).
+template <class Args>
+void check_and_time(const std::vector<VariantOf<Args>>& table, const std::vector<Args>& sets, bool gpu,
+                    const Settings& s, Progress& progress, const std::string& prefix,
+                    const std::function<void()>& poison, const std::function<void(BenchRow&)>& check,
+                    BenchResult& r) {
+  Options o;
+  o.backend = gpu ? Backend::cuda : Backend::cpu;
+  variant_rows(table, o.backend, sets[0], s.only, r.rows, [&](const VariantOf<Args>& v, BenchRow& row) {
+    progress.update(prefix + "checking " + v.name + " ...");
+    std::unique_ptr<VariantState> st = v.prepare ? v.prepare(sets[0], o) : nullptr;
+    poison();
+    v.run(sets[0], o, st.get());
+    check(row);
+    progress.update(prefix + "timing " + v.name + " ...");
+    auto run = [&](int set) { v.run(sets[size_t(set)], o, st.get()); };
+    row.times_ms = gpu ? timing::time_gpu(run, s.warmup, s.reps, int(sets.size()))
+                       : timing::time_host([&] { run(0); }, s.warmup, s.reps);
+  });
+  progress.clear();
+}
+
+void run_cpu(const Workload& w, const Settings& s, Progress& progress, const std::string& prefix, Job& j) {
+  HostProblem* p = j.p.get();
+  if (s.backward) {
+    Options o;
+    o.backend = Backend::cpu;
+    attention(p->args, o);  // O and LSE
+    check_and_time(
+        attention_backward_variants(), {p->bargs}, false, s, progress, prefix,
+        [&] {
+          for (HostMatrix* x : {&p->dq, &p->dk, &p->dv}) x->fill_bytes(0xFF);  // NaN in every dtype
+        },
+        [&](BenchRow& row) { compare_backward(j.bref, w, p->dq.bytes, p->dk.bytes, p->dv.bytes, row); }, j.r);
+  } else {
+    check_and_time(
+        attention_variants(), {p->args}, false, s, progress, prefix,
         [&] {
           p->o.fill_bytes(0xFF);  // NaN in every dtype
           std::fill(p->lse.begin(), p->lse.end(), std::numeric_limits<float>::quiet_NaN());
         },
-        [&] { compare(ref, w, p->o.bytes, p->lse, row); }, row);
-  });
-  progress.clear();
-  return r;
+        [&](BenchRow& row) { compare(j.ref, w, p->o.bytes, p->lse, row); }, j.r);
+  }
 }
 
-Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool backward,
-               const std::vector<std::string>& only, Progress& progress, const std::string& prefix) {
-  Result r;
-  Reference ref;
-  BwdReference bref;
-  auto p = prepare(w, seed, backward, progress, prefix, r, ref, bref);
+void run_gpu(const Workload& w, const Settings& s, Progress& progress, const std::string& prefix, Job& j) {
+  const HostProblem* p = j.p.get();
+  const bool backward = s.backward;
 
   // Device copies: the layout once, q/k/v/o/lse per rotated input set.
   const LayoutArrays& la = p->layout;
@@ -474,25 +457,25 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool back
   const size_t q_bytes = p->q.bytes.size(), kv_bytes = p->k.bytes.size(), lse_bytes = p->lse.size() * 4;
   // The backward's set adds dO and dq (like q), dk and dv (like k).
   const size_t set_bytes = (backward ? 4 : 2) * q_bytes + (backward ? 4 : 2) * kv_bytes + lse_bytes;
-  r.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * device_info().l2_bytes + set_bytes - 1) / set_bytes)));
+  j.m.sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * device_info().l2_bytes + set_bytes - 1) / set_bytes)));
   std::vector<DeviceBuffer> d_q, d_k, d_v, d_o, d_lse;
   std::vector<AttentionArgs> args;
-  for (int s = 0; s < r.sets; ++s) {
+  for (size_t set = 0; set < size_t(j.m.sets); ++set) {
     d_q.emplace_back(q_bytes);
     d_k.emplace_back(kv_bytes);
     d_v.emplace_back(kv_bytes);
     d_o.emplace_back(q_bytes);
     d_lse.emplace_back(lse_bytes);
-    d_q[s].upload(p->q.bytes.data(), q_bytes);  // same values: rotation is about the cache
-    d_k[s].upload(p->k.bytes.data(), kv_bytes);
-    d_v[s].upload(p->v.bytes.data(), kv_bytes);
+    d_q[set].upload(p->q.bytes.data(), q_bytes);  // same values: rotation is about the cache
+    d_k[set].upload(p->k.bytes.data(), kv_bytes);
+    d_v[set].upload(p->v.bytes.data(), kv_bytes);
     AttentionArgs a = p->args;
-    for (auto [t, buf] : {std::pair{&a.q, &d_q[s]}, std::pair{&a.k, &d_k[s]}, std::pair{&a.v, &d_v[s]},
-                          std::pair{&a.o, &d_o[s]}}) {
+    for (auto [t, buf] : {std::pair{&a.q, &d_q[set]}, std::pair{&a.k, &d_k[set]}, std::pair{&a.v, &d_v[set]},
+                          std::pair{&a.o, &d_o[set]}}) {
       t->data = buf->p;
       t->memory = Memory::device;
     }
-    a.lse = static_cast<float*>(d_lse[s].p);
+    a.lse = static_cast<float*>(d_lse[set].p);
     a.layout.kv_num_blocks = static_cast<const int32_t*>(d_num.p);
     a.layout.kv_indices = static_cast<const int32_t*>(d_idx.p);
     if (a.layout.has_full()) {
@@ -504,22 +487,22 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool back
   }
   validate(args[0], true);
 
-  Options o;
-  o.backend = Backend::cuda;
   if (backward) {
+    Options o;
+    o.backend = Backend::cuda;
     std::vector<DeviceBuffer> d_do, d_dq, d_dk, d_dv;
     std::vector<AttentionBackwardArgs> bargs;
-    for (int s = 0; s < r.sets; ++s) {
-      attention(args[size_t(s)], o);  // O and LSE of this set
+    for (size_t set = 0; set < args.size(); ++set) {
+      attention(args[set], o);  // O and LSE of this set
       d_do.emplace_back(q_bytes);
       d_dq.emplace_back(q_bytes);
       d_dk.emplace_back(kv_bytes);
       d_dv.emplace_back(kv_bytes);
-      d_do[s].upload(p->dout.bytes.data(), q_bytes);
+      d_do[set].upload(p->dout.bytes.data(), q_bytes);
       AttentionBackwardArgs b = p->bargs;
-      b.forward = args[size_t(s)];
-      for (auto [t, buf] : {std::pair{&b.dout, &d_do[s]}, std::pair{&b.dq, &d_dq[s]}, std::pair{&b.dk, &d_dk[s]},
-                            std::pair{&b.dv, &d_dv[s]}}) {
+      b.forward = args[set];
+      for (auto [t, buf] : {std::pair{&b.dout, &d_do[set]}, std::pair{&b.dq, &d_dq[set]},
+                            std::pair{&b.dk, &d_dk[set]}, std::pair{&b.dv, &d_dv[set]}}) {
         t->data = buf->p;
         t->memory = Memory::device;
       }
@@ -527,138 +510,45 @@ Result run_gpu(const Workload& w, int reps, int warmup, uint64_t seed, bool back
     }
     check_cuda(cudaDeviceSynchronize(), "forward runs");
     std::vector<uint8_t> got_dq(q_bytes), got_dk(kv_bytes), got_dv(kv_bytes);
-    for_each_variant(attention_backward_variants(), Backend::cuda, bargs[0], only, r,
-                     [&](const AttentionBackwardVariant& v, Row& row) {
-                       progress.update(prefix + "checking " + v.name + " ...");
-                       std::unique_ptr<VariantState> st = v.prepare ? v.prepare(bargs[0], o) : nullptr;
-                       for (DeviceBuffer* d : {&d_dq[0], &d_dk[0], &d_dv[0]})
-                         check_cuda(cudaMemset(d->p, 0xFF, d->bytes), "cudaMemset(poison the gradients)");
-                       v.run(bargs[0], o, st.get());
-                       check_cuda(cudaDeviceSynchronize(), "checked run");
-                       d_dq[0].download(got_dq.data(), q_bytes);
-                       d_dk[0].download(got_dk.data(), kv_bytes);
-                       d_dv[0].download(got_dv.data(), kv_bytes);
-                       compare_backward(bref, w, got_dq, got_dk, got_dv, row);
-                       progress.update(prefix + "timing " + v.name + " ...");
-                       row.times_ms =
-                           time_gpu([&](int s) { v.run(bargs[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
-                     });
-    progress.clear();
-    return r;
+    check_and_time(
+        attention_backward_variants(), bargs, true, s, progress, prefix,
+        [&] {
+          for (DeviceBuffer* d : {&d_dq[0], &d_dk[0], &d_dv[0]})
+            check_cuda(cudaMemset(d->p, 0xFF, d->bytes), "cudaMemset(poison the gradients)");
+        },
+        [&](BenchRow& row) {
+          check_cuda(cudaDeviceSynchronize(), "checked run");
+          d_dq[0].download(got_dq.data(), q_bytes);
+          d_dk[0].download(got_dk.data(), kv_bytes);
+          d_dv[0].download(got_dv.data(), kv_bytes);
+          compare_backward(j.bref, w, got_dq, got_dk, got_dv, row);
+        },
+        j.r);
+  } else {
+    std::vector<uint8_t> got_o(q_bytes);
+    std::vector<float> got_lse(p->lse.size());
+    check_and_time(
+        attention_variants(), args, true, s, progress, prefix,
+        [&] {
+          check_cuda(cudaMemset(d_o[0].p, 0xFF, q_bytes), "cudaMemset(poison o)");
+          check_cuda(cudaMemset(d_lse[0].p, 0xFF, lse_bytes), "cudaMemset(poison lse)");
+        },
+        [&](BenchRow& row) {
+          check_cuda(cudaDeviceSynchronize(), "checked run");
+          d_o[0].download(got_o.data(), q_bytes);
+          d_lse[0].download(got_lse.data(), lse_bytes);
+          compare(j.ref, w, got_o, got_lse, row);
+        },
+        j.r);
   }
-  std::vector<uint8_t> got_o(q_bytes);
-  std::vector<float> got_lse(p->lse.size());
-  for_each_variant(attention_variants(), Backend::cuda, args[0], only, r, [&](const AttentionVariant& v, Row& row) {
-    progress.update(prefix + "checking " + v.name + " ...");
-    std::unique_ptr<VariantState> st = v.prepare ? v.prepare(args[0], o) : nullptr;
-    check_cuda(cudaMemset(d_o[0].p, 0xFF, q_bytes), "cudaMemset(poison o)");
-    check_cuda(cudaMemset(d_lse[0].p, 0xFF, lse_bytes), "cudaMemset(poison lse)");
-    v.run(args[0], o, st.get());
-    check_cuda(cudaDeviceSynchronize(), "checked run");
-    d_o[0].download(got_o.data(), q_bytes);
-    d_lse[0].download(got_lse.data(), lse_bytes);
-    compare(ref, w, got_o, got_lse, row);
-    progress.update(prefix + "timing " + v.name + " ...");
-    row.times_ms = time_gpu([&](int s) { v.run(args[size_t(s)], o, st.get()); }, warmup, reps, r.sets);
-  });
-  progress.clear();
-  return r;
 }
 
-void print_result(const Result& r, bool gpu) {
-  const Workload& w = r.w;
-  std::printf("\n== %s: B=%lld Hq=%lld Hkv=%lld S=%lld D=%d, %s blocks, layout %s (%.2f%% of blocks kept)%s, %s\n",
-              label(w).c_str(), (long long)w.batch, (long long)w.heads, (long long)w.kv_heads, (long long)w.seq, w.dim,
-              block_str(w.block, w.block).c_str(), to_string(w.layout), 100 * r.kept,
-              w.causal || w.layout == LayoutKind::causal ? ", causal" : "", to_string(w.dtype));
-  const std::string sets = gpu ? std::to_string(r.sets) + " input set(s) rotated; " : "";
-  if (!r.backward)
-    std::printf("   effective GFLOP %.2f; %s%lld sampled rows checked against the fp64 reference\n", r.eff_flops / 1e9,
-                sets.c_str(), (long long)r.checked_rows);
-  else
-    std::printf("   backward (dq, dk, dv): effective GFLOP %.2f (2.5 x the forward's); %sdq of %lld sampled rows and dk, "
-                "dv of %lld sampled key block(s) checked against the fp64 reference\n",
-                r.eff_flops / 1e9, sets.c_str(), (long long)r.checked_rows, (long long)r.checked_key_blocks);
-  if (!r.unchecked.empty()) std::printf("   %s\n", r.unchecked.c_str());
-  if (r.rows.empty()) {
-    std::printf("   no %s attention variant is registered\n", gpu ? "GPU" : "CPU");
-    return;
-  }
-  std::vector<std::vector<std::string>> rows;
-  for (const Row& x : r.rows) {
-    const std::string wrong =
-        r.backward ? "WRONG: outside the rounding bound" : "WRONG: error above " + fmt_sci(tolerance(w.dtype));
-    std::string note = x.status == "ok" ? (x.wrong ? wrong : "") : x.status + ": " + x.reason;
-    const std::string speed = gpu ? fmt(x.eff_tflops, 1) : fmt(x.eff_tflops * 1e3, 2);
-    if (r.backward)
-      rows.push_back({x.name, fmt(x.median_ms, 3), speed, fmt_sci(x.err_dq), fmt_sci(x.err_dk), fmt_sci(x.err_dv), note});
-    else
-      rows.push_back({x.name, fmt(x.median_ms, 3), speed, fmt_sci(x.err_o), fmt_sci(x.err_lse), note});
-  }
-  const char* unit = gpu ? "eff TFLOPS" : "eff GFLOPS";
-  if (r.backward)
-    print_table({"variant", "median ms", unit, "dq err/rms", "dk err/rms", "dv err/rms", "note"}, rows);
-  else
-    print_table({"variant", "median ms", unit, "max|dO|", "max|dLSE|", "note"}, rows);
-}
-
-Json to_json(const std::vector<Result>& results, bool gpu, const std::vector<std::string>& argv, int reps,
-             int warmup, uint64_t seed) {
-  Json j = json_header("bench", argv);
-  j["op"] = "attention";
-  j["mode"] = gpu ? "gpu" : "cpu";
-  j["device"] = device_json(gpu, cpu_threads(0));
-  j["settings"] = {{"reps", reps}, {"warmup", warmup}, {"seed", int64_t(seed)}};
-  Json ws = Json::array();
-  for (const Result& r : results) {
-    const Workload& w = r.w;
-    Json x;
-    x["label"] = label(w);
-    x["batch"] = w.batch;
-    x["heads"] = w.heads;
-    x["kv_heads"] = w.kv_heads;
-    x["seq"] = w.seq;
-    x["dim"] = w.dim;
-    x["block"] = w.block;
-    x["layout"] = to_string(w.layout);
-    x["density"] = w.density;
-    x["causal"] = w.causal || w.layout == LayoutKind::causal;
-    x["dtype"] = to_string(w.dtype);
-    x["kept_fraction"] = r.kept;
-    x["effective_flops"] = r.eff_flops;
-    x["rotation_sets"] = r.sets;
-    x["checked_rows"] = r.checked_rows;
-    x["pass"] = r.backward ? "backward" : "forward";
-    if (r.backward) {
-      x["checked_key_blocks"] = r.checked_key_blocks;
-      x["unchecked"] = r.unchecked;
-    }
-    Json vs = Json::array();
-    for (const Row& v : r.rows) {
-      Json y;
-      y["name"] = v.name;
-      y["status"] = v.status;
-      y["reason"] = v.reason;
-      y["median_ms"] = num(v.median_ms);
-      y["effective_tflops"] = num(v.eff_tflops);
-      y["max_abs_error_o"] = num(v.err_o);
-      y["max_abs_error_lse"] = num(v.err_lse);
-      if (r.backward) {
-        y["max_error_over_rms_dq"] = num(v.err_dq);
-        y["max_error_over_rms_dk"] = num(v.err_dk);
-        y["max_error_over_rms_dv"] = num(v.err_dv);
-      }
-      y["wrong"] = v.wrong;
-      Json t = Json::array();
-      for (double ms : v.times_ms) t.push_back(num(ms));
-      y["times_ms"] = t;
-      vs.push_back(y);
-    }
-    x["variants"] = vs;
-    ws.push_back(x);
-  }
-  j["workloads"] = ws;
-  return j;
+// Measures one workload: on the GPU (gpu) or the CPU backend.
+BenchResult measure(const Workload& w, const Settings& s, bool gpu, Progress& progress, const std::string& prefix) {
+  Job j = prepare(w, s.seed, s.backward, progress, prefix);
+  (gpu ? run_gpu : run_cpu)(w, s, progress, prefix, j);
+  finish(w, j.m, s.backward, gpu, j.r);
+  return std::move(j.r);
 }
 
 }  // namespace
@@ -709,10 +599,11 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   base.causal = base.causal || base.layout == LayoutKind::causal;
   base.dtype = args.dtype("--dtype", gpu ? DType::bf16 : DType::f32);
   if (gpu && base.dtype == DType::f32) args.bad("--dtype", "f32 runs on the CPU only (--backend cpu)");
-  const uint64_t seed = args.seed("--seed", 1);
-  const bool backward = args.has("--backward");
-  const std::vector<std::string> only = args.list("--variants");
-  for (const std::string& name : only)
+  Settings s;
+  s.seed = args.seed("--seed", 1);
+  const bool backward = s.backward = args.has("--backward");
+  s.only = args.list("--variants");
+  for (const std::string& name : s.only)
     if (backward ? !find_attention_backward_variant(name) : !find_attention_variant(name)) {
       std::string known;
       auto add = [&](const auto& table) {
@@ -723,8 +614,8 @@ int bench_attention_main(const std::vector<std::string>& argv) {
       args.bad("--variants", std::string("unknown attention ") + (backward ? "backward " : "") + "variant '" + name +
                                  "' (known: " + known + ")");
     }
-  const int reps = int(args.integer("--reps", gpu ? 20 : 3, 1, 100000));
-  const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
+  s.reps = int(args.integer("--reps", gpu ? 20 : 3, 1, 100000));
+  s.warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
 
   JsonOutput json(args);  // after every flag check: an unwritable path fails before any work
 
@@ -755,35 +646,35 @@ int bench_attention_main(const std::vector<std::string>& argv) {
     std::printf("sparsek %s attention bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n"
                 "median of %d runs after %d warm-up runs, CUDA events\n",
                 version(), info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.runtime_version,
-                info.driver_version, reps, warmup);
+                info.driver_version, s.reps, s.warmup);
   else if (backend == Backend::cpu)
-    std::printf("running the CPU backend (--backend cpu); median of %d runs after %d warm-up runs\n", reps, warmup);
+    std::printf("running the CPU backend (--backend cpu); median of %d runs after %d warm-up runs\n", s.reps, s.warmup);
   else
     std::printf("no GPU found: %s; running the CPU backend; median of %d runs after %d warm-up runs\n",
-                info.why_not.c_str(), reps, warmup);
+                info.why_not.c_str(), s.reps, s.warmup);
+  Table t;
+  t.columns = {median_column(), rate_column(gpu)};
+  if (backward)
+    t.columns.insert(t.columns.end(), {sci_column("dq err/rms", "max_error_over_rms_dq"),
+                                       sci_column("dk err/rms", "max_error_over_rms_dk"),
+                                       sci_column("dv err/rms", "max_error_over_rms_dv")});
+  else
+    t.columns.insert(t.columns.end(),
+                     {sci_column("max|dO|", "max_abs_error_o"), sci_column("max|dLSE|", "max_abs_error_lse")});
+  BenchRun run;
+  run.op = "attention";
+  run.gpu = gpu;
+  run.threads = cpu_backend_threads(0);
+  run.reps = s.reps;
+  run.warmup = s.warmup;
+  run.seed = s.seed;
+  std::vector<std::string> labels;
+  for (const Workload& w : table) labels.push_back(label(w));
   Progress progress(stdout_is_tty());
-  std::vector<Result> results;
-  for (size_t i = 0; i < table.size(); ++i) {
-    const std::string prefix =
-        "[" + std::to_string(i + 1) + "/" + std::to_string(table.size()) + "] " + label(table[i]) + ": ";
-    results.push_back(gpu ? run_gpu(table[i], reps, warmup, seed, backward, only, progress, prefix)
-                          : run_cpu(table[i], reps, warmup, seed, backward, only, progress, prefix));
-    print_result(results.back(), gpu);
-    std::fflush(stdout);
-  }
-  if (json.enabled()) {
-    json.write(to_json(results, gpu, argv, reps, warmup, seed));
-    std::printf("\n");
-    json.say_written();
-  }
-  int bad = 0, empty = 0;
-  for (const Result& r : results) {
-    empty += r.rows.empty();
-    for (const Row& x : r.rows) bad += x.status == "failed" || x.wrong;
-  }
-  if (bad) std::printf("%d row(s) failed or gave a wrong result\n", bad);
-  if (empty) std::printf("%d workload(s) had no variant to run\n", empty);
-  return bad || empty ? 1 : 0;
+  return run_workloads(
+      labels,
+      [&](size_t i, const std::string& prefix) { return measure(table[i], s, gpu, progress, prefix); },
+      t, argv, run, json);
 }
 
 }  // namespace sparsek::cli

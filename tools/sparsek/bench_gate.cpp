@@ -6,15 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "core/device.hpp"
+#include "bench_case.hpp"
 #include "sparsek/attention.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -37,36 +36,11 @@ const std::vector<FlagSpec> kGateSpecs = {
     {"--causal", nullptr, "causal: only blocks at or before the diagonal"},
     {"--dtype", "T", "bf16 | f16 (| f32 on the CPU) (default bf16; f32 on the CPU)"},
     {"--reps", "R", "timed repetitions, the median is reported (default 50 GPU, 3 CPU)"},
-    {"--warmup", "W", "untimed runs first (default 5 GPU, 1 CPU)"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
+    kWarmupFlag,
+    kBackendFlag,
     {"--seed", "S", "random seed of the inputs (default 1)"},
     {"--json", "FILE", "also write the figures as JSON (- for stdout; the text then goes to stderr)"},
 };
-
-// Milliseconds of each of `reps` calls of f (after `warmup`): events around each call, all
-// enqueued back to back and read at the end, so the host's launch cost hides behind the GPU's
-// work as it does in an application's stream.
-template <class F>
-std::vector<double> time_calls(const F& f, int warmup, int reps, cudaStream_t st) {
-  for (int i = 0; i < warmup; ++i) f();
-  check_cuda(cudaStreamSynchronize(st), "warm-up");
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (cudaEvent_t& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(ev[size_t(2 * i)], st), "cudaEventRecord");
-    f();
-    check_cuda(cudaEventRecord(ev[size_t(2 * i + 1)], st), "cudaEventRecord");
-  }
-  check_cuda(cudaEventSynchronize(ev.back()), "timed runs");
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    float t = 0;
-    check_cuda(cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
-  return ms;
-}
 
 struct Problem {
   int64_t B = 1, Hq = 16, Hkv = 16, Sq = 16384, Skv = 16384, D = 128;
@@ -144,38 +118,55 @@ Check compare(const Problem& p, const Outputs& ref, const Outputs& got) {
   return c;
 }
 
-int run_cpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& json, Json doc) {
-  std::vector<uint8_t> q = random_tensor(p.B, p.Hq, p.Sq, p.D, p.dtype, seed);
-  std::vector<uint8_t> k = random_tensor(p.B, p.Hkv, p.Skv, p.D, p.dtype, seed + 1);
+// The workload's result before it is measured: its label and its shape.
+BenchResult gate_result(const Problem& p) {
+  BenchResult r;
+  r.label = p.label();
+  r.fields = {{"batch", p.B},     {"heads", p.Hq},    {"kv_heads", p.Hkv},    {"seq", p.Sq},
+              {"seq_kv", p.Skv},  {"dim", p.D},       {"block", p.block},     {"topk", p.topk},
+              {"sink", p.sink},   {"local", p.local}, {"causal", p.causal},   {"dtype", to_string(p.dtype)}};
+  return r;
+}
+
+// bench's JSON document, and the figures that earlier versions wrote at its top level (`figures`:
+// the GPU's times and the check's counts, or the CPU's median), where their readers find them.
+void write_json(JsonOutput& json, const std::vector<std::string>& argv, const BenchRun& run, const BenchResult& r,
+                const Json& figures) {
+  Json doc = bench_json(argv, run, {r});
+  doc["workload"] = r.label;
+  doc["reps"] = run.reps;
+  doc.update(figures);
+  json.write(doc);
+  json.say_written();
+}
+
+int run_cpu(const Problem& p, const BenchRun& run, const std::vector<std::string>& argv, JsonOutput& json) {
+  std::vector<uint8_t> q = random_tensor(p.B, p.Hq, p.Sq, p.D, p.dtype, run.seed);
+  std::vector<uint8_t> k = random_tensor(p.B, p.Hkv, p.Skv, p.D, p.dtype, run.seed + 1);
   GateArgs a = make_args(p, q.data(), k.data(), Memory::host);
   Outputs out;
   out.num.resize(size_t(p.B * p.Hkv * p.Mq()));
   out.idx.resize(out.num.size() * size_t(p.kmax()));
   a.kv_num_blocks = out.num.data();
   a.kv_indices = out.idx.data();
-  std::vector<double> ms;
-  for (int i = 0; i < warmup + reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gate(a);
-    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= warmup) ms.push_back(t);
-  }
-  std::printf("gate on the CPU backend: %s\nmedian %.3f ms over %d runs\n", p.label().c_str(), median(ms), reps);
-  doc["device"] = "cpu";
-  doc["workload"] = p.label();
-  doc["reps"] = reps;
-  doc["cpu_ms"] = num(median(ms));
-  json.write(doc);
-  json.say_written();
+  BenchResult r = gate_result(p);
+  r.rows.resize(1);
+  BenchRow& row = r.rows[0];
+  row.name = "gate (pool + score + top-k)";
+  row.times_ms = timing::time_host([&] { gate(a); }, run.warmup, run.reps);
+  const double ms = row.median_ms = timing::median(row.times_ms);
+  r.intro = {"gate on the CPU backend: " + p.label(), strprintf("median %.3f ms over %d runs", ms, run.reps)};
+  print_result(r, Table{"", {}, false});  // the two lines say it all
+  write_json(json, argv, run, r, {{"cpu_ms", num(ms)}});
   return 0;
 }
 
-int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& json, Json doc) {
+int run_gpu(const Problem& p, const BenchRun& run, const std::vector<std::string>& argv, JsonOutput& json) {
   const DeviceInfo& info = device_info();
   std::printf("sparsek %s gate bench on %s (%d SMs): %s\n", version(), info.name.c_str(), info.sm_count,
               p.label().c_str());
-  std::vector<uint8_t> hq = random_tensor(p.B, p.Hq, p.Sq, p.D, p.dtype, seed);
-  std::vector<uint8_t> hk = random_tensor(p.B, p.Hkv, p.Skv, p.D, p.dtype, seed + 1);
+  std::vector<uint8_t> hq = random_tensor(p.B, p.Hq, p.Sq, p.D, p.dtype, run.seed);
+  std::vector<uint8_t> hk = random_tensor(p.B, p.Hkv, p.Skv, p.D, p.dtype, run.seed + 1);
   const size_t qk_bytes = hq.size() + hk.size();
   // Input sets rotate so that the timed reads come from HBM, not L2.
   const int sets = int(std::min<size_t>(8, std::max<size_t>(1, (2 * info.l2_bytes + qk_bytes - 1) / qk_bytes)));
@@ -228,23 +219,19 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
               (long long)c.same, (long long)c.near, (long long)c.wrong);
 
   // The gate, then its floor: Q and K read once at the copy bandwidth of this GPU.
-  int set = 0;
-  const std::vector<double> gate_ms = time_calls(
-      [&] {
-        a.q.data = dq[size_t(set)].p;
-        a.k.data = dk[size_t(set)].p;
-        set = (set + 1) % sets;
-        gate(a, o);
-      },
-      warmup, reps, st);
+  auto time = [&](const std::function<void(int)>& f) {
+    return timing::time_gpu(f, run.warmup, run.reps, sets, 1, st);
+  };
+  const std::vector<double> gate_ms = time([&](int s) {
+    a.q.data = dq[size_t(s)].p;
+    a.k.data = dk[size_t(s)].p;
+    gate(a, o);
+  });
   DeviceBuffer copy_dst(hq.size());
-  const std::vector<double> copy_ms = time_calls(
-      [&] {
-        check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(set)].p, hq.size(), cudaMemcpyDeviceToDevice, st),
-                   "cudaMemcpyAsync");
-        set = (set + 1) % sets;
-      },
-      warmup, reps, st);
+  const std::vector<double> copy_ms = time([&](int s) {
+    check_cuda(cudaMemcpyAsync(copy_dst.p, dq[size_t(s)].p, hq.size(), cudaMemcpyDeviceToDevice, st),
+               "cudaMemcpyAsync");
+  });
   // Selection alone: the same layout from given scores (no pooling, no dot products).
   std::vector<float> hs(ref.scores);
   for (float& x : hs) x = std::isfinite(x) ? x : -INFINITY;
@@ -254,35 +241,42 @@ int run_gpu(const Problem& p, int reps, int warmup, uint64_t seed, JsonOutput& j
   GateArgs g = a;
   g.given_scores = static_cast<const float*>(given.p);
   g.workspace_bytes = gate_workspace_bytes(g);
-  const std::vector<double> select_ms = time_calls([&] { gate(g, o); }, warmup, reps, st);
+  const std::vector<double> select_ms = time([&](int) { gate(g, o); });
   check_cuda(cudaStreamDestroy(st), "cudaStreamDestroy");
 
-  const double t_gate = median(gate_ms), t_copy = median(copy_ms), t_select = median(select_ms);
+  const double t_gate = timing::median(gate_ms), t_copy = timing::median(copy_ms);
   const double copy_bw = 2.0 * double(hq.size()) / (t_copy * 1e-3);  // read + write bytes per second
   const double floor_ms = double(qk_bytes) / copy_bw * 1e3;
-  std::vector<std::vector<std::string>> table = {
-      {"gate (pool + score + top-k)", fmt(t_gate * 1e3, 1), fmt(double(qk_bytes) / (t_gate * 1e-3) / 1e12, 2),
-       fmt(t_gate / floor_ms, 2)},
-      {"floor: read Q and K once at copy speed", fmt(floor_ms * 1e3, 1), fmt(copy_bw / 1e12, 2), "1.00"},
-      {"select only (given scores)", fmt(t_select * 1e3, 1), "-", fmt(t_select / floor_ms, 2)},
+  BenchResult r = gate_result(p);
+  r.fields.update(Json{{"qk_bytes", int64_t(qk_bytes)}, {"rotation_sets", sets}});
+  r.figures = {"read_tbps", "x_floor"};  // Q and K's bytes per second; the time over the floor's
+  auto row = [&](const char* name, std::vector<double> times, double median_ms, double tbps) {
+    BenchRow x;
+    x.name = name;
+    x.times_ms = std::move(times);
+    x.median_ms = median_ms;
+    x.figures = {{"read_tbps", tbps}, {"x_floor", median_ms / floor_ms}};
+    return x;
   };
-  std::printf("median of %d runs after %d warm-up runs, CUDA events, %d input set(s); Q + K = %.1f MB\n", reps,
-              warmup, sets, double(qk_bytes) / 1e6);
-  print_table({"", "us", "TB/s (Q+K read)", "x floor"}, table);
-  std::printf("copy: cudaMemcpyAsync of Q (%.1f MB), device to device: %.3f ms = %.2f TB/s read + write\n",
-              double(hq.size()) / 1e6, t_copy, copy_bw / 1e12);
-  doc["device"] = info.name;
-  doc["workload"] = p.label();
-  doc["reps"] = reps;
-  doc["gate_us"] = num(t_gate * 1e3);
-  doc["floor_us"] = num(floor_ms * 1e3);
-  doc["select_only_us"] = num(t_select * 1e3);
-  doc["copy_tbps"] = num(copy_bw / 1e12);
-  doc["rows_identical"] = c.same;
-  doc["rows_near_ties"] = c.near;
-  doc["rows_wrong"] = c.wrong;
-  json.write(doc);
-  json.say_written();
+  r.rows = {row("gate (pool + score + top-k)", gate_ms, t_gate, double(qk_bytes) / (t_gate * 1e-3) / 1e12),
+            row("floor: read Q and K once at copy speed", {}, floor_ms, copy_bw / 1e12),
+            row("select only (given scores)", select_ms, timing::median(select_ms), kNaN)};
+  r.rows[0].wrong = c.wrong > 0;
+  r.rows[1].figures["x_floor"] = 1.0;
+  r.intro = {strprintf("median of %d runs after %d warm-up runs, CUDA events, %d input set(s); Q + K = %.1f MB",
+                       run.reps, run.warmup, sets, double(qk_bytes) / 1e6)};
+  r.outro = {strprintf("copy: cudaMemcpyAsync of Q (%.1f MB), device to device: %.3f ms = %.2f TB/s read + write",
+                       double(hq.size()) / 1e6, t_copy, copy_bw / 1e12)};
+  print_result(r, Table{"",
+                        {{"us", [](const BenchRow& x) { return fmt(x.median_ms * 1e3, 1); }},
+                         fixed_column("TB/s (Q+K read)", "read_tbps", 2),
+                         fixed_column("x floor", "x_floor", 2)},
+                        false});
+
+  write_json(json, argv, run, r,
+             {{"gate_us", num(t_gate * 1e3)}, {"floor_us", num(floor_ms * 1e3)},
+              {"select_only_us", num(r.rows[2].median_ms * 1e3)}, {"copy_tbps", num(copy_bw / 1e12)},
+              {"rows_identical", c.same}, {"rows_near_ties", c.near}, {"rows_wrong", c.wrong}});
   return c.wrong ? 1 : 0;
 }
 
@@ -322,18 +316,20 @@ int bench_gate_main(const std::vector<std::string>& argv) {
   p.topk = int(args.integer("--topk", std::max<int64_t>(0, keep - p.sink - p.local), 0, 1 << 24));
   p.dtype = args.dtype("--dtype", gpu ? DType::bf16 : DType::f32);
   if (gpu && p.dtype == DType::f32) args.bad("--dtype", "f32 runs on the CPU only (--backend cpu)");
-  const int reps = int(args.integer("--reps", gpu ? 50 : 3, 1, 100000));
-  const int warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
-  const uint64_t seed = args.seed("--seed", 1);
+  BenchRun run;
+  run.op = "gate";
+  run.gpu = gpu;
+  run.threads = cpu_backend_threads(0);
+  run.reps = int(args.integer("--reps", gpu ? 50 : 3, 1, 100000));
+  run.warmup = int(args.integer("--warmup", gpu ? 5 : 1, 0, 100000));
+  run.seed = args.seed("--seed", 1);
   JsonOutput json(args);  // an unwritable path fails before any work
-  Json doc = json_header("bench", argv);
-  doc["op"] = "gate";
   if (!gpu) {
     std::printf("%s; running the CPU backend\n",
                 args.backend("--backend") == Backend::cpu ? "--backend cpu" : ("no GPU found: " + device_info().why_not).c_str());
-    return run_cpu(p, reps, warmup, seed, json, doc);
+    return run_cpu(p, run, argv, json);
   }
-  return run_gpu(p, reps, warmup, seed, json, doc);
+  return run_gpu(p, run, argv, json);
 }
 
 }  // namespace sparsek::cli

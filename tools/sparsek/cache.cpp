@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 

@@ -1,10 +1,10 @@
 // Shared pieces of the `sparsek` CLI: flag parsing (bad flags -> exit code 2 with a message naming
-// the flag and the value), host/device buffers, random data, progress, tables and JSON output.
+// the flag and the value), host/device buffers, random data, progress, tables and JSON output; the
+// timing is timing.hpp's.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -15,6 +15,7 @@
 
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
+#include "timing.hpp"  // the benchmarks' timing (also the timers' in bench/)
 
 namespace sparsek::cli {
 
@@ -59,9 +60,17 @@ class Args {
 
 void print_help(const char* usage, const char* about, const std::vector<FlagSpec>& specs);
 
+// Flags that several subcommands take (Args::backend(), Args::integer("--threads", ...)).
+inline const FlagSpec kBackendFlag = {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"};
+inline const FlagSpec kThreadsFlag = {"--threads", "T",
+                                      "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"};
+
 // Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
 // auto with a GPU.
 bool use_gpu(Backend requested);
+// The CPU backend's threads for Options::threads = requested (0: OMP_NUM_THREADS, else every
+// hardware thread), as the tuning key records them.
+int cpu_backend_threads(int requested);
 
 // The GPU workload table (docs/BENCHMARKS.md): size^3 products, fixed_k pattern. `sparsek bench` runs it by
 // default on a GPU; `sparsek tune --spec-workloads` tunes each one (defined in bench.cpp).
@@ -174,6 +183,7 @@ class Progress {
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int digits);  // fixed, "-" for NaN
 std::string fmt_sci(double v);          // 1.2e-04, "-" for NaN, "inf"
+std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));  // printf into a string
 
 // A number that is not finite becomes null in JSON (which has no NaN).
 Json num(double v);
@@ -201,18 +211,6 @@ Json json_header(const char* tool, const std::vector<std::string>& argv);
 // The "device" object of a bench's JSON: the GPU that answered (or why none did); for a CPU run
 // (gpu false) also the CPU model and the thread count.
 Json device_json(bool gpu, int threads);
-
-// ---- timing ----
-double median(std::vector<double> v);  // NaN when empty
-// Warm-up, then `reps` timings, each bracketing `calls` consecutive runs with CUDA events on the
-// legacy default stream; run(set) enqueues one run on input set `set` (rotated over `sets` from
-// run to run). Returns the time per run of each timing in ms. calls > 1 measures a stream of calls
-// (a decode step's layers), where one call may start while the previous one ends; with calls = 1
-// the events sit between the runs and each run is timed alone.
-// The stream is held until each batch of timed runs is enqueued, so the events time GPU work only
-// (time_gpu()); SPARSEK_BENCH_GATE=off times the runs as the host issues them.
-bool stream_held();
-std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls = 1);
 
 std::string now_utc_iso8601();
 std::string block_str(int bm, int bk);

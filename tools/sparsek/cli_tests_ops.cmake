@@ -29,6 +29,10 @@ set_tests_properties(cli_bench_gpu_variant_without_gpu PROPERTIES ENVIRONMENT "C
 set_tests_properties(cli_bench_omp_threads PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=3")
 
 # ---- --json on every subcommand that prints results ----
+# The gate's document is bench's (mode, device, settings, its rows), its figures also at the top.
+sparsek_cli_test(bench_gate_json 0 "wrote .*cli_bench_gate_doc.json"
+                 "bench|--op|gate|--backend|cpu|--seq|1024|--block|64|--reps|1|--warmup|0|--json|${bin}/cli_bench_gate_doc.json"
+                 -DJSON=${bin}/cli_bench_gate_doc.json)
 sparsek_cli_test(verify_json 0 "\"cases_per_variant\": \\{\n +\"cpu\": 12\n.*\"passed\": true"
                  "verify|--backend|cpu|--cases|12|--json|-")
 # (The JSON is stdout, which the driver prints before stderr.)

@@ -5,22 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <limits>
-#include <memory>
-#include <thread>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "kernels/peers/peers.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -153,6 +150,10 @@ bool use_gpu(Backend requested) {
   if (requested == Backend::cuda && !info.available)
     throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
   return info.available && requested != Backend::cpu;
+}
+
+int cpu_backend_threads(int requested) {
+  return tune_key(GemmArgs{}, PatternStats{}, Backend::cpu, requested).sm_count;
 }
 
 std::vector<std::string> Args::list(const std::string& name) const {
@@ -329,6 +330,18 @@ std::string fmt(double v, int digits) {
   return b;
 }
 
+std::string strprintf(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string s(size_t(std::max(n, 0)), '\0');
+  std::vsnprintf(s.data(), s.size() + 1, format, again);
+  va_end(again);
+  return s;
+}
+
 std::string fmt_sci(double v) {
   if (std::isnan(v)) return "-";
   if (std::isinf(v)) return "inf";
@@ -407,105 +420,6 @@ std::string now_utc_iso8601() {
 }
 
 std::string block_str(int bm, int bk) { return std::to_string(bm) + "x" + std::to_string(bk); }
-
-// ---------------------------------------------------------------------------------------------
-// Timing
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-namespace {
-struct GpuTimer {
-  std::vector<cudaEvent_t> ev;
-  explicit GpuTimer(int reps) : ev(size_t(2 * reps)) {
-    for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~GpuTimer() {
-    for (auto& e : ev) cudaEventDestroy(e);
-  }
-};
-
-// Holds the stream (a host function that waits) until the host has enqueued a batch of timed runs,
-// so that the events measure the GPU's work and not how fast the host launches: a call whose host
-// side (argument checks, tensor maps, the launch) takes longer than its kernel would otherwise be
-// timed at the host's rate. nvbench holds its stream the same way (with a kernel). The wait gives
-// up after kGateTimeout, so a run() that waits for the GPU cannot hang the timer: it is then timed
-// as before, and time_gpu() says so on stderr.
-struct Gate {
-  std::atomic<bool> open{false};
-  std::atomic<bool> gave_up{false};
-};
-constexpr auto kGateTimeout = std::chrono::milliseconds(500);
-void CUDART_CB hold_until_open(void* p) {
-  auto* g = static_cast<Gate*>(p);
-  const auto until = std::chrono::steady_clock::now() + kGateTimeout;
-  while (!g->open.load(std::memory_order_acquire)) {
-    if (std::chrono::steady_clock::now() > until) {
-      g->gave_up.store(true);
-      return;
-    }
-    std::this_thread::yield();
-  }
-}
-}  // namespace
-
-bool stream_held() {
-  const char* e = std::getenv("SPARSEK_BENCH_GATE");  // off: the host's launch rate is timed too
-  return !(e && std::string(e) == "off");
-}
-
-std::vector<double> time_gpu(const std::function<void(int)>& run, int warmup, int reps, int sets, int calls) {
-  int next = 0;  // the input set of the next run
-  auto run_next = [&] {
-    run(next);
-    next = (next + 1) % sets;
-  };
-  for (int i = 0; i < warmup; ++i) run_next();
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  GpuTimer t(reps);
-  // A batch stays well inside the launch queue, which the host must not fill while the stream is
-  // held (it would wait for the GPU, and the GPU for it, until the gate gives up).
-  const bool gated = stream_held();
-  const int batch = gated ? std::max(1, 96 / (calls + 2)) : reps;
-  std::vector<std::unique_ptr<Gate>> gates;
-  try {
-    for (int first = 0; first < reps; first += batch) {
-      if (gated) {
-        gates.push_back(std::make_unique<Gate>());
-        check_cuda(cudaLaunchHostFunc(nullptr, &hold_until_open, gates.back().get()),
-                   "cudaLaunchHostFunc(hold the stream)");
-      }
-      for (int i = first; i < std::min(reps, first + batch); ++i) {
-        check_cuda(cudaEventRecord(t.ev[size_t(2 * i)], nullptr), "cudaEventRecord");
-        for (int c = 0; c < calls; ++c) run_next();
-        check_cuda(cudaEventRecord(t.ev[size_t(2 * i + 1)], nullptr), "cudaEventRecord");
-      }
-      if (gated) gates.back()->open.store(true, std::memory_order_release);
-    }
-    check_cuda(cudaEventSynchronize(t.ev.back()), "timed runs");
-  } catch (...) {
-    // A run failed mid-batch: let the held stream go, and leave the gates to the host functions
-    // that may still read them (after a device error they may never run; a few bytes stay behind).
-    for (auto& g : gates) g.release()->open.store(true, std::memory_order_release);
-    cudaDeviceSynchronize();
-    throw;
-  }
-  const auto gave_up = std::count_if(gates.begin(), gates.end(), [](const auto& g) { return g->gave_up.load(); });
-  if (gave_up > 0)
-    std::fprintf(stderr, "note: %d of %d batches were enqueued slower than %d ms; their timings include the host's launch rate\n",
-                 int(gave_up), int(gates.size()), int(kGateTimeout.count()));
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float x = 0;
-    check_cuda(cudaEventElapsedTime(&x, t.ev[size_t(2 * i)], t.ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-    ms[size_t(i)] = double(x) / calls;
-  }
-  return ms;
-}
 
 Json device_json(bool gpu, int threads) {
   const DeviceInfo& d = device_info();

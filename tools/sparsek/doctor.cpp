@@ -9,9 +9,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "kernels/peers/peers.hpp"
-#include "plan/variant.hpp"
+#include "tools_internal.hpp"
 
 #ifndef SPARSEK_CUDA_GENCODE_LIST
 #define SPARSEK_CUDA_GENCODE_LIST "unknown (not defined by the build)"

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
 #include "sparsek/plan.hpp"
+#include "tools_internal.hpp"
 
 extern char** environ;
 

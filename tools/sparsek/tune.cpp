@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "plan/plan_internal.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/tune.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -33,7 +32,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--density", "D", "fraction of stored blocks, in (0, 1] (default 0.125)"},
     {"--pattern", "NAME", "fixed_k | bernoulli | power_law | banded | block_diagonal | causal (default fixed_k)"},
     {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
+    kBackendFlag,
     {"--seed", "S", "random seed of the pattern and the values (default 1)"},
     {"--warmup", "W", "untimed runs per candidate (default 2)"},
     {"--reps", "R", "most timed runs per candidate; the median counts (default 100, at least 5)"},
@@ -44,7 +43,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
     {"--compare", nullptr, "after tuning, re-time the candidates and compare the tuner's pick with the best"},
     {"--spec-workloads", nullptr, "--compare over bench's workload table (its default list on a GPU; GPU only)"},
-    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    kThreadsFlag,
     {"--json", "FILE", "also write the results as JSON (- for stdout)"},
 };
 
@@ -121,11 +120,6 @@ std::string describe(const Workload& w) {
          fmt(100.0 * w.density, 2) + "%";
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 double mean_of(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -253,8 +247,9 @@ std::string compare_pick(const Workload& w, bool gpu, const Options& opt, TuneOp
   return line;
 }
 
-// Host wall time per call of run(plan), of the bare variant launch run() ends in (same plan,
-// same prepared state, no checks) and of the one-shot gemm(), on the workload's real buffers.
+// Host wall time per call of run(plan), of the bare variant launch run() ends in (the plan's
+// variant, its state prepared as plan() prepares it, run under the options run() hands it, no
+// checks) and of the one-shot gemm(), on the workload's real buffers.
 // Calls go in batches, interleaved by kind; on a GPU the stream is synchronized between batches
 // (untimed), so a full launch queue never makes the host wait for kernels.
 int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed, int calls,
@@ -285,7 +280,13 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   Options unchecked = opt;
   unchecked.check_indices = false;
   const Plan p = plan(g, opt);
-  const PlanLaunch bare = plan_launch(p, stream);
+  const Variant* v = find_variant(p.variant());
+  Options bare;
+  bare.backend = p.backend();
+  bare.check_indices = false;
+  bare.threads = opt.threads;
+  const std::unique_ptr<VariantState> state = v->prepare ? v->prepare(g, bare) : nullptr;
+  bare.stream = stream;
   auto sync = [&] {
     if (gpu) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   };
@@ -298,7 +299,7 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   auto one = [&](int kind) {
     switch (kind) {
       case 0: run(p, g, stream); break;
-      case 1: bare.variant->run(g, bare.options, bare.state); break;
+      case 1: v->run(g, bare, state.get()); break;
       case 2: gemm(g, opt); break;
       default: gemm(g, unchecked); break;
     }
@@ -328,16 +329,16 @@ int run_overhead(const Workload& w, bool gpu, const Options& base, uint64_t seed
   Json calls_j = Json::array();
   for (int kind = 0; kind < 4; ++kind) {
     const double mn = *std::min_element(us[kind].begin(), us[kind].end());
-    rows.push_back({names[kind], fmt(median_of(us[kind]), 2), fmt(mean_of(us[kind]), 2), fmt(mn, 2)});
-    calls_j.push_back({{"call", names[kind]}, {"median_us", median_of(us[kind])}, {"mean_us", mean_of(us[kind])},
+    rows.push_back({names[kind], fmt(timing::median(us[kind]), 2), fmt(mean_of(us[kind]), 2), fmt(mn, 2)});
+    calls_j.push_back({{"call", names[kind]}, {"median_us", timing::median(us[kind])}, {"mean_us", mean_of(us[kind])},
                        {"min_us", mn}});
   }
   print_table({"call", "median us", "mean us", "min us"}, rows);
   *out = {{"workload", workload_json(w)}, {"variant", p.variant()}, {"calls_each", calls}, {"host_us", calls_j},
-          {"overhead_us_median", median_of(us[0]) - median_of(us[1])},
+          {"overhead_us_median", timing::median(us[0]) - timing::median(us[1])},
           {"overhead_us_mean", mean_of(us[0]) - mean_of(us[1])}};
   std::printf("run() overhead over the bare variant launch: %.2f us (median), %.2f us (mean); target < 5 us\n",
-              median_of(us[0]) - median_of(us[1]), mean_of(us[0]) - mean_of(us[1]));
+              timing::median(us[0]) - timing::median(us[1]), mean_of(us[0]) - mean_of(us[1]));
   return 0;
 }
 
@@ -436,13 +437,14 @@ int tune_main(const std::vector<std::string>& argv) {
       Plan q = plan(prob->g, opt);
       us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
     }
+    const double median_us = timing::median(us);
     std::sort(us.begin(), us.end());
     std::printf("sparsek %s plan() time: %s (nnzb=%lld) on %s, SPARSEK_TUNE=%s\n", version(), describe(given).c_str(),
                 static_cast<long long>(prob->g.sparse.nnzb), where.c_str(), to_string(tune_mode()));
     std::printf("variant %s (%s); %d calls after 3 warm-up calls: median %.1f us, min %.1f us, max %.1f us\n",
-                p.variant().c_str(), p.chosen_by().c_str(), reps, us[us.size() / 2], us.front(), us.back());
+                p.variant().c_str(), p.chosen_by().c_str(), reps, median_us, us.front(), us.back());
     doc["plan_time"] = {{"workload", workload_json(given)}, {"variant", p.variant()}, {"chosen_by", p.chosen_by()},
-                        {"calls", reps}, {"median_us", us[us.size() / 2]}, {"min_us", us.front()},
+                        {"calls", reps}, {"median_us", median_us}, {"min_us", us.front()},
                         {"max_us", us.back()}};
     return finish(0);
   }

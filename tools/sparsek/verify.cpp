@@ -26,9 +26,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "core/device.hpp"
-#include "cpu/oracle.hpp"
-#include "plan/variant.hpp"
+#include "tools_internal.hpp"
 
 namespace sparsek::cli {
 
@@ -38,12 +36,12 @@ const std::vector<FlagSpec> kSpecs = {
     {"--cases", "N", "number of cases (default 1000 on a GPU, 200 on the CPU)"},
     {"--seed", "S", "base seed (default 1); case i is reproducible from (seed, i)"},
     {"--case", "I", "run only case I (reproduce a failure)"},
-    {"--backend", "B", "auto | cpu | cuda (default auto: cuda when a GPU answers)"},
+    kBackendFlag,
     {"--variants", "a,b",
      "only these variants (of one backend, which they select); each case is redrawn (seeded) until one of "
      "them supports it"},
     {"--peers", nullptr, "also check the peer variants (cuSPARSE, cuBLAS)"},
-    {"--threads", "T", "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"},
+    kThreadsFlag,
     {"--json", "FILE", "also write the summary and every failure as JSON (- for stdout)"},
     {"--verbose", nullptr, "print every case"},
     {"--inject-error", nullptr, "self-test: corrupt one output element of every run (verify must fail)"},
