@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu/oracle.hpp"
-#include "kernels/sdd_sm90/hopper_sdd.hpp"
+#include "kernels/sdd_sm90/variant.hpp"
 #include "kernels/dsd_sm90/pack_lines.hpp"
 #include "gpu/device_case.hpp"
 #include "plan/variant.hpp"
