@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/attn_fwd_sm90/config.hpp"
 #include "kernels/sm90/kit/launch.hpp"
 #include "kernels/sm90/kit/smem.cuh"
 #include "kernels/sm90/kit/tile.cuh"
@@ -15,16 +16,11 @@
 
 namespace sparsek::attn_bwd_sm90 {
 
-// ---- the config table: every (D, block, dtype) that is built ----
-struct Key {
-  int d;      // head dimension
-  int block;  // block_q = block_kv
-  bool bf16;  // bf16 (else f16) tensors
-  constexpr bool operator==(const Key& o) const { return d == o.d && block == o.block && bf16 == o.bf16; }
-};
-inline constexpr Key kConfigs[] = {{64, 64, false},  {64, 64, true},  {64, 128, false},  {64, 128, true},
-                                   {128, 64, false}, {128, 64, true}, {128, 128, false}, {128, 128, true}};
-inline constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+// ---- the config table: the backward is built for every configuration of the forward (its why_not
+// asks the forward's first) ----
+using attn_fwd_sm90::Key;
+using attn_fwd_sm90::kConfigs;
+using attn_fwd_sm90::kNumConfigs;
 
 template <int D_, int BLOCK_, bool BF16_>
 struct Config {

@@ -89,17 +89,9 @@ Kernel kernel_at() {
           {reinterpret_cast<const void*>(&attention_bwd_kernel<Cfg>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
           &launch<Cfg>};
 }
-template <int... I>
-const Kernel* kernels(std::integer_sequence<int, I...>) {
-  static const Kernel table[] = {kernel_at<I>()...};
-  return table;
-}
-
 const Kernel* find_kernel(const Key& key) {
-  const Kernel* table = kernels(std::make_integer_sequence<int, kNumConfigs>{});
-  for (int i = 0; i < kNumConfigs; ++i)
-    if (table[i].key == key) return &table[i];
-  return nullptr;
+  static const auto table = kit::make_kernel_table<kNumConfigs>([](auto i) { return kernel_at<decltype(i)::value>(); });
+  return kit::find_by_key(table, key);
 }
 
 }  // namespace sparsek::attn_bwd_sm90

@@ -65,9 +65,9 @@ std::string why_not_hopper_bwd(const AttentionBackwardArgs& a) {
       l.batch * l.heads * nkb >= (int64_t(1) << 31) - 1)
     return "the layout is too large for 32-bit record ids";
   if (f.k.b * f.k.h * nkb >= (int64_t(1) << 31)) return "too many (batch, head, key block) items for 32-bit ids";
-  const Kernel* k = find_kernel(key_of(a));
+  const Kernel* k = attn_bwd_sm90::find_kernel(key_of(a));
   if (!k) return "no backward kernel built for D=" + std::to_string(f.q.d) + ", block " + std::to_string(block);
-  static const bool sm90a = has_sm90a_code(find_kernel({128, 128, true})->info.func);
+  static const bool sm90a = has_sm90a_code(attn_bwd_sm90::find_kernel({128, 128, true})->info.func);
   if (!sm90a) return kNoSm90aCode;
   return kit::smem_why_not(k->info);
 }
@@ -100,7 +100,7 @@ std::unique_ptr<VariantState> prepare_hopper_bwd(const AttentionBackwardArgs& a,
   const AttentionArgs& f = a.forward;
   const AttentionLayout& l = f.layout;
   const int block = l.block_q;
-  const Kernel& k = *find_kernel(key_of(a));
+  const Kernel& k = *attn_bwd_sm90::find_kernel(key_of(a));
   kit::set_smem_limit(k.info, "attention_bwd_kernel");
   tma_encode_tiled();  // resolves the driver entry point (not under capture)
   const int64_t mq = (f.q.s + block - 1) / block, nkb = (f.k.s + block - 1) / block;
@@ -225,7 +225,7 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
   p.causal = f.causal;
   p.scale = f.softmax_scale();
   p.scale_log2 = p.scale * 1.4426950408889634f;
-  if (st->items > 0) find_kernel(key_of(a))->launch(a, p, st->grid, stream);
+  if (st->items > 0) attn_bwd_sm90::find_kernel(key_of(a))->launch(a, p, st->grid, stream);
 
   // 4. dq = accumulator * its grid unit * scale.
   if (st->rows > 0 && f.q.s > 0) {

@@ -45,9 +45,7 @@ const Kernel* find_kernel(const Key& key) {
     add_all(t.data(), std::make_index_sequence<std::size(kBlockRows)>{});
     return t;
   }();
-  for (const Kernel& k : table)
-    if (k.launch && k.key == key) return &k;
-  return nullptr;
+  return kit::find_by_key(table, key);
 }
 }  // namespace dsd_sm90
 

@@ -4,7 +4,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <set>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -43,6 +45,24 @@ void launch(const KernelInfo& k, unsigned grid, cudaStream_t stream, bool overla
             const char* name, Args&&... args) {
   const LaunchConfig lc(k, grid, stream, overlap);
   check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, std::forward<Args>(args)...), name);
+}
+
+// A family's registered kernels: make(std::integral_constant<int, I>{}) for every I < N (the entries
+// of its config table), in one array; and the entry whose key equals `key` (null: not built).
+template <class F, int... I>
+auto make_kernel_table(F make, std::integer_sequence<int, I...>) {
+  using Kernel = decltype(make(std::integral_constant<int, 0>{}));
+  return std::array<Kernel, sizeof...(I)>{make(std::integral_constant<int, I>{})...};
+}
+template <int N, class F>
+auto make_kernel_table(F make) {
+  return make_kernel_table(make, std::make_integer_sequence<int, N>{});
+}
+template <class Table, class Key>
+const typename Table::value_type* find_by_key(const Table& table, const Key& key) {
+  for (const auto& k : table)
+    if (k.launch && k.key == key) return &k;
+  return nullptr;
 }
 
 // A family's config table (an array of keys: what is built) as why_not tells it: whether any entry
