@@ -35,7 +35,7 @@ const std::vector<Variant>& variants() {
   // heuristic_variant: hopper is faster where it applies above one 64-column N tile, and below
   // it for 64- and 128-wide blocks).
   static const std::vector<Variant> table =
-      rows_of<GemmArgs>({&cpu_variants, &smalln_variants, &hopper_variants, &portable_variants, &peer_variants});
+      rows_of<GemmArgs>({&cpu_variants, &smalln_variants, &hopper_variants, &hopper_fp8_variants, &portable_variants, &peer_variants});
   return table;
 }
 

@@ -36,7 +36,7 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // ---- wgmma.mma_async m64nNk16, f32 accumulators, f16 or bf16 inputs ----
-// d[N/2] per thread (fragment layout: see the epilogue of hopper_sm90.cu). scale_d = 0 ignores
+// d[N/2] per thread (fragment layout: kit/tile.cuh, fragment_coord). scale_d = 0 ignores
 // the old accumulators (d = A*B), else d += A*B. TA / TB: 0 = K-major, 1 = MN-major (transposed).
 #define SK_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define SK_D16(i) SK_D4(i), SK_D4(i + 4), SK_D4(i + 8), SK_D4(i + 12)
@@ -128,6 +128,29 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_
   }
 }
 
+// ---- e4m3 inputs (fp8), f32 accumulators: m64nNk32, both operands K-major from shared memory
+// (fp8 wgmma has no transpose: a tile whose K is not contiguous must be transposed before). The
+// accumulator fragment is the f16 form's (N / 2 registers). ARGS: descA, descB, scale_d.
+#define SK_WGMMA_E4M3(SHAPE, REGS, A, B, S, ...)                                                \
+  asm volatile("{\n"                                                                            \
+               ".reg .pred p;\n"                                                                \
+               "setp.ne.b32 p, %" S ", 0;\n"                                                    \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 {" REGS "}, %" A ", %" B    \
+               ", p, 1, 1;\n"                                                                   \
+               "}\n"                                                                            \
+               : __VA_ARGS__                                                                    \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+template <int N>
+__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N == 64 || N == 128, "wgmma_m64k32_e4m3: wrapped shapes are n64, n128");
+  if constexpr (N == 64)
+    SK_WGMMA_E4M3("m64n64k32", SK_REGS32, "32", "33", "34", SK_D16(0), SK_D16(16));
+  else
+    SK_WGMMA_E4M3("m64n128k32", SK_REGS64, "64", "65", "66", SK_D64(0));
+}
+
+#undef SK_WGMMA_E4M3
 #undef SK_WGMMA_RS
 #undef SK_WGMMA
 #undef SK_REGS128

@@ -127,7 +127,7 @@ __device__ __forceinline__ void epilogue(float (&acc)[Cfg::MI][Cfg::ACC], const 
 
 // Consumer: one warpgroup; cooperative (bm = 128: rows 64*which of every item) or ping-pong (the
 // items of its parity). The ring walk, the hand-over between ping-pong consumers and the slot
-// release follow the DSD kernel's consume() (hopper_sm90.cu has the reasoning).
+// release follow the DSD kernel's consume() (dsd_sm90/consumer.cuh has the reasoning).
 template <class Cfg>
 __device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
                                         uint32_t full, uint32_t empty) {

@@ -8,40 +8,43 @@
 
 namespace sparsek::kit {
 
-// One operand tile: EXT elements of the M (or N) side by K elements of the reduction, 16-bit, in
-// shared-memory rows of one swizzle span (128 or 64 bytes), as a TMA box writes it.
-//   K-major (KMAJOR: K contiguous): EXT rows of min(K, 64) elements; a K wider than 64 is cut into
-//     64-wide chunks CHUNK bytes apart ([K / 64][EXT][64]: the TMA box (64, EXT, K / 64) of
-//     attention's [B, H, S, D] tensors, or the box (K, EXT) of a product's stage for K <= 64).
-//   MN-major (M or N contiguous): K rows of W = min(EXT, WMAX) elements, in EXT / W chunks of K
-//     rows each (one TMA box (W, K) per chunk). WMAX = 32 gives 32-wide chunks (64-byte rows) for a
-//     tile gathered from 32-wide pieces.
+// One operand tile: EXT elements of the M (or N) side by K elements of the reduction, ES bytes each
+// (2: f16 / bf16; 1: e4m3), in shared-memory rows of one swizzle span (128 or 64 bytes), as a TMA box
+// writes it.
+//   K-major (KMAJOR: K contiguous): EXT rows of min(K, 128 / ES) elements; a wider K is cut into
+//     chunks of that width CHUNK bytes apart ([K / W][EXT][W]: the TMA box (64, EXT, K / 64) of
+//     attention's [B, H, S, D] tensors, or the box (K, EXT) of a product's stage).
+//   MN-major (M or N contiguous; 16-bit only): K rows of W = min(EXT, WMAX) elements, in EXT / W
+//     chunks of K rows each (one TMA box (W, K) per chunk). WMAX = 32 gives 32-wide chunks (64-byte
+//     rows) for a tile gathered from 32-wide pieces.
 // The swizzle is the row width (128B or 64B), in the TMA map and in the descriptor alike.
 // The same bytes may be read both ways by different products (attention's Q is K-major in S = QK^T
 // and MN-major in dK += dS^T Q): a TileLayout is a way of reading a region, not the region.
-template <int EXT, int K, bool KMAJOR, int WMAX = 64>
+template <int EXT, int K, bool KMAJOR, int WMAX = 64, int ES = 2>
 struct TileLayout {
   static constexpr int KDIM = K;
-  static constexpr int W = KMAJOR ? (K < 64 ? K : 64) : (EXT < WMAX ? EXT : WMAX);  // elements per row
-  static constexpr int ROW_BYTES = W * 2;
-  static constexpr int BYTES = EXT * K * 2;
+  static constexpr int KSTEP = 32 / ES;  // K of one wgmma: k16 (16-bit), k32 (fp8); 32 bytes either way
+  static constexpr int W = KMAJOR ? (K < 128 / ES ? K : 128 / ES) : (EXT < WMAX ? EXT : WMAX);  // elements per row
+  static constexpr int ROW_BYTES = W * ES;
+  static constexpr int BYTES = EXT * K * ES;
   static constexpr int CHUNK = KMAJOR ? EXT * ROW_BYTES : K * ROW_BYTES;  // one W-wide chunk
   static constexpr int CHUNKS = BYTES / CHUNK;
   static constexpr int TRANS = KMAJOR ? 0 : 1;  // wgmma imm-trans: 1 = M/N-major operand
   static constexpr ptx::Swizzle SWIZZLE = ROW_BYTES == 128 ? ptx::Swizzle::b128 : ptx::Swizzle::b64;
   static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "tile rows are one 128B or 64B swizzle span");
-  static_assert((KMAJOR ? K % W == 0 : EXT % W == 0) && K % 16 == 0, "whole chunks and whole k16 steps");
+  static_assert((KMAJOR ? K % W == 0 : EXT % W == 0) && K % KSTEP == 0, "whole chunks and whole wgmma K steps");
+  static_assert(KMAJOR || ES == 2, "fp8 operands are K-major (fp8 wgmma has no transpose)");
   static_assert(CHUNK % 1024 == 0, "every chunk starts 1024-byte aligned (descriptor base offset 0)");
 
   // The descriptor of the m64 (or nN) sub-tile starting at M/N offset e0 (a multiple of 8; of 64
-  // when MN-major), k16 step kk.
-  // K-major: 8-row groups SBO = 8 rows apart, +32 bytes per k16 inside the swizzled row, the next
-  // 64-wide chunk of K CHUNK bytes on. MN-major: LBO = the distance between W-wide chunks, SBO =
-  // between groups of 8 K rows, +16 rows per k16 step (canonical layouts, PTX ISA "matrix descriptor").
+  // when MN-major), wgmma K step kk.
+  // K-major: 8-row groups SBO = 8 rows apart, +32 bytes per K step inside the swizzled row, the next
+  // chunk of K CHUNK bytes on. MN-major: LBO = the distance between W-wide chunks, SBO = between
+  // groups of 8 K rows, +16 rows per k16 step (canonical layouts, PTX ISA "matrix descriptor").
   static __device__ __forceinline__ uint64_t desc(uint32_t base, int e0, int kk) {
     if constexpr (KMAJOR)
-      return ptx::smem_desc(base + (kk * 16 / W) * CHUNK + e0 * ROW_BYTES + (kk * 16 % W) * 2, 16, 8 * ROW_BYTES,
-                            SWIZZLE);
+      return ptx::smem_desc(base + (kk * KSTEP / W) * CHUNK + e0 * ROW_BYTES + (kk * KSTEP % W) * ES, 16,
+                            8 * ROW_BYTES, SWIZZLE);
     else
       return ptx::smem_desc(base + (e0 / W) * CHUNK + kk * 16 * ROW_BYTES, CHUNK, 8 * ROW_BYTES, SWIZZLE);
   }

@@ -1,0 +1,236 @@
+// Hopper (sm_90a) fp8 DSD kernel: the producer, the consumers with the per-block promotion, the
+// epilogue, the launch, the table of built kernels, and the transpose of a row-major B.
+//  - A work item is (block row r, N tile n0): C[r*BM : +BM, n0 : n0 + 128]. Its K loop walks the
+//    row's stored blocks; one stored block (BM x BK bytes, K-major) and B's matching panel (128 x BK
+//    bytes of B^T, K-major: fp8 wgmma reads both operands K-major) are one ring stage.
+//  - Each block's product goes to a fresh accumulator (`part`) that is then added into the item's
+//    accumulator times the block's scale: the scales vary along K, so they are applied when the
+//    block's partial sum is promoted, block by block (DeepGEMM's promotion, at the block's own
+//    granularity). The two consumer warpgroups work on every item (128-row blocks: 64 rows each;
+//    64-row blocks: 64 columns each), so one warpgroup's promotion runs under the other's wgmmas.
+//  - Epilogue straight from the registers: C = alpha * sB[n] * acc (+ beta * C), the pair of
+//    adjacent columns one access where C allows.
+//  - B's K must be contiguous for the TMA to load K-major panels: a row-major B (the DSD view's;
+//    a DDS layer's row-major activations arrive column-major in that view and need nothing) is
+//    transposed into the plan's workspace first (transpose_b).
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <utility>
+
+#include "core/device.hpp"
+#include "kernels/dsd_fp8_sm90/config.hpp"
+#include "kernels/dtype.cuh"
+#include "kernels/ptx/async.cuh"
+#include "kernels/ptx/wgmma.cuh"
+#include "kernels/sm90/kit/ring.cuh"
+
+namespace sparsek::dsd_fp8_sm90 {
+
+// Producer: one warp; lane 0 waits for free slots and issues the TMA loads and the block's scale,
+// the warp reads the block columns and scales 32 at a time.
+template <class Cfg>
+__device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorMap* tm_b, const Params& p,
+                                        int first, int last, uint32_t s_a, uint32_t s_b, uint32_t full,
+                                        uint32_t empty, uint32_t scales) {
+  const int lane = threadIdx.x % 32;
+  kit::Ring<Cfg::STAGES> ring;
+  for (int it = first; it < last; ++it) {
+    const int4 w = p.items[it];
+    for (int j0 = w.z; j0 < w.w; j0 += 32) {
+      int col = 0;
+      float sc = 0.f;
+      if (lane < w.w - j0) {
+        col = p.col_idx[j0 + lane];
+        sc = p.a_scales[j0 + lane];
+      }
+      const int count = min(32, w.w - j0);
+      for (int t = 0; t < count; ++t) {
+        const int col_t = __shfl_sync(0xffffffffu, col, t);
+        const float sc_t = __shfl_sync(0xffffffffu, sc, t);
+        if (lane == 0) {
+          const uint32_t bar = full + 8 * ring.stage;
+          ptx::mbar_wait_or_trap(empty + 8 * ring.stage, ring.phase ^ 1, kit::kWaitLimit);
+          ptx::st_shared_u32(scales + 4 * ring.stage, __float_as_uint(sc_t));
+          ptx::mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
+          // vals: (nnzb * BM rows, BK bytes), box (BK, BM) at block j's rows
+          ptx::tma_load_2d(s_a + ring.stage * Cfg::A_BYTES, tm_a, bar, 0, (j0 + t) * Cfg::BM);
+          // B^T: (N rows, K bytes), box (BK, BN) at (the block's K, n0)
+          ptx::tma_load_2d(s_b + ring.stage * Cfg::B_BYTES, tm_b, bar, col_t * Cfg::BK, w.y);
+          ring.advance();
+        }
+        __syncwarp();
+      }
+    }
+  }
+}
+
+// C = alpha * sB[n] * acc (+ beta * C): this consumer's 64 rows x WN columns at (row0, n0). used:
+// the item had a stored block (else the rows are beta * C whatever alpha and the scales are).
+template <class Cfg>
+__device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const Params& p, int row0, int n0, bool used) {
+  using T = typename Cfg::TOut;
+  T* c = static_cast<T*>(p.c);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const bool read_c = p.beta != 0.f;
+#pragma unroll
+  for (int j = 0; j < Cfg::ACC / 4; ++j) {
+    const int n = n0 + kit::fragment_col(lane, j, 0);
+    // The columns' scales times alpha (0 for a row without blocks: no Inf * 0 there).
+    const float s0 = used && n < p.n ? p.alpha * p.b_scales[n] : 0.f;
+    const float s1 = used && n + 1 < p.n ? p.alpha * p.b_scales[n + 1] : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = row0 + kit::fragment_row(warp, lane, h);
+      const float v0 = used ? s0 * acc[4 * j + 2 * h] : 0.f, v1 = used ? s1 * acc[4 * j + 2 * h + 1] : 0.f;
+      const int64_t off0 = int64_t(m) * p.c_rs + int64_t(n) * p.c_cs;
+      if (p.c_pairs && n + 1 < p.n) {
+        float o0 = v0, o1 = v1;
+        if (read_c) {
+          const float2 old = dev::out_load2(c + off0, p.out_bf16);
+          o0 += p.beta * old.x;
+          o1 += p.beta * old.y;
+        }
+        dev::out_store2(c + off0, o0, o1, p.out_bf16);
+      } else {
+        if (n < p.n)
+          dev::out_store(c + off0, v0 + (read_c ? p.beta * dev::out_load(c + off0, p.out_bf16) : 0.f), p.out_bf16);
+        if (n + 1 < p.n) {
+          const int64_t off1 = off0 + p.c_cs;
+          dev::out_store(c + off1, v1 + (read_c ? p.beta * dev::out_load(c + off1, p.out_bf16) : 0.f), p.out_bf16);
+        }
+      }
+    }
+  }
+}
+
+// Consumer warpgroup `which`: every item, its half (rows with 128-row blocks, columns with 64).
+// Per stage: wait full, part = A_block x B_panel (the block's wgmmas), wait for them, give the slot
+// back, acc += scale * part. A block row with no stored block gives beta * C (epilogue's `used`).
+template <class Cfg>
+__device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
+                                        uint32_t full, uint32_t empty, uint32_t scales) {
+  using AT = typename Cfg::ATile;
+  using BT = typename Cfg::BTile;
+  const int lane = threadIdx.x % 32;
+  const int a_e0 = Cfg::SPLIT_M ? 64 * which : 0, b_e0 = Cfg::SPLIT_M ? 0 : 64 * which;
+  kit::Ring<Cfg::STAGES> ring;
+  float acc[Cfg::ACC], part[Cfg::ACC];
+  for (int it = first; it < last; ++it) {
+    const int4 w = p.items[it];
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
+    for (int j = w.z; j < w.w; ++j) {
+      ptx::mbar_wait(full + 8 * ring.stage, ring.phase);
+      const float scale = __uint_as_float(ptx::ld_shared_u32(scales + 4 * ring.stage));
+      const uint32_t a = s_a + ring.stage * Cfg::A_BYTES, b = s_b + ring.stage * Cfg::B_BYTES;
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Cfg::BK / 32; ++kk)
+        ptx::wgmma_m64k32_e4m3<Cfg::WN>(part, AT::desc(a, a_e0, kk), BT::desc(b, b_e0, kk), kk > 0 ? 1 : 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(part[i]);
+      if (lane == 0) ptx::mbar_arrive(empty + 8 * ring.stage);
+      ring.advance();
+#pragma unroll
+      for (int i = 0; i < Cfg::ACC; ++i) acc[i] = fmaf(scale, part[i], acc[i]);
+    }
+    epilogue<Cfg>(acc, p, w.x * Cfg::BM + a_e0, w.y + b_e0, w.w > w.z);
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    dsd_fp8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const kit::SmemBase sm = kit::SmemBase::of(smem_raw);  // Config's regions
+  const uint32_t s_a = sm.at(Cfg::A.offset), s_b = sm.at(Cfg::B.offset);
+  const uint32_t full = sm.at(Cfg::FULL.offset), empty = sm.at(Cfg::EMPTY.offset), scales = sm.at(Cfg::SCALE.offset);
+  if (threadIdx.x == 0) {
+    kit::init_barriers(full, Cfg::STAGES, 1);      // producer's arrive_expect_tx + TMA bytes
+    kit::init_barriers(empty, Cfg::STAGES, 8);     // lane 0 of each of the 8 consumer warps
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+  const kit::ItemRange range = kit::item_range(p.cta_items, int(blockIdx.x));
+  if (threadIdx.x < 128) {
+    ptx::setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, range.first, range.last, s_a, s_b, full, empty, scales);
+  } else {
+    ptx::setmaxnreg_inc<232>();
+    consume<Cfg>(p, range.first, range.last, threadIdx.x / 128 - 1, s_a, s_b, full, empty, scales);
+  }
+#endif
+}
+
+template <class Cfg>
+void launch(const GemmArgs& g, const void* b_kmajor, int64_t b_ld, const LaunchState& st, cudaStream_t stream) {
+  const BsrView& a = g.sparse;
+  using T = typename Cfg::TOut;
+  CUtensorMap tm_a, tm_b;  // no stored block: never used
+  std::memset(&tm_a, 0, sizeof(tm_a));
+  std::memset(&tm_b, 0, sizeof(tm_b));
+  if (a.nnzb > 0) {
+    // vals: (nnzb * BM rows, BK bytes), boxes (BK, BM); B^T: (N rows, K bytes), boxes (BK, BN)
+    tm_a = tma_map_2d(a.values, DType::e4m3, uint64_t(Cfg::BK), uint64_t(a.nnzb) * Cfg::BM, uint64_t(Cfg::BK), Cfg::BK,
+                      Cfg::BM, tma_swizzle(Cfg::ATile::ROW_BYTES), "A values");
+    tm_b = tma_map_2d(b_kmajor, DType::e4m3, uint64_t(g.b.rows), uint64_t(g.b.cols), uint64_t(b_ld), Cfg::BK, Cfg::BN,
+                      tma_swizzle(Cfg::BTile::ROW_BYTES), "B");
+  }
+  Params p{};
+  p.items = st.items;
+  p.cta_items = st.cta_items;
+  p.col_idx = a.col_idx;
+  p.a_scales = a.scales;
+  p.b_scales = g.b.scales;
+  p.c = g.c.data;
+  const bool c_row = g.c.layout == Layout::row_major;
+  p.c_rs = c_row ? g.c.ld : 1;
+  p.c_cs = c_row ? 1 : g.c.ld;
+  p.n = int(g.b.cols);
+  p.c_pairs = c_row && g.c.ld % 2 == 0 && reinterpret_cast<uintptr_t>(g.c.data) % (2 * sizeof(T)) == 0;
+  p.out_bf16 = g.c.dtype == DType::bf16;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  const kit::KernelInfo info{nullptr, kThreads, Cfg::SMEM, 1, 1};
+  kit::launch(info, unsigned(st.grid), stream, false, &dsd_fp8_kernel<Cfg>, "dsd_fp8_kernel launch", tm_a, tm_b, p);
+}
+
+template <int I>
+Kernel kernel_at() {
+  using Cfg = ConfigAt<I>;
+  return {kConfigs[I], {reinterpret_cast<const void*>(&dsd_fp8_kernel<Cfg>), kThreads, Cfg::SMEM, 1, 1}, &launch<Cfg>};
+}
+
+const Kernel* find_kernel(const Key& key) {
+  static const auto table = kit::make_kernel_table<kNumConfigs>([](auto i) { return kernel_at<decltype(i)::value>(); });
+  return kit::find_by_key(table, key);
+}
+
+// B (K x N, N contiguous) -> B^T (N x K, K contiguous): 64 x 64 byte tiles through shared memory,
+// each thread moving 4-byte words on both sides (the rows of a tile are 64 bytes).
+__global__ void __launch_bounds__(256) transpose_b_kernel(const uint8_t* b, int64_t ld, int64_t k, int64_t n,
+                                                          uint8_t* bt) {
+  __shared__ uint8_t tile[64][65];
+  const int64_t k0 = int64_t(blockIdx.y) * 64, n0 = int64_t(blockIdx.x) * 64;
+  for (int i = threadIdx.x; i < 64 * 64; i += 256) {
+    const int r = i / 64, c = i % 64;  // r along K, c along N (consecutive threads: consecutive n)
+    tile[r][c] = k0 + r < k && n0 + c < n ? b[(k0 + r) * ld + n0 + c] : uint8_t(0);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 64 * 64; i += 256) {
+    const int r = i / 64, c = i % 64;  // r along N, c along K
+    if (n0 + r < n && k0 + c < k) bt[(n0 + r) * k + k0 + c] = tile[c][r];
+  }
+}
+
+void transpose_b(const void* b, int64_t ld, int64_t k, int64_t n, void* bt, cudaStream_t stream) {
+  const dim3 grid(unsigned((n + 63) / 64), unsigned((k + 63) / 64));
+  transpose_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ld, k, n, static_cast<uint8_t*>(bt));
+  check_cuda(cudaGetLastError(), "transpose_b_kernel launch");
+}
+
+}  // namespace sparsek::dsd_fp8_sm90
