@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tile-configuration experiments for the portable kernel (docs/KERNELS.md): builds
+# Tile-configuration experiments for the portable kernel (docs/history/products.md): builds
 # bench/portable_timing.cu against copies of src/kernels/sm80/portable_sm80.cu whose Config<BM> rows
 # are replaced, then times each copy on the workloads it changes. Each copy is compiled here (it is
 # made here), linked with the build's libsparsek_internal.a and libsparsek_timing.a (the timing the
@@ -32,7 +32,7 @@ variant() {
 
 W128="128x"
 WSMALL="64x64,32x32,16x16"
-# base: the source as it is (chosen from this list on an H100, docs/KERNELS.md); the others
+# base: the source as it is (chosen from this list on an H100, docs/history/products.md); the others
 # replace one or more Config<BM> rows.
 variant base "$W128,$WSMALL" &
 variant kc32s4 "$W128" "128=BN = 128, WARPS_M = 2, KC = 32, STAGES = 4, IDX_CAP = 1024, MIN_CTAS = 2" &

@@ -9,7 +9,7 @@
 
 namespace sparsek {
 
-// Item order of the persistent product schedule (SPARSEK_HOPPER_SCHEDULE; docs/KERNELS.md
+// Item order of the persistent product schedule (SPARSEK_HOPPER_SCHEDULE; docs/history/products.md
 // measures them).
 enum class Order {
   deadline,  // default below 128-row blocks: one N-tile-major list; an item goes as early as it
@@ -17,7 +17,7 @@ enum class Order {
   bigtile,   // items of rows >= 2x the mean length first, then the rest; each group N-tile-major,
              // longest first within a tile (second pass)
   longest,   // the same, but the long rows' items longest first across all tiles (first pass);
-             // the default at 128-row blocks (prepare_hopper() says why)
+             // the default at 128-row blocks (dsd_sm90/heuristics.cpp says why)
   single,    // one item per CTA, non-persistent (the ladder's baseline); never splits
 };
 // "deadline" | "bigtile" | "longest" | "single"; anything else is the default (deadline).
@@ -73,7 +73,7 @@ RowPairs pair_rows(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 // (block-diagonal experts, whole dense bands): an even, non-zero number of rows and at least one
 // stored block. col_idx = nullptr compares the rows' lengths only (a cheap first test). Items of
 // such rows that run at the same time read the same B panels, which L2 then serves, so sharing A
-// by multicast between CTA pairs gains nothing there (prepare_hopper()).
+// by multicast between CTA pairs gains nothing there (dsd_sm90/heuristics.cpp).
 bool identical_row_pairs(const int32_t* row_ptr, const int32_t* col_idx, int64_t mb);
 
 // Schedule of the small-N streaming kernel (src/kernels/sm80/smalln_sm80.cu): one unit per CTA, the

@@ -115,7 +115,7 @@ struct Config {
   static constexpr bool C_COL = C_COL_;
   // C that the TMA can store (c_tma_storable()) only: the epilogue has no copy by the threads. Each
   // box of the general kernel chooses between the two at run time, which cost the 128-row kernels
-  // 1-3% on the H100 (docs/KERNELS.md, "The thread path for C"); built for those kernels only.
+  // 1-3% on the H100 (docs/history/products.md, "The thread path for C"); built for those kernels only.
   static constexpr bool C_TMA_ONLY = C_TMA_;
   static constexpr bool SWAP = BM == 32;  // compute C^T tiles: N is the wgmma M side
   // bm = 128: both consumers run every item, 64 rows each (cooperative). bm <= 64: each consumer
@@ -130,7 +130,7 @@ struct Config {
   static constexpr int BN = BN_;
   // Narrow tiles (decode: a few microseconds a call) may start while the kernel ahead of them in
   // the stream finishes (see the kernel): 1.3-1.9 us a call in a stream of decode calls on the
-  // H100. The wide ones run 100s of us and keep their launch as it was (docs/KERNELS.md).
+  // H100. The wide ones run 100s of us and keep their launch as it was (docs/history/products.md).
   static constexpr bool OVERLAP = BN <= 128;
   static constexpr int MI = SWAP ? BN / 64 : 1;       // wgmma (m64) instructions per k16 step
   static constexpr int WN = SWAP ? BM : BN;           // wgmma N
@@ -176,7 +176,7 @@ struct Config {
   // L2 priorities: A loads evict_last (A is re-read once per N tile), C stores evict_first (never
   // read again): +1-2% on 128x64 / 128x128 blocks on the H100. Not for small stages: there the
   // single producer thread's issue rate is the limit, and the extra instructions cost 3-18%
-  // (docs/KERNELS.md, fourth pass).
+  // (docs/history/products.md, fourth pass).
   static constexpr bool L2_HINTS = BM == 128 && KS == 64;
 
   static_assert(BM == 32 || BM == 64 || BM == 128, "bm must be 32, 64 or 128");

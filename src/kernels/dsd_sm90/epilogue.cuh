@@ -25,7 +25,7 @@ using dev::out_store2;
 // NOTE: written so that ptxas sees compile-time values and the (uniform) warp index only: a test
 // on each element's full coordinates compiled, for column-major C, to a branch per accumulator
 // pair in every box (4x the instructions, instruction-cache misses): 340 instead of 585 effective
-// TFLOPS at 8192^3 128x128 (docs/KERNELS.md, "Column-major C").
+// TFLOPS at 8192^3 128x128 (docs/history/products.md, "Column-major C").
 template <int S>
 __device__ __forceinline__ int box_of_warp_side(int x64, int warp) {
   static_assert(S == 32 || S == 64, "store boxes are 32 or 64 elements along each side");
@@ -112,7 +112,7 @@ __device__ __forceinline__ void tma_store_box(const CUtensorMap* tm_c, uint32_t 
 // was not honoured for the larger bodies, which left a run-time membership test on every pair).
 // READ_C (beta != 0) and OBF16 (bf16 rather than f16 C; unused for f32 C) are compile-time: as
 // run-time tests ptxas re-evaluated both around every fragment (a branch and a constant load each),
-// which made the fill ~25 instructions per two accumulator pairs (docs/KERNELS.md, "The epilogue's
+// which made the fill ~25 instructions per two accumulator pairs (docs/history/products.md, "The epilogue's
 // instructions per accumulator pair").
 template <class Cfg, int K, bool READ_C, bool OBF16>
 __device__ __forceinline__ void epilogue_box(float (&acc)[Cfg::MI][Cfg::ACC], const Params& p, float alpha,

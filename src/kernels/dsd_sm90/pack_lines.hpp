@@ -12,7 +12,7 @@ inline int64_t packed_line_elems(int64_t len, int64_t align = 8) { return (len +
 
 // The Hopper product's copy stride for a line of `len` elements: whole 128-byte L2 lines for lines
 // longer than 64 elements, else the next power of two of at least 8 elements (16, 32, 64 or 128
-// bytes): no line of the copy straddles two L2 lines (docs/KERNELS.md, "B's lines and L2 lines").
+// bytes): no line of the copy straddles two L2 lines (docs/history/products.md, "B's lines and L2 lines").
 inline int64_t aligned_line_elems(int64_t len) {
   if (len > 64) return packed_line_elems(len, 64);
   int64_t p = 8;

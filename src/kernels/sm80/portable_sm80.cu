@@ -36,7 +36,7 @@ constexpr int kThreads = 256;  // 8 warps
 // grid (WARPS_M x 8 / WARPS_M), K per pipeline stage (KC, a multiple of the 16-deep slice),
 // pipeline depth (STAGES), block indices staged per segment (IDX_CAP) and the CTAs per SM the
 // register budget aims at (MIN_CTAS, for __launch_bounds__). Chosen by measurement on an H100
-// (bench/portable_configs.sh, docs/KERNELS.md): BM <= 64 gains most from 256-column tiles (more
+// (bench/portable_configs.sh, docs/history/products.md): BM <= 64 gains most from 256-column tiles (more
 // mma per loader instruction, half the CTAs paying the prologue); BM = 128 from 64-deep stages
 // (half the barriers) while 3 x 32 KB stages still leave room for 2 CTAs per SM. All stay within
 // 99 KB of shared memory so that sm_86/sm_89 run them too.

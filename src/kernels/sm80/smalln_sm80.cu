@@ -4,7 +4,7 @@
 // column-major with any leading dimension.
 //
 // At small N the product is bound by A's bytes (N FLOPs per byte of A), not by the tensor cores,
-// so this is a streaming kernel, not a tile GEMM (docs/KERNELS.md "Small-N streaming DSD"):
+// so this is a streaming kernel, not a tile GEMM (docs/history/products.md "Small-N streaming DSD"):
 //  - One CTA per unit: a block row, or a piece of a long one (src/plan/schedule.cpp
 //    build_stream_schedule), times one N tile of 8 * NT columns (NT n8 tiles, NT in {1, 2, 4, 8};
 //    N = 128 is two tiles, run by neighbouring CTAs so the second read of A hits L2).
