@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Tile-configuration experiments for the portable kernel (docs/history/products.md): builds
-# bench/portable_timing.cu against copies of src/kernels/sm80/portable_sm80.cu whose Config<BM> rows
-# are replaced, then times each copy on the workloads it changes. Each copy is compiled here (it is
+# bench/portable_timing.cu against copies of src/kernels/sm80/portable_*.cu(h) whose Config<BM> rows
+# (portable_config.cuh) are replaced, then times each copy on the workloads it changes. Each copy is compiled here (it is
 # made here), linked with the build's libsparsek_internal.a and libsparsek_timing.a (the timing the
 # CMake-built timers use). Run from the repository root after building them
 # (cmake --build BUILD_DIR --target portable_timing):
 #   bench/portable_configs.sh BUILD_DIR OUT_DIR [reps] [build-only]
 set -uo pipefail
-SRC=src/kernels/sm80/portable_sm80.cu
+SRC=src/kernels/sm80
 B=${1:-build}
 O=${2:-/tmp/portable-configs}
 REPS=${3:-20}
@@ -18,16 +18,23 @@ GENCODE=${GENCODE:-90a}
 variant() {
   local name=$1 filter=$2
   shift 2
-  local args=(-e 's/portable_variants()/portable_variants_exp()/')
+  local args=()
   for kv in "$@"; do
     args+=(-e "/^struct Config<${kv%%=*}> {/,/^};/ s/static constexpr int .*;/static constexpr int ${kv#*=};/")
   done
-  sed "${args[@]}" "$SRC" > "$O/$name.cu"
+  # The copy's headers are found first (-I$O/$name before -Isrc): its portable_sm80.cu includes them
+  # as "kernels/sm80/...".
+  local d="$O/$name/kernels/sm80"
+  mkdir -p "$d"
+  if [ ${#args[@]} -gt 0 ]; then sed "${args[@]}" "$SRC/portable_config.cuh" > "$d/portable_config.cuh"
+  else cp "$SRC/portable_config.cuh" "$d/"; fi
+  cp "$SRC/portable_kernel.cuh" "$d/"
+  sed -e 's/portable_variants()/portable_variants_exp()/' "$SRC/portable_sm80.cu" > "$d/portable_sm80.cu"
   echo "$filter" > "$O/$name.filter"
   nvcc -O3 -std=c++17 -gencode=arch=compute_$GENCODE,code=sm_$GENCODE --expt-relaxed-constexpr \
-    -Xptxas=-v,--warn-on-spills -DPORTABLE_SRC="\"$O/$name.cu\"" bench/portable_timing.cu -Iinclude -Isrc \
-    -Itools/sparsek -L"$B" -lsparsek_timing -lsparsek_internal -lcublas -lcusparse -lgomp -o "$O/$name" \
-    > "$O/$name.build.log" 2>&1 || echo "$name: BUILD FAILED"
+    -Xptxas=-v,--warn-on-spills -DPORTABLE_SRC="\"$d/portable_sm80.cu\"" bench/portable_timing.cu -I"$O/$name" \
+    -Iinclude -Isrc -Itools/sparsek -L"$B" -lsparsek_timing -lsparsek_internal -lcublas -lcusparse -lgomp \
+    -o "$O/$name" > "$O/$name.build.log" 2>&1 || echo "$name: BUILD FAILED"
 }
 
 W128="128x"

@@ -21,7 +21,7 @@
 #include "timer.cuh"
 
 // Tile-configuration experiments (bench/portable_configs.sh): PORTABLE_SRC names a copy of
-// src/kernels/sm80/portable_sm80.cu with other Config<BM> rows and portable_variants renamed to
+// src/kernels/sm80/portable_sm80.cu whose portable_config.cuh has other Config<BM> rows, and portable_variants renamed to
 // portable_variants_exp; its run() is called directly instead of gemm().
 #ifdef PORTABLE_SRC
 #include PORTABLE_SRC
