@@ -88,6 +88,9 @@ struct CaseSpec {
   float alpha = 1.f, beta = 0.f;
   bool integers = false;  // integer-valued inputs: the result must match exactly
   uint64_t seed = 1;
+  // e4m3 inputs (in = e4m3): the dense input's scale group (0 or 128). Scales are random powers of
+  // two in [1/4, 4] (exact products) with integers, random in [0.5, 2) otherwise.
+  int scale_group = 0;
 };
 
 // A case of mb x kb blocks of bm x bk at density 0.5, f16 inputs, alpha 1.5 (the GPU product tests).
@@ -131,8 +134,18 @@ struct GemmCase {
   CaseSpec spec;
   BsrMatrix sparse;
   std::unique_ptr<HostDense> a, b, c;  // the dense operands this kind uses (others null)
+  std::vector<float> dense_scales;     // e4m3: the scales of the dense input (a DDS's A, a DSD's B)
   GemmArgs args;
 };
+
+// n e4m3 scales for a case: powers of two in [1/4, 4] when `integers` (products stay exact), else
+// uniform in [0.5, 2).
+inline std::vector<float> random_scales(int64_t n, uint64_t seed, bool integers) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  for (float& x : v) x = integers ? std::ldexp(1.f, int(rng() % 5) - 2) : 0.5f + 1.5f * float(rng() >> 40) / 16777216.f;
+  return v;
+}
 
 // Builds the operands; the output is NaN-poisoned when beta == 0 (random when beta != 0).
 inline std::unique_ptr<GemmCase> make_case(const CaseSpec& s) {
@@ -175,6 +188,15 @@ inline std::unique_ptr<GemmCase> make_case(const CaseSpec& s) {
     const int64_t n = gc->sparse.nnzb() * s.bm * s.bk;
     for (int64_t i = 0; i < n; ++i) store_from_float(gc->sparse.value_bytes().data(), s.out, i, nan_value());
   }
+  if (s.in == DType::e4m3 && s.kind != OpKind::sdd) {
+    gc->sparse.scales() = random_scales(gc->sparse.nnzb(), s.seed + 44, s.integers);
+    DenseView& d = s.kind == OpKind::dsd ? g.b : g.a;
+    const int64_t tokens = s.kind == OpKind::dsd ? d.cols : d.rows, k = s.kind == OpKind::dsd ? d.rows : d.cols;
+    const int64_t groups = s.scale_group == 0 ? 1 : (k + s.scale_group - 1) / s.scale_group;
+    gc->dense_scales = random_scales(tokens * groups, s.seed + 55, s.integers);
+    d.scales = gc->dense_scales.data();
+    d.scale_group = s.scale_group;
+  }
   g.sparse = gc->sparse.view();
   return gc;
 }
@@ -205,7 +227,8 @@ inline std::string describe(const CaseSpec& s) {
          (s.pad_a >= 0 || s.pad_b >= 0 || s.pad_c >= 0
               ? " pads a/b/c=" + std::to_string(s.pad_a) + "/" + std::to_string(s.pad_b) + "/" + std::to_string(s.pad_c)
               : std::string()) + " alpha=" + std::to_string(s.alpha) +
-         " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals");
+         " beta=" + std::to_string(s.beta) + (s.integers ? " integers" : " reals") +
+         (s.in == DType::e4m3 ? " scale_group=" + std::to_string(s.scale_group) : std::string());
 }
 
 // Checks the case's (host) output against the oracle's ref: exactly (after rounding the exact
@@ -279,6 +302,7 @@ inline sparsek_bsr to_c(const BsrView& v) {
   b.values = v.values;
   b.dtype = sparsek_dtype(int(v.dtype));
   b.memory = sparsek_memory(int(v.memory));
+  b.scales = v.scales;
   return b;
 }
 inline sparsek_dense to_c(const DenseView& v) {
@@ -290,6 +314,8 @@ inline sparsek_dense to_c(const DenseView& v) {
   d.layout = sparsek_layout(int(v.layout));
   d.dtype = sparsek_dtype(int(v.dtype));
   d.memory = sparsek_memory(int(v.memory));
+  d.scales = v.scales;
+  d.scale_group = v.scale_group;
   return d;
 }
 

@@ -17,6 +17,11 @@ namespace sparsek {
 
 // Non-owning view of a BSR matrix (host or device pointers). values may be written through when
 // the matrix is an output (SDD).
+//
+// e4m3 values carry one fp32 scale per stored block: `scales` points to nnzb floats, in the same
+// memory (host or device) as the values, and element (r, c) of block j stands for
+// scales[j] * e4m3_to_float(values[j][r][c]). Scales must be finite and >= 0 (0: an all-zero
+// block). Values of any other dtype carry no scales (`scales` must be null).
 struct BsrView {
   int64_t rows = 0, cols = 0;  // full matrix shape
   int bm = 0, bk = 0;          // block shape
@@ -26,6 +31,7 @@ struct BsrView {
   void* values = nullptr;
   DType dtype = DType::f32;
   Memory memory = Memory::host;
+  const float* scales = nullptr;  // e4m3 only: [nnzb], one per stored block (see above)
 
   int64_t mb() const { return bm ? rows / bm : 0; }
   int64_t kb() const { return bk ? cols / bk : 0; }
@@ -33,19 +39,31 @@ struct BsrView {
 
 // Non-owning view of a dense matrix of `rows x cols` as stored (before any op), with leading
 // dimension ld (row-major: elements between rows; column-major: between columns).
+//
+// An e4m3 dense input carries fp32 scales along its non-reduction dimension, one per token:
+//   the A of a DDS (M x K): one scale per row, index m;  the B of a DSD (K x N): one per column, n.
+// scale_group = 0: one scale per token, `scales` holds [M] (or [N]) floats.
+// scale_group = 128: one scale per token and per 128-wide group of K as well, `scales` holds
+//   [M or N][ceil(K / 128)] floats, row-major: the scale of A(m, k) is scales[m * ceil(K/128) + k/128].
+// Element value = scale * e4m3_to_float(element). Scales live in the same memory as `data`, are
+// finite and >= 0. Other dtypes carry no scales (`scales` null, scale_group 0); an output never has
+// any.
 struct DenseView {
   void* data = nullptr;
   int64_t rows = 0, cols = 0, ld = 0;
   Layout layout = Layout::row_major;
   DType dtype = DType::f32;
   Memory memory = Memory::host;
+  const float* scales = nullptr;  // e4m3 only: per token (see above)
+  int scale_group = 0;            // 0 or 128: the scales' group width along K (see above)
 
   int64_t index(int64_t r, int64_t c) const {
     return layout == Layout::row_major ? r * ld + c : c * ld + r;
   }
 };
 
-// Owning host BSR matrix. Values are stored in `dtype` as raw bytes.
+// Owning host BSR matrix. Values are stored in `dtype` as raw bytes; an e4m3 matrix also owns
+// its block scales (one per stored block, 1 in a new matrix), which view() passes on.
 class BsrMatrix {
  public:
   BsrMatrix() = default;
@@ -67,14 +85,21 @@ class BsrMatrix {
   const std::vector<int32_t>& col_idx() const { return col_idx_; }
   std::vector<uint8_t>& value_bytes() { return values_; }
   const std::vector<uint8_t>& value_bytes() const { return values_; }
-  float value(int64_t block, int r, int c) const;  // element (r, c) of stored block `block`
+  // e4m3: the block scales, [nnzb] (empty for other dtypes).
+  std::vector<float>& scales() { return scales_; }
+  const std::vector<float>& scales() const { return scales_; }
+  // Element (r, c) of stored block `block` (e4m3: its scale times the decoded value).
+  float value(int64_t block, int r, int c) const;
+  // e4m3: stores v / the block's scale, rounded to e4m3 (saturating); a block whose scale is 0
+  // takes only zeros (anything else throws: give the block a scale first, or use quantize_e4m3).
   void set_value(int64_t block, int r, int c, float v);
 
   BsrView view();
   BsrView view() const;  // values pointer is const-cast; do not write through it
 
   // Fill values with uniform random numbers in [-1, 1) (or random integers in [-4, 4] when
-  // `integers`, so that products can be compared exactly), seeded.
+  // `integers`, so that products can be compared exactly), seeded. e4m3: the codes of those
+  // numbers (rounded to e4m3; integers in [-4, 4] are exact), with every block scale set to 1.
   void fill_random(uint64_t seed, bool integers = false);
 
  private:
@@ -82,6 +107,7 @@ class BsrMatrix {
   int bm_ = 0, bk_ = 0;
   std::vector<int32_t> row_ptr_{0}, col_idx_;
   std::vector<uint8_t> values_;
+  std::vector<float> scales_;  // e4m3 only: [nnzb]
   DType dtype_ = DType::f32;
 };
 
@@ -95,11 +121,14 @@ void validate(const DenseView& d, const char* name);
 void validate_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype = DType::f32);
 
 // ---- conversions (all on the host) ----
+// The builders below that take a dtype accept e4m3 too: the values are quantized per stored block
+// (quantize_e4m3 in quantize.hpp). Blocked-ELL has no scales: it takes f32, f16 and bf16 only.
+//
 // Dense (rows x cols, row-major float) -> BSR. With `mask` (mb*kb bytes, row-major over block
 // positions) keep exactly the masked blocks; without, keep blocks holding any non-zero.
 BsrMatrix bsr_from_dense(const float* dense, int64_t rows, int64_t cols, int bm, int bk, DType dtype,
                          const uint8_t* mask = nullptr);
-std::vector<float> bsr_to_dense(const BsrMatrix& a);  // row-major rows x cols
+std::vector<float> bsr_to_dense(const BsrMatrix& a);  // row-major rows x cols (e4m3: scaled)
 // CSR / COO of a scalar matrix -> BSR (blocks touched by any entry are stored; duplicates summed).
 BsrMatrix bsr_from_csr(int64_t rows, int64_t cols, const std::vector<int32_t>& row_ptr,
                        const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm,
@@ -107,7 +136,7 @@ BsrMatrix bsr_from_csr(int64_t rows, int64_t cols, const std::vector<int32_t>& r
 BsrMatrix bsr_from_coo(int64_t rows, int64_t cols, const std::vector<int32_t>& row_idx,
                        const std::vector<int32_t>& col_idx, const std::vector<float>& vals, int bm,
                        int bk, DType dtype);
-BsrMatrix bsr_transpose(const BsrMatrix& a);  // BSR of A^T: block shape (bk, bm)
+BsrMatrix bsr_transpose(const BsrMatrix& a);  // BSR of A^T: block shape (bk, bm); scales follow their blocks
 
 // Blocked-ELL (cuSPARSE's): every block row holds `ell_cols` slots; col index -1 marks padding.
 // Block shape must be square for cuSPARSE, but the format itself does not need it.

@@ -18,6 +18,16 @@
 //
 // dtypes: inputs (the sparse values and the dense inputs) all f32, or all f16, or all bf16;
 // accumulation in f32; the output may be f16/bf16/f32 for half inputs, f32 for f32 inputs.
+//
+// e4m3 (fp8) products, DSD and DDS: the sparse values and the dense input are both e4m3 (e4m3
+// beside f16/bf16/f32 is refused), each with its fp32 scales (bsr.hpp: one per stored block of the
+// sparse operand; one per token of the dense input, optionally per 128-wide group of K too), and
+//   C = alpha * (sA ⊙ A) · (sB ⊙ B) + beta * C
+// where sX ⊙ X is the matrix of scale * decoded element. Accumulation in f32 (the result is that
+// of exact products summed in f32), output f16, bf16 or f32. op() on the sparse operand and dense
+// layouts work as for the other dtypes. SDD has no e4m3 form. Scales are checked like the pattern
+// (plan(), or every call with check_indices): a scale that is NaN, infinite or negative is refused
+// with its array, index and value. quantize.hpp makes e4m3 operands from f32/f16/bf16 ones.
 #pragma once
 #include <string>
 

@@ -23,11 +23,16 @@ typedef enum {
   SPARSEK_INTERNAL = 6
 } sparsek_status;
 
-typedef enum { SPARSEK_F32 = 0, SPARSEK_F16 = 1, SPARSEK_BF16 = 2 } sparsek_dtype;
+/* SPARSEK_E4M3: 8-bit float (1 sign, 4 exponent, 3 mantissa bits; no infinities, largest value 448),
+ * an input type of the dsd and dds products only, always with fp32 scales (below). */
+typedef enum { SPARSEK_F32 = 0, SPARSEK_F16 = 1, SPARSEK_BF16 = 2, SPARSEK_E4M3 = 3 } sparsek_dtype;
 typedef enum { SPARSEK_ROW_MAJOR = 0, SPARSEK_COL_MAJOR = 1 } sparsek_layout;
 typedef enum { SPARSEK_OP_NONE = 0, SPARSEK_OP_TRANS = 1 } sparsek_op;
 typedef enum { SPARSEK_HOST = 0, SPARSEK_DEVICE = 1 } sparsek_memory;
 
+/* A BSR matrix. E4M3 values carry one fp32 scale per stored block (`scales`, [nnzb], in the values'
+ * memory; element = scale * decoded value); other dtypes leave `scales` NULL. Scales must be
+ * finite and >= 0. Zero-initialize the struct: later fields default to NULL. */
 typedef struct {
   int64_t rows, cols;
   int32_t bm, bk;
@@ -37,14 +42,22 @@ typedef struct {
   void* values;           /* [nnzb][bm][bk] */
   sparsek_dtype dtype;
   sparsek_memory memory;
+  const float* scales;    /* E4M3 only: [nnzb]; else NULL */
 } sparsek_bsr;
 
+/* A dense matrix. An E4M3 input carries fp32 scales along its non-reduction dimension, one per
+ * token: per row of a dds's A (M x K), per column of a dsd's B (K x N). scale_group 0: one scale
+ * per token ([M] or [N] floats); 128: one per token and 128-wide group of K, [M or N][ceil(K/128)]
+ * row-major. Element = scale * decoded value. Other dtypes (and outputs) leave scales NULL and
+ * scale_group 0. */
 typedef struct {
   void* data;
   int64_t rows, cols, ld;
   sparsek_layout layout;
   sparsek_dtype dtype;
   sparsek_memory memory;
+  const float* scales;    /* E4M3 only; else NULL */
+  int32_t scale_group;    /* E4M3 only: 0 or 128; else 0 */
 } sparsek_dense;
 
 /* Thread-local text of the last failure on this thread ("" after a success). */
@@ -72,6 +85,41 @@ sparsek_status sparsek_sdd(float alpha, const sparsek_dense* a, const sparsek_de
                            sparsek_bsr* c, void* stream);
 /* Validates a BSR description (all checks incl. the O(nnzb) index checks for host memory). */
 sparsek_status sparsek_bsr_validate(const sparsek_bsr* a);
+
+/* ---- fp8 (E4M3) products ----
+ * dsd and dds take E4M3 for the sparse values and the dense input together (E4M3 beside another
+ * dtype is SPARSEK_INVALID_ARGUMENT naming both), each with its scales, and compute
+ *   C = alpha * (sA . A) (sB . B) + beta * C    (sX . X: every element times its scale)
+ * accumulating in fp32; C is F16, BF16 or F32. sdd has no E4M3 form (SPARSEK_UNSUPPORTED). Scales
+ * are checked like the pattern: a NaN, infinite or negative scale is refused with its array, index
+ * and value.
+ *
+ * Quantization: a group (a stored block; a token, or a token's 128-wide slice of K) gets
+ * scale = amax / 448 (its largest |x| over e4m3's largest value) and codes e4m3(x / scale),
+ * rounded to nearest even, saturating; a group of zeros gets scale 0 and zero codes. Host inputs
+ * must be finite (else SPARSEK_INVALID_ARGUMENT naming the element); on the GPU a group holding a
+ * NaN or infinity gets a NaN scale instead, which the products refuse. Device work goes on `stream`
+ * (a cudaStream_t or NULL), unsynchronized; host and device give the same bits. */
+
+/* Which dimension of a dense matrix holds the tokens (one scale each); the other is K. */
+typedef enum { SPARSEK_SCALE_ROWS = 0, SPARSEK_SCALE_COLS = 1 } sparsek_scale_dim;
+
+/* *count = the number of scales of `tokens` tokens with reduction length k: tokens for
+ * scale_group 0, tokens * ceil(k / 128) for 128. */
+sparsek_status sparsek_scale_count(int64_t tokens, int64_t k, int32_t scale_group, int64_t* count);
+/* in: F32/F16/BF16 values (scales NULL); values: nnzb*bm*bk bytes of codes, scales: nnzb floats, both
+ * in in->memory. The pattern is not read. */
+sparsek_status sparsek_quantize_bsr_e4m3(const sparsek_bsr* in, void* values, float* scales, void* stream);
+/* in: E4M3 with scales; values: nnzb*bm*bk elements of `dtype` (F32, F16 or BF16) in in->memory. */
+sparsek_status sparsek_dequantize_bsr(const sparsek_bsr* in, void* values, sparsek_dtype dtype, void* stream);
+/* in: F32/F16/BF16, rows x cols; out: E4M3, the same shape and memory, its own layout and ld;
+ * scales: sparsek_scale_count(tokens, K, scale_group) floats. On success out->scales = scales and
+ * out->scale_group = scale_group. */
+sparsek_status sparsek_quantize_dense_e4m3(const sparsek_dense* in, sparsek_dense* out, float* scales,
+                                           sparsek_scale_dim dim, int32_t scale_group, void* stream);
+/* in: E4M3 with its scales and scale_group; out: F32/F16/BF16, the same shape and memory. */
+sparsek_status sparsek_dequantize_dense(const sparsek_dense* in, const sparsek_dense* out, sparsek_scale_dim dim,
+                                        void* stream);
 
 /* ---- Plans: check and prepare once per pattern, run many times ---- */
 typedef enum { SPARSEK_DSD = 0, SPARSEK_DDS = 1, SPARSEK_SDD = 2 } sparsek_kind;

@@ -70,6 +70,7 @@ inline BsrView to_view(const sparsek_bsr& b) {
   v.values = b.values;
   v.dtype = static_cast<DType>(enum_value(b.dtype));
   v.memory = static_cast<Memory>(enum_value(b.memory));
+  v.scales = b.scales;
   return v;
 }
 
@@ -82,6 +83,8 @@ inline DenseView to_view(const sparsek_dense& d) {
   v.layout = static_cast<Layout>(enum_value(d.layout));
   v.dtype = static_cast<DType>(enum_value(d.dtype));
   v.memory = static_cast<Memory>(enum_value(d.memory));
+  v.scales = d.scales;
+  v.scale_group = d.scale_group;
   return v;
 }
 

@@ -20,6 +20,7 @@ const char* to_string(DType d) {
     case DType::f32: return "f32";
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
+    case DType::e4m3: return "e4m3";
   }
   return "invalid dtype";
 }
@@ -54,7 +55,15 @@ const char* to_string(OpKind k) {
   }
   return "invalid kind";
 }
-size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::e4m3: return 1;
+  }
+  return 4;  // out of range (validation refuses it first); the widest keeps byte counts safe
+}
 
 const char* version() { return SPARSEK_VERSION_STRING; }
 

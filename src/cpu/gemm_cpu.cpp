@@ -32,6 +32,7 @@
 #include <omp.h>
 #endif
 
+#include "cpu/e4m3_cpu.hpp"
 #include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
 #include "plan/backends.hpp"
@@ -69,6 +70,7 @@ void with_type(DType d, void* p, const F& f) {
     case DType::f32: f(static_cast<float*>(p)); return;
     case DType::f16: f(static_cast<half_t*>(p)); return;
     case DType::bf16: f(static_cast<bfloat16_t*>(p)); return;
+    case DType::e4m3: break;  // decoded with its scales instead (cpu/e4m3_cpu.hpp)
   }
   throw Error(Status::internal, "cpu backend: unknown dtype " + std::to_string(int(d)));
 }
@@ -115,6 +117,7 @@ void make_panel(const DenseView& d, bool pad16, int threads, Panel& out) {
   out.ld = std::max<int64_t>(out.width, 1);
   out.store.assign(size_t(d.rows * out.ld), 0.f);
   out.data = out.store.data();
+  if (d.dtype == DType::e4m3) return decode_e4m3_panel(d, out.store.data(), out.ld, threads);  // scales applied
   int64_t rs, cs;
   strides(d, rs, cs);
   // Chunks of 16 rows: for column-major sources the inner row loop then reads 16 contiguous
@@ -251,6 +254,9 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
   const float* s_vals = static_cast<const float*>(a.values);
   if (st.transpose || a.dtype != DType::f32) {
     s_store.resize(size_t(a.nnzb * bsz));
+    if (a.dtype == DType::e4m3)  // fp8: decoded with the block scales
+      decode_e4m3_blocks(a, st.transpose ? st.t.src.data() : nullptr, st.transpose, s_store.data(), threads);
+    else
     with_type(a.dtype, a.values, [&](auto* v) {
       parallel_for(a.nnzb, threads, [&](int64_t t, int) {
         const int64_t j = st.transpose ? st.t.src[size_t(t)] : t;

@@ -18,8 +18,21 @@ double dense_at(const DenseView& d, int64_t r, int64_t c) {
   return double(load_as_float(d.data, d.dtype, d.index(r, c)));
 }
 
+// An e4m3 input's element is its scale times its code's value, here multiplied in double (exact:
+// 4 significant bits times 24). The scale of a dense element depends on the operand's role: a
+// token is a row of a DDS's A (K along its columns) or a column of a DSD's B (K along its rows).
+double dense_in(const DenseView& d, bool tokens_are_rows, int64_t r, int64_t c) {
+  const double v = dense_at(d, r, c);
+  if (d.dtype != DType::e4m3) return v;
+  const int64_t t = tokens_are_rows ? r : c, k = tokens_are_rows ? c : r, K = tokens_are_rows ? d.cols : d.rows;
+  const int64_t groups = d.scale_group == 0 ? 1 : (K + d.scale_group - 1) / d.scale_group;
+  const int64_t g = d.scale_group == 0 ? 0 : k / d.scale_group;
+  return double(d.scales[t * groups + g]) * v;
+}
+
 double bsr_at(const BsrView& s, int64_t block, int r, int c) {
-  return double(load_as_float(s.values, s.dtype, (block * s.bm + r) * s.bk + c));
+  const double v = double(load_as_float(s.values, s.dtype, (block * s.bm + r) * s.bk + c));
+  return s.dtype == DType::e4m3 ? double(s.scales[block]) * v : v;
 }
 
 void require_host(const GemmArgs& g) {
@@ -75,10 +88,10 @@ std::vector<double> oracle(const GemmArgs& g) {
           reached[size_t(g.kind == OpKind::dsd ? opr : opc)] = 1;
           if (g.kind == OpKind::dsd) {
             // C(opr, n) += op(A)(opr, opc) * B(opc, n)
-            for (int64_t n = 0; n < N; ++n) sum[size_t(opr * N + n)] += v * dense_at(g.b, opc, n);
+            for (int64_t n = 0; n < N; ++n) sum[size_t(opr * N + n)] += v * dense_in(g.b, false, opc, n);
           } else {
             // C(m, opc) += A(m, opr) * op(B)(opr, opc)
-            for (int64_t m = 0; m < M; ++m) sum[size_t(m * N + opc)] += dense_at(g.a, m, opr) * v;
+            for (int64_t m = 0; m < M; ++m) sum[size_t(m * N + opc)] += dense_in(g.a, true, m, opr) * v;
           }
         }
   std::vector<double> out(sum.size());

@@ -8,8 +8,8 @@
 namespace sparsek {
 
 // Computes the exact-as-possible result of `args` (host operands) in double precision, reading
-// inputs through their dtype (so fp16/bf16 rounding of the inputs is included) and C only when
-// beta != 0. Output: dsd/dds -> M*N row-major; sdd -> nnzb*bm*bk in C's block order.
+// inputs through their dtype (so fp16/bf16 rounding of the inputs is included; e4m3 inputs as
+// scale times code, in double) and C only when beta != 0. Output: dsd/dds -> M*N row-major; sdd -> nnzb*bm*bk in C's block order.
 std::vector<double> oracle(const GemmArgs& args);
 
 // Largest |got - ref| / (|ref|_max + tiny) over all elements, where got is read from args' output

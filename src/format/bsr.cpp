@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "format/format_internal.hpp"
+#include "kernels/quant/rule.hpp"
 #include "sparsek/bsr.hpp"
+#include "sparsek/quantize.hpp"
 
 namespace sparsek {
 
@@ -20,6 +22,8 @@ std::string s(int64_t v) { return std::to_string(v); }
 // touched by an entry is stored, duplicates are summed (in double, rounded once to dtype).
 BsrMatrix from_triplets(int64_t rows, int64_t cols, int bm, int bk, DType dtype, const std::vector<int32_t>& ri,
                         const std::vector<int32_t>& ci, const std::vector<float>& vals) {
+  // e4m3 needs a scale per block, which needs the whole block: build in f32, then quantize.
+  if (dtype == DType::e4m3) return quantize_e4m3(from_triplets(rows, cols, bm, bk, DType::f32, ri, ci, vals));
   const int64_t mb = rows / bm, kb = cols / bk;
   // Distinct block keys (block row major), sorted: gives row_ptr and sorted col_idx directly.
   std::vector<int64_t> keys(ri.size());
@@ -63,7 +67,9 @@ BsrMatrix::BsrMatrix(int64_t rows, int64_t cols, int bm, int bk, std::vector<int
       dtype_(dtype) {
   // Cheap checks first (they make mb() meaningful), then the sizes, then the O(nnzb) checks.
   // Values are allocated only once the shape is known to be sane; until then a placeholder
-  // pointer stands in for them (validate never reads values).
+  // pointer stands in for them (validate never reads values). e4m3 scales (one per entry of
+  // col_idx, which exists already) start at 1.
+  if (dtype_ == DType::e4m3) scales_.assign(col_idx_.size(), 1.f);
   BsrView v = view();
   if (v.nnzb > 0) v.values = col_idx_.data();
   validate(v, /*check_indices=*/false);
@@ -89,11 +95,22 @@ int64_t element_index(const BsrMatrix& m, int64_t block, int r, int c) {
 }  // namespace
 
 float BsrMatrix::value(int64_t block, int r, int c) const {
-  return load_as_float(values_.data(), dtype_, element_index(*this, block, r, c));
+  const int64_t e = element_index(*this, block, r, c);
+  if (dtype_ == DType::e4m3) return quant::value_of(values_[size_t(e)], scales_[size_t(block)]);
+  return load_as_float(values_.data(), dtype_, e);
 }
 
 void BsrMatrix::set_value(int64_t block, int r, int c, float v) {
-  store_from_float(values_.data(), dtype_, element_index(*this, block, r, c), v);
+  const int64_t e = element_index(*this, block, r, c);
+  if (dtype_ == DType::e4m3) {
+    const float sc = scales_[size_t(block)];
+    if (sc == 0.f && v != 0.f)
+      bad("set_value: block " + s(block) + " has scale 0, so it holds only zeros (got " + std::to_string(v) +
+          "): set scales()[" + s(block) + "] first, or build the matrix with quantize_e4m3");
+    values_[size_t(e)] = quant::code_of(v, sc);
+    return;
+  }
+  store_from_float(values_.data(), dtype_, e, v);
 }
 
 BsrView BsrMatrix::view() {
@@ -108,6 +125,7 @@ BsrView BsrMatrix::view() {
   v.values = values_.empty() ? nullptr : values_.data();
   v.dtype = dtype_;
   v.memory = Memory::host;
+  v.scales = scales_.empty() ? nullptr : scales_.data();
   return v;
 }
 
@@ -115,6 +133,7 @@ BsrView BsrMatrix::view() const { return const_cast<BsrMatrix*>(this)->view(); }
 
 void BsrMatrix::fill_random(uint64_t seed, bool integers) {
   std::mt19937_64 rng(seed);
+  std::fill(scales_.begin(), scales_.end(), 1.f);  // e4m3: the codes are the values
   const int64_t n = nnzb() * bm_ * bk_;
   void* p = values_.data();
   for (int64_t i = 0; i < n; ++i) {
@@ -130,6 +149,7 @@ void BsrMatrix::fill_random(uint64_t seed, bool integers) {
 BsrMatrix bsr_from_dense(const float* dense, int64_t rows, int64_t cols, int bm, int bk, DType dtype,
                          const uint8_t* mask) {
   validate_shape(rows, cols, bm, bk, dtype);
+  if (dtype == DType::e4m3) return quantize_e4m3(bsr_from_dense(dense, rows, cols, bm, bk, DType::f32, mask));
   if (!dense && rows > 0 && cols > 0) bad("dense is null for a " + s(rows) + "x" + s(cols) + " matrix");
   const int64_t mb = rows / bm, kb = cols / bk;
   std::vector<int32_t> row_ptr(size_t(mb + 1), 0), col_idx;
@@ -171,7 +191,10 @@ std::vector<float> bsr_to_dense(const BsrMatrix& a) {
       const int64_t j = a.col_idx()[size_t(b)];
       for (int r = 0; r < bm; ++r)
         for (int c = 0; c < bk; ++c)
-          d[size_t((i * bm + r) * a.cols() + j * bk + c)] = load_as_float(v, a.dtype(), (int64_t(b) * bm + r) * bk + c);
+          d[size_t((i * bm + r) * a.cols() + j * bk + c)] =
+              a.dtype() == DType::e4m3
+                  ? quant::value_of(a.value_bytes()[size_t((int64_t(b) * bm + r) * bk + c)], a.scales()[size_t(b)])
+                  : load_as_float(v, a.dtype(), (int64_t(b) * bm + r) * bk + c);
     }
   return d;
 }
@@ -259,6 +282,7 @@ BsrMatrix bsr_transpose(const BsrMatrix& a) {
     uint8_t* db = out + size_t(p) * bm * bk * es;                      // [bk][bm]
     for (int r = 0; r < bm; ++r)
       for (int c = 0; c < bk; ++c) std::memcpy(db + (size_t(c) * bm + r) * es, sb + (size_t(r) * bk + c) * es, es);
+    if (a.dtype() == DType::e4m3) t.scales()[size_t(p)] = a.scales()[size_t(src[size_t(p)])];
   }
   return t;
 }
@@ -266,7 +290,15 @@ BsrMatrix bsr_transpose(const BsrMatrix& a) {
 // ---------------------------------------------------------------------------------------------
 // Blocked-ELL
 
+namespace {
+void no_ell_scales(DType d) {
+  if (d == DType::e4m3)
+    bad("Blocked-ELL holds no block scales, so it takes f32, f16 or bf16 values, not e4m3 (dequantize first)");
+}
+}  // namespace
+
 BlockedEll bsr_to_blocked_ell(const BsrMatrix& a) {
+  no_ell_scales(a.dtype());
   BlockedEll e;
   e.rows = a.rows();
   e.cols = a.cols();
@@ -290,6 +322,7 @@ BlockedEll bsr_to_blocked_ell(const BsrMatrix& a) {
 
 BsrMatrix bsr_from_blocked_ell(const BlockedEll& e) {
   validate_shape(e.rows, e.cols, e.bm, e.bk, e.dtype);
+  no_ell_scales(e.dtype);
   const int64_t mb = e.rows / e.bm, kb = e.cols / e.bk;
   if (e.ell_cols < 0) bad("ell_cols=" + s(e.ell_cols) + " is negative");
   if (int64_t(e.col_idx.size()) != mb * e.ell_cols)

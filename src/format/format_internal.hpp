@@ -75,8 +75,11 @@ struct HostPattern {
 // after `stream`); col_idx only when asked.
 HostPattern host_pattern(const BsrView& s, bool with_col_idx = true, void* stream = nullptr);
 
-// The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand.
-void validate_pattern(const GemmArgs& g, const HostPattern& hp);
+// The O(nnzb) index checks of g's sparse operand read through hp; errors name the operand. With
+// check_scales, also the values of e4m3 scales (the sparse operand's and the dense input's: finite,
+// >= 0; device arrays are copied to the host), which change with the values: the tuner, which runs
+// on operands of its own, leaves them out.
+void validate_pattern(const GemmArgs& g, const HostPattern& hp, bool check_scales = true);
 
 // The pattern of s's transpose (transpose_pattern) read through host_pattern(). The indices are
 // range-checked first, cheaply: a kernel's set-up must not write out of bounds on a pattern that

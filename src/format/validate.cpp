@@ -2,8 +2,10 @@
 // the array, the first offending index and its value, so a user can find the bad entry without a
 // debugger.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,12 @@ namespace {
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
 std::string s(int64_t v) { return std::to_string(v); }
 bool supported_block(int b) { return b == 16 || b == 32 || b == 64 || b == 128; }
+// e4m3 takes e4m3 on both sides: say so when one side is.
+std::string mixed_hint(DType x, DType y) {
+  return x == DType::e4m3 || y == DType::e4m3
+             ? " (an e4m3 product takes e4m3 for both inputs: quantize the other one, or dequantize this one)"
+             : "";
+}
 std::string dims(int64_t r, int64_t c) {
   return std::to_string(r) + "x" + std::to_string(c);
 }
@@ -35,10 +43,75 @@ const char* sparse_name(const GemmArgs& g) {
   return g.kind == OpKind::dsd ? "A (sparse)" : g.kind == OpKind::dds ? "B (sparse)" : "C (sparse)";
 }
 
+const char* kDtypeNames = "f32 (0), f16 (1), bf16 (2) or e4m3 (3)";
+
+std::string num(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", double(v));
+  return buf;
+}
+
+// Scale values: finite and >= 0 (-0 passes). `name` is the array as the user knows it.
+void check_scale_values(const float* scales, int64_t count, const std::string& name) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = scales[i];
+    if (!std::isfinite(v))
+      bad(name + "[" + s(i) + "]=" + num(v) + " is not finite (scales must be finite and >= 0)");
+    if (v < 0.f) bad(name + "[" + s(i) + "]=" + num(v) + " is negative (scales must be finite and >= 0)");
+  }
+}
+
+// A float array read on the host: itself, or a copy of device memory.
+struct HostFloats {
+  const float* data = nullptr;
+  std::vector<float> copy;
+};
+HostFloats host_floats(const float* p, int64_t count, Memory memory, const char* what) {
+  HostFloats h;
+  if (memory == Memory::host || !p || count <= 0) {
+    h.data = p;
+    return h;
+  }
+  // copy_to_host moves 4-byte elements: a float's bits travel as an int32's.
+  std::vector<int32_t> bits;
+  copy_to_host(nullptr,
+               "the stream is being captured into a CUDA graph, but checking device scales reads them on the "
+               "host: plan before the capture, or run with check_indices off inside it",
+               {{reinterpret_cast<const int32_t*>(p), count, &bits, what}});
+  h.copy.resize(bits.size());
+  std::memcpy(h.copy.data(), bits.data(), bits.size() * sizeof(float));
+  h.data = h.copy.data();
+  return h;
+}
+
+// The dense input of a product that carries per-token scales, if any: the A of a DDS (tokens are
+// its rows, K its columns) or the B of a DSD (tokens are its columns, K its rows).
+struct DenseScales {
+  const DenseView* d = nullptr;
+  const char* name = "";
+  int64_t tokens = 0, k = 0;
+};
+DenseScales dense_scales_of(const GemmArgs& g) {
+  if (g.kind == OpKind::dds) return {&g.a, "A", g.a.rows, g.a.cols};
+  if (g.kind == OpKind::dsd) return {&g.b, "B", g.b.cols, g.b.rows};
+  return {};
+}
+
 }  // namespace
 
+int64_t scale_count(int64_t tokens, int64_t k, int scale_group) {
+  if (tokens < 0 || k < 0) bad("scale_count: tokens=" + s(tokens) + " and k=" + s(k) + " must be >= 0");
+  if (scale_group != 0 && scale_group != 128)
+    bad("scale_group=" + s(scale_group) + " is not 0 (one scale per token) or 128 (one per 128-wide group of K)");
+  const int64_t groups = scale_group == 0 ? 1 : k / 128 + (k % 128 != 0);
+  int64_t count, bytes;
+  if (__builtin_mul_overflow(tokens, groups, &count) || __builtin_mul_overflow(count, int64_t(4), &bytes))
+    bad("scale count " + s(tokens) + " x " + s(groups) + " overflows a 64-bit byte count");
+  return count;
+}
+
 void validate(const BsrView& a, bool check_indices) {
-  if (int(a.dtype) < 0 || int(a.dtype) > 2) bad("values dtype " + s(int(a.dtype)) + " is not f32, f16 or bf16");
+  if (int(a.dtype) < 0 || int(a.dtype) > 3) bad("values dtype " + s(int(a.dtype)) + " is not " + kDtypeNames);
   if (int(a.memory) < 0 || int(a.memory) > 1) bad("memory " + s(int(a.memory)) + " is not host or device");
   if (!supported_block(a.bm)) bad("block rows bm=" + s(a.bm) + " is not one of 16, 32, 64, 128");
   if (!supported_block(a.bk)) bad("block cols bk=" + s(a.bk) + " is not one of 16, 32, 64, 128");
@@ -59,8 +132,19 @@ void validate(const BsrView& a, bool check_indices) {
   if (a.memory == Memory::device && a.nnzb > 0 &&
       reinterpret_cast<uintptr_t>(a.values) % 16 != 0)
     bad("values pointer is not 16-byte aligned (address % 16 = " + s(int64_t(reinterpret_cast<uintptr_t>(a.values) % 16)) + ")");
+  if (a.dtype == DType::e4m3) {
+    if (a.nnzb > 0 && !a.scales)
+      bad("scales is null but the values are e4m3 (they need one fp32 scale per stored block: nnzb=" + s(a.nnzb) +
+          " floats)");
+    if (reinterpret_cast<uintptr_t>(a.scales) % 4 != 0)
+      bad("scales pointer is not 4-byte aligned (address % 4 = " +
+          s(int64_t(reinterpret_cast<uintptr_t>(a.scales) % 4)) + ")");
+  } else if (a.scales) {
+    bad(std::string("scales is given but the values are ") + to_string(a.dtype) +
+        " (only e4m3 values carry scales: pass null)");
+  }
   if (!check_indices) return;
-  if (a.memory != Memory::host) return;  // caller copies device indices to the host first
+  if (a.memory != Memory::host) return;  // caller copies device indices (and scales) to the host first
   const int64_t mb = a.mb(), kb = a.kb();
   if (a.row_ptr[0] != 0) bad("row_ptr[0] must be 0, got " + s(a.row_ptr[0]));
   for (int64_t i = 1; i <= mb; ++i)
@@ -78,6 +162,7 @@ void validate(const BsrView& a, bool check_indices) {
             s(j - 1) + "]=" + s(a.col_idx[j - 1]) + " (block row " + s(r) + ")");
     }
   }
+  if (a.dtype == DType::e4m3) check_scale_values(a.scales, a.nnzb, "scales");
 }
 
 void validate_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype) {
@@ -96,7 +181,7 @@ void validate_shape(int64_t rows, int64_t cols, int bm, int bk, DType dtype) {
 
 void validate(const DenseView& d, const char* name) {
   const std::string n(name);
-  if (int(d.dtype) < 0 || int(d.dtype) > 2) bad(n + " dtype " + s(int(d.dtype)) + " is not f32, f16 or bf16");
+  if (int(d.dtype) < 0 || int(d.dtype) > 3) bad(n + " dtype " + s(int(d.dtype)) + " is not " + kDtypeNames);
   if (int(d.layout) < 0 || int(d.layout) > 1) bad(n + " layout " + s(int(d.layout)) + " is not row- or col-major");
   if (int(d.memory) < 0 || int(d.memory) > 1) bad(n + " memory " + s(int(d.memory)) + " is not host or device");
   if (d.rows < 0) bad(n + " rows=" + s(d.rows) + " is negative");
@@ -106,6 +191,23 @@ void validate(const DenseView& d, const char* name) {
     bad(n + " ld=" + s(d.ld) + " is smaller than its " + (d.layout == Layout::row_major ? "cols=" : "rows=") +
         s(minor) + " (" + to_string(d.layout) + ")");
   if (d.rows > 0 && d.cols > 0 && !d.data) bad(n + " data is null for a " + s(d.rows) + "x" + s(d.cols) + " matrix");
+  // Scales: e4m3 only (how many a product needs depends on the operand's role: validate(GemmArgs)).
+  if (d.dtype == DType::e4m3) {
+    if (d.scale_group != 0 && d.scale_group != 128)
+      bad(n + " scale_group=" + s(d.scale_group) +
+          " is not 0 (one scale per token) or 128 (one per token and 128-wide group of K)");
+    if (d.rows > 0 && d.cols > 0 && !d.scales)
+      bad(n + " scales is null but " + n + " is e4m3 (it needs fp32 scales, one per token)");
+    if (reinterpret_cast<uintptr_t>(d.scales) % 4 != 0)
+      bad(n + " scales pointer is not 4-byte aligned (address % 4 = " +
+          s(int64_t(reinterpret_cast<uintptr_t>(d.scales) % 4)) + ")");
+  } else {
+    if (d.scales)
+      bad(n + " scales is given but " + n + " is " + to_string(d.dtype) + " (only e4m3 operands carry scales: pass null)");
+    if (d.scale_group != 0)
+      bad(n + " scale_group=" + s(d.scale_group) + " is set but " + n + " is " + to_string(d.dtype) +
+          " (only e4m3 operands carry scales: leave it 0)");
+  }
   // The extent, from the first element to the last ((major - 1) * ld + minor elements), must be
   // addressable: else the index arithmetic of every backend would overflow.
   if (d.rows > 0 && d.cols > 0) {
@@ -171,16 +273,34 @@ double GemmArgs::effective_flops() const {
   return 0;
 }
 
-void validate_pattern(const GemmArgs& g, const HostPattern& hp) {
+void validate_pattern(const GemmArgs& g, const HostPattern& hp, bool check_scales) {
   BsrView h = g.sparse;
   h.row_ptr = hp.row_ptr;
   h.col_idx = hp.col_idx;
-  h.values = g.sparse.nnzb > 0 ? reinterpret_cast<void*>(16) : nullptr;  // values are not read by the checks
+  // The pattern's checks only: values and scales are not read here (the cheap checks of the real
+  // view ran before), so stand-ins of a dtype without scales take their place.
+  h.values = g.sparse.nnzb > 0 ? reinterpret_cast<void*>(16) : nullptr;
+  h.dtype = DType::f32;
+  h.scales = nullptr;
   h.memory = Memory::host;
   try {
     validate(h, true);
   } catch (const Error& e) {
     bad(std::string(sparse_name(g)) + ": " + e.what());
+  }
+  if (!check_scales) return;
+  // e4m3 scales are checked with the pattern (their values, like its indices, are O(nnzb)); a
+  // device array is read through a host copy (its stream was waited for by host_pattern()).
+  if (g.sparse.dtype == DType::e4m3) {
+    const HostFloats sc =
+        host_floats(g.sparse.scales, g.sparse.nnzb, g.sparse.memory, "cudaMemcpy(sparse scales to host)");
+    check_scale_values(sc.data, g.sparse.nnzb, std::string(sparse_name(g)) + " scales");
+  }
+  const DenseScales ds = dense_scales_of(g);
+  if (ds.d && ds.d->dtype == DType::e4m3 && ds.d->rows > 0 && ds.d->cols > 0) {
+    const int64_t count = scale_count(ds.tokens, ds.k, ds.d->scale_group);
+    const HostFloats d = host_floats(ds.d->scales, count, ds.d->memory, "cudaMemcpy(dense scales to host)");
+    check_scale_values(d.data, count, std::string(ds.name) + " scales");
   }
 }
 
@@ -202,6 +322,12 @@ void check_no_aliasing(const GemmArgs& g) {
   if (g.kind == OpKind::dds) inputs.back().name = "B (sparse) values";
   if (g.kind != OpKind::dsd) inputs.push_back({"A", byte_range(g.a)});
   if (g.kind != OpKind::dds) inputs.push_back({"B", byte_range(g.b)});
+  if (s.scales) inputs.push_back({g.kind == OpKind::dds ? "B (sparse) scales" : "A (sparse) scales",
+                                  byte_range(s.scales, s.nnzb * 4)});
+  const DenseScales ds = dense_scales_of(g);
+  if (ds.d && ds.d->scales && ds.d->dtype == DType::e4m3)
+    inputs.push_back({ds.d == &g.a ? "A scales" : "B scales",
+                      byte_range(ds.d->scales, scale_count(ds.tokens, ds.k, ds.d->scale_group) * 4)});
   const bool sdd = g.kind == OpKind::sdd;
   const ByteRange out = sdd ? byte_range(s.values, value_bytes) : byte_range(g.c);
   for (const Named& in : inputs)
@@ -223,10 +349,10 @@ void check_enums(const GemmArgs& g) {
   range(int(g.kind), 2, "kind", "dsd (0), dds (1) or sdd (2)");
   range(int(g.op), 1, "op", "none (0) or trans (1)");
   const std::string sp = sparse_name(g);
-  range(int(g.sparse.dtype), 2, sp + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+  range(int(g.sparse.dtype), 3, sp + " dtype", kDtypeNames);
   range(int(g.sparse.memory), 1, sp + " memory", "host (0) or device (1)");
   auto dense = [&](const DenseView& d, const std::string& n) {
-    range(int(d.dtype), 2, n + " dtype", "f32 (0), f16 (1) or bf16 (2)");
+    range(int(d.dtype), 3, n + " dtype", kDtypeNames);
     range(int(d.layout), 1, n + " layout", "row-major (0) or col-major (1)");
     range(int(d.memory), 1, n + " memory", "host (0) or device (1)");
   };
@@ -244,6 +370,14 @@ void validate_description(const GemmArgs& g, bool check_indices) {
   // Enumerations first: nothing below may print an out-of-range value as a valid name.
   check_enums(g);
   if (g.kind == OpKind::sdd && g.op != Op::none) bad("op must be none for sdd (got trans)");
+  // e4m3 is an input type: no output takes it, and SDD (whose output is the sparse operand) has
+  // no e4m3 form. Said here, before the operands' own checks ask an output for scales.
+  if (g.kind == OpKind::sdd && (g.a.dtype == DType::e4m3 || g.b.dtype == DType::e4m3 || g.sparse.dtype == DType::e4m3))
+    throw Error(Status::unsupported, std::string("sdd does not take e4m3 operands (A is ") + to_string(g.a.dtype) +
+                                         ", B " + to_string(g.b.dtype) + ", C " + to_string(g.sparse.dtype) +
+                                         "): e4m3 products are dsd and dds");
+  if (g.kind != OpKind::sdd && g.c.dtype == DType::e4m3)
+    bad("C dtype e4m3 is not an output dtype: C must be f16, bf16 or f32");
   const char* sname = sparse_name(g);
   // BSR invariants: the cheap ones here, the O(nnzb) index checks on a host view of the pattern.
   try {
@@ -276,13 +410,13 @@ void validate_description(const GemmArgs& g, bool check_indices) {
       check_dense_shape(g.b, "B", K, g.b.cols);
       check_dense_shape(g.c, "C", M, N);
       if (g.b.dtype != in)
-        bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in));
+        bad(std::string("B dtype ") + to_string(g.b.dtype) + " differs from A's " + to_string(in) + mixed_hint(in, g.b.dtype));
       break;
     case OpKind::dds:
       check_dense_shape(g.a, "A", g.a.rows, K);
       check_dense_shape(g.c, "C", M, N);
       if (g.a.dtype != in)
-        bad(std::string("A dtype ") + to_string(g.a.dtype) + " differs from B's " + to_string(in));
+        bad(std::string("A dtype ") + to_string(g.a.dtype) + " differs from B's " + to_string(in) + mixed_hint(in, g.a.dtype));
       break;
     case OpKind::sdd:
       in = g.a.dtype;
@@ -295,6 +429,17 @@ void validate_description(const GemmArgs& g, bool check_indices) {
   DType out = g.kind == OpKind::sdd ? g.sparse.dtype : g.c.dtype;
   if (in == DType::f32 && out != DType::f32)
     bad(std::string("output dtype must be f32 for f32 inputs, got ") + to_string(out));
+  // The dense e4m3 input's scales must be addressable: their count (tokens x groups of K) in bytes
+  // and their last byte.
+  const DenseScales ds = dense_scales_of(g);
+  if (ds.d && ds.d->dtype == DType::e4m3 && ds.d->scales) {
+    const int64_t count = scale_count(ds.tokens, ds.k, ds.d->scale_group);
+    if (uint64_t(count) * 4 > UINTPTR_MAX - reinterpret_cast<uintptr_t>(ds.d->scales))
+      bad(std::string(ds.name) + " scales pointer + its " + s(count) + " floats wraps around the address space");
+  }
+  if (g.sparse.dtype == DType::e4m3 && g.sparse.scales &&
+      uint64_t(g.sparse.nnzb) * 4 > UINTPTR_MAX - reinterpret_cast<uintptr_t>(g.sparse.scales))
+    bad(std::string(sname) + " scales pointer + its " + s(g.sparse.nnzb) + " floats wraps around the address space");
   if (!(g.alpha == g.alpha) || !(g.beta == g.beta))
     bad("alpha and beta must not be NaN (alpha=" + std::to_string(g.alpha) + ", beta=" + std::to_string(g.beta) + ")");
 }

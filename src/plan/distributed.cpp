@@ -2,6 +2,7 @@
 // partitions A's block rows by stored blocks and plans each rank's shard with plan(); run
 // broadcasts B (option), runs the shard, and all-gathers C (option), all on the caller's stream.
 #include "sparsek/distributed.hpp"
+#include "sparsek/quantize.hpp"
 
 #include <cuda_runtime.h>
 
@@ -106,6 +107,7 @@ GemmArgs shard(const DistributedPlan::Impl& im, const GemmArgs& g) {
   const size_t block_bytes = size_t(g.sparse.bm) * g.sparse.bk * dtype_size(g.sparse.dtype);
   s.sparse.col_idx = im.local_nnzb ? g.sparse.col_idx + im.first_block : nullptr;
   s.sparse.values = im.local_nnzb ? static_cast<char*>(g.sparse.values) + im.first_block * block_bytes : nullptr;
+  s.sparse.scales = im.local_nnzb && g.sparse.scales ? g.sparse.scales + im.first_block : nullptr;  // e4m3: per block
   s.c.rows = rows;
   const int64_t first = r0 * g.sparse.bm;  // C's first row of the shard
   const int64_t offset = g.c.layout == Layout::row_major ? first * g.c.ld : first;
@@ -274,6 +276,12 @@ void broadcast_b(const DistributedPlan::Impl& im, const GemmArgs& args, void* st
   const size_t bytes = size_t(span(args.b)) * dtype_size(args.b.dtype);
   nccl::check(nccl::api().Broadcast(args.b.data, args.b.data, bytes, nccl::kUint8, im.options.broadcast_root, im.comm, stream),
               "ncclBroadcast (B)");
+  if (args.b.dtype == DType::e4m3 && args.b.scales) {  // an e4m3 B travels with its scales
+    const size_t count = size_t(scale_count(args.b.cols, args.b.rows, args.b.scale_group));
+    float* sc = const_cast<float*>(args.b.scales);  // in place: the root's values reach the others
+    nccl::check(nccl::api().Broadcast(sc, sc, count * 4, nccl::kUint8, im.options.broadcast_root, im.comm, stream),
+                "ncclBroadcast (B's scales)");
+  }
 }
 
 void product(const DistributedPlan::Impl& im, const GemmArgs& args, void* stream) {

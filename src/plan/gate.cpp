@@ -39,7 +39,8 @@ int64_t span_elements(const Tensor4View& t, const char* name) {
 }
 
 void check_tensor(const Tensor4View& t, const char* name) {
-  if (int(t.dtype) < 0 || int(t.dtype) > 2) bad(std::string(name) + ".dtype=" + str(int(t.dtype)) + " is not a dtype");
+  if (int(t.dtype) < 0 || int(t.dtype) > 2)
+    bad(std::string(name) + ".dtype=" + str(int(t.dtype)) + " is not f32 (0), f16 (1) or bf16 (2)");
   if (int(t.memory) < 0 || int(t.memory) > 1)
     bad(std::string(name) + ".memory=" + str(int(t.memory)) + " is not host or device");
   const std::pair<const char*, int64_t> dims[] = {{"b", t.b}, {"h", t.h}, {"s", t.s}, {"d", t.d},

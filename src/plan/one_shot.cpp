@@ -46,13 +46,13 @@ namespace {
 
 struct DenseKey {
   int64_t rows = 0, cols = 0, ld = 0;
-  int layout = 0, dtype = 0, memory = 0;
+  int layout = 0, dtype = 0, memory = 0, scale_group = 0;
   // Device data: a plan may size workspace by the data's alignment (hopper copies a dense operand
   // that is not 16-byte aligned into aligned workspace), so a less aligned pointer gets its own plan.
   bool aligned16 = false;
   bool operator==(const DenseKey& o) const {
     return rows == o.rows && cols == o.cols && ld == o.ld && layout == o.layout && dtype == o.dtype &&
-           memory == o.memory && aligned16 == o.aligned16;
+           memory == o.memory && scale_group == o.scale_group && aligned16 == o.aligned16;
   }
 };
 
@@ -77,7 +77,7 @@ struct PlanKey {
 };
 
 DenseKey dense_key(const DenseView& d) {
-  return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory),
+  return {d.rows, d.cols, d.ld, int(d.layout), int(d.dtype), int(d.memory), d.scale_group,
           d.memory == Memory::device && reinterpret_cast<uintptr_t>(d.data) % 16 == 0};
 }
 

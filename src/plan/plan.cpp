@@ -167,6 +167,7 @@ void match_dense(const DenseView& got, const DenseView& want, const char* name) 
   if (got.layout != want.layout) plan_mismatch(n + ".layout", to_string(got.layout), to_string(want.layout));
   if (got.dtype != want.dtype) plan_mismatch(n + ".dtype", to_string(got.dtype), to_string(want.dtype));
   if (got.memory != want.memory) plan_mismatch(n + ".memory", to_string(got.memory), to_string(want.memory));
+  if (got.scale_group != want.scale_group) plan_mismatch(n + ".scale_group", num(got.scale_group), num(want.scale_group));
 }
 
 }  // namespace

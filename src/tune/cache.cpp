@@ -121,6 +121,8 @@ TuneKey tune_key(const GemmArgs& g, const PatternStats& st, Backend be, int thre
   k.backend = be == Backend::cuda ? "cuda" : "cpu";
   k.op = std::string(to_string(g.kind)) + (g.op == Op::trans ? "_t" : "");
   k.in_dtype = to_string(g.kind == OpKind::sdd ? g.a.dtype : g.sparse.dtype);
+  // e4m3 with per-128 group scales on the dense input is a different problem for the kernels.
+  if (g.kind != OpKind::sdd && (g.kind == OpKind::dsd ? g.b : g.a).scale_group != 0) k.in_dtype += "/g128";
   k.out_dtype = to_string(g.kind == OpKind::sdd ? g.sparse.dtype : g.c.dtype);
   auto lay = [](const DenseView& d) { return d.layout == Layout::row_major ? "row" : "col"; };
   switch (g.kind) {

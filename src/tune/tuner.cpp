@@ -15,6 +15,7 @@
 #include "core/device.hpp"
 #include "cpu/oracle.hpp"
 #include "plan/plan_internal.hpp"
+#include "sparsek/quantize.hpp"
 #include "sparsek/tune.hpp"
 #include "tune/tune_internal.hpp"
 
@@ -101,6 +102,13 @@ class Workload {
       dtype_[i + 1] = d[i]->dtype;
     }
     out_ = problem.kind == OpKind::sdd ? 0 : 3;
+    // e4m3 inputs: scales of 1 (the random values are the codes' values), shared by the copies
+    // like the pattern. The dense input's are sized by its role (scale_count).
+    if (s.dtype == DType::e4m3) sparse_scales_.assign(size_t(s.nnzb), 1.f);
+    if (const DenseView* d = scaled_dense(problem))
+      dense_scales_.assign(size_t(problem.kind == OpKind::dsd ? scale_count(d->cols, d->rows, d->scale_group)
+                                                              : scale_count(d->rows, d->cols, d->scale_group)),
+                           1.f);
     for (int i = 0; i < 4; ++i) {
       host_[i] = HostBuf(bytes(i));
       if (i == out_) {
@@ -129,6 +137,11 @@ class Workload {
       check_cuda(cudaMalloc(reinterpret_cast<void**>(&dci_), ci_.size() * 4), "cudaMalloc (tuner col_idx)");
       check_cuda(cudaMemcpy(dci_, ci_.data(), ci_.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (tuner col_idx)");
     }
+    for (auto [host, dev] : {std::pair{&sparse_scales_, &d_sparse_scales_}, std::pair{&dense_scales_, &d_dense_scales_}})
+      if (!host->empty()) {
+        check_cuda(cudaMalloc(reinterpret_cast<void**>(dev), host->size() * 4), "cudaMalloc (tuner scales)");
+        check_cuda(cudaMemcpy(*dev, host->data(), host->size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (tuner scales)");
+      }
     dev_.resize(size_t(copies));
     for (auto& c : dev_)
       for (int i = 0; i < 4; ++i) {
@@ -140,6 +153,8 @@ class Workload {
   ~Workload() {
     if (drp_) cudaFree(drp_);
     if (dci_) cudaFree(dci_);
+    if (d_sparse_scales_) cudaFree(d_sparse_scales_);
+    if (d_dense_scales_) cudaFree(d_dense_scales_);
   }
   Workload(const Workload&) = delete;
   Workload& operator=(const Workload&) = delete;
@@ -157,6 +172,8 @@ class Workload {
     DenseView* d[3] = {&g.a, &g.b, &g.c};
     for (int i = 0; i < 3; ++i)
       if (elems_[i + 1]) d[i]->data = p[i + 1];
+    set_scales(g, be_ == Backend::cpu ? sparse_scales_.data() : d_sparse_scales_,
+               be_ == Backend::cpu ? dense_scales_.data() : d_dense_scales_);
     return g;
   }
   // Host operands with the output's initial contents (for the oracle).
@@ -171,6 +188,7 @@ class Workload {
       d[i]->memory = Memory::host;
       if (elems_[i + 1]) d[i]->data = host_[i + 1].p;
     }
+    set_scales(g, sparse_scales_.data(), dense_scales_.data());
     return g;
   }
   // Restores copy 0's output to its initial contents (random when beta != 0, else NaN).
@@ -213,6 +231,15 @@ class Workload {
   }
 
  private:
+  // The dense input that carries scales (an e4m3 DSD's B or DDS's A), or null.
+  static const DenseView* scaled_dense(const GemmArgs& g) {
+    const DenseView* d = g.kind == OpKind::dsd ? &g.b : g.kind == OpKind::dds ? &g.a : nullptr;
+    return d && d->dtype == DType::e4m3 ? d : nullptr;
+  }
+  void set_scales(GemmArgs& g, const float* sparse, const float* dense) const {
+    if (!sparse_scales_.empty()) g.sparse.scales = sparse;
+    if (!dense_scales_.empty()) (g.kind == OpKind::dsd ? g.b : g.a).scales = dense;
+  }
   size_t bytes(int i) const { return size_t(elems_[i]) * dtype_size(dtype_[i]); }
   GemmArgs g_;
   Backend be_;
@@ -225,6 +252,9 @@ class Workload {
   HostBuf host_[4];
   HostBuf saved_out_;
   std::vector<std::array<DevBuf, 4>> dev_;
+  std::vector<float> sparse_scales_, dense_scales_;  // e4m3 inputs only
+  float* d_sparse_scales_ = nullptr;
+  float* d_dense_scales_ = nullptr;
 };
 
 // max |got - ref| / max |ref| (max |ref| = 0: absolute); infinite when got holds a NaN/Inf.
@@ -246,6 +276,7 @@ double tolerance(const GemmArgs& g) {
     case DType::f32: return 1e-3;
     case DType::f16: return 5e-3;
     case DType::bf16: return 2e-2;
+    case DType::e4m3: break;  // not an output dtype
   }
   return 1e-3;
 }
@@ -351,12 +382,16 @@ TuneReport tune(const GemmArgs& problem_in, const Options& options, const TuneOp
   alignas(256) static unsigned char stand_in[256];
   GemmArgs problem = problem_in;
   if (!problem.sparse.values) problem.sparse.values = stand_in;
-  for (DenseView* d : {&problem.a, &problem.b, &problem.c})
+  for (DenseView* d : {&problem.a, &problem.b, &problem.c}) {
     if (!d->data) d->data = stand_in;
+    if (d->dtype == DType::e4m3 && !d->scales) d->scales = reinterpret_cast<const float*>(stand_in);
+  }
+  if (problem.sparse.dtype == DType::e4m3 && !problem.sparse.scales)
+    problem.sparse.scales = reinterpret_cast<const float*>(stand_in);
   validate_description(problem, false);  // the stand-ins share an address: no aliasing check
   const Backend be = resolve_backend(problem, options);
   HostPattern hp = host_pattern(problem.sparse, true, options.stream);
-  validate_pattern(problem, hp);
+  validate_pattern(problem, hp, /*check_scales=*/false);  // the workload brings its own
   const PatternStats st = pattern_stats(hp.row_ptr, problem.sparse.mb());
 
   TuneReport rep;

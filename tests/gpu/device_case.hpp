@@ -38,6 +38,7 @@ struct DeviceBuffer {
 // The device twin of a GemmCase: same views, device pointers.
 struct DeviceCase {
   std::unique_ptr<DeviceBuffer> row_ptr, col_idx, values, a, b, c;
+  std::unique_ptr<DeviceBuffer> sparse_scales, dense_scales;  // e4m3 cases
   GemmArgs args;
   // dense_offset: bytes added to every dense operand's device pointer (misalignment tests).
   explicit DeviceCase(GemmCase& gc, size_t dense_offset = 0) {
@@ -59,6 +60,14 @@ struct DeviceCase {
     dense(gc.a, a, args.a);
     dense(gc.b, b, args.b);
     dense(gc.c, c, args.c);
+    if (s.dtype() == DType::e4m3 && s.nnzb()) {
+      sparse_scales = std::make_unique<DeviceBuffer>(s.scales().data(), s.scales().size() * 4);
+      args.sparse.scales = static_cast<const float*>(sparse_scales->ptr);
+    }
+    if (!gc.dense_scales.empty()) {
+      dense_scales = std::make_unique<DeviceBuffer>(gc.dense_scales.data(), gc.dense_scales.size() * 4);
+      (args.kind == OpKind::dsd ? args.b : args.a).scales = static_cast<const float*>(dense_scales->ptr);
+    }
   }
   // Copies the output back into the host case (C's whole storage, or C's BSR values).
   void download(GemmCase& gc) const {

@@ -151,6 +151,7 @@ std::string common_why_not(const GemmArgs& args) {
   if (g.sparse.memory != Memory::device) return "needs device memory (operands are in host memory)";
   const bool sdd = g.kind == OpKind::sdd;
   const DType in = sdd ? g.a.dtype : g.sparse.dtype, out = sdd ? g.sparse.dtype : g.c.dtype;
+  if (in == DType::e4m3) return "needs f16, bf16 or f32 inputs, got e4m3 (the libraries' sparse products have no fp8 form)";
   if (in != DType::f32 && out != DType::f32 && out != in)
     return std::string("output ") + to_string(out) + " with " + to_string(in) +
            " inputs is not a cuSPARSE/cuBLAS type combination (use " + to_string(in) + " or f32)";

@@ -230,7 +230,7 @@ std::string why_not_portable(const GemmArgs& g) {
   if (s.memory != Memory::device) return "operands are in host memory (the portable kernel runs on the GPU)";
   const DType in = g.kind == OpKind::sdd ? g.a.dtype : s.dtype;
   if (in == DType::f32) return "f32 inputs: tensor-core variants need f16/bf16";
-  if (in != DType::f16 && in != DType::bf16) return std::string("input dtype ") + to_string(in) + " is not f16/bf16";
+  if (in != DType::f16 && in != DType::bf16) return std::string("needs f16 or bf16 inputs, got ") + to_string(in);
   if (!is_block_dim(s.bm)) return "bm=" + std::to_string(s.bm) + " not in {16,32,64,128}";
   if (!is_block_dim(s.bk)) return "bk=" + std::to_string(s.bk) + " not in {16,32,64,128}";
   if (g.kind != OpKind::sdd) {

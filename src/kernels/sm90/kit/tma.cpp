@@ -30,6 +30,7 @@ CUtensorMapDataType tma_dtype(DType t) {
     case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    case DType::e4m3: return CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA only moves bytes: one per element
   }
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }

@@ -1,0 +1,67 @@
+// The e4m3 quantization rule, one copy for the host functions (src/format/quantize.cpp) and the
+// CUDA kernels (quant.cu), so that both give the same bits: every step is an exactly rounded fp32
+// operation or a bit manipulation (sparsek/quantize.hpp states the rule).
+#pragma once
+#include <cstdint>
+
+#include "sparsek/types.hpp"
+
+namespace sparsek::quant {
+
+constexpr float kE4m3Max = 448.f;
+
+// The group's running maximum is kept as the bits of |x|: for non-negative floats the integer
+// order is the numeric order, a NaN's bits lie above +inf's, and an integer max cannot drop a NaN
+// the way fmaxf does, so any NaN or infinity in a group shows in its maximum.
+SPARSEK_HOST_DEVICE inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+
+// The scale of a group from its maximum |x| (as bits): amax / 448, NaN for a group holding NaN or
+// an infinity.
+SPARSEK_HOST_DEVICE inline float scale_of(uint32_t amax_bits) {
+  if (amax_bits >= 0x7f800000u) return bits_float(0x7fc00000u);
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(bits_float(amax_bits), kE4m3Max);  // IEEE division whatever the math flags
+#else
+  return bits_float(amax_bits) / kE4m3Max;
+#endif
+}
+
+// One value's code under its group's scale. A zero scale (zero group, or amax / 448 below fp32's
+// range) gives zero codes: x / 0 would be inf or NaN. A NaN scale gives NaN (0x7F).
+SPARSEK_HOST_DEVICE inline uint8_t code_of(float x, float scale) {
+  if (scale == 0.f) return 0;
+#if defined(__CUDA_ARCH__)
+  return float_to_e4m3(__fdiv_rn(x, scale)).bits;
+#else
+  return float_to_e4m3(x / scale).bits;
+#endif
+}
+
+// One value back: scale * decoded, in fp32.
+SPARSEK_HOST_DEVICE inline float value_of(uint8_t code, float scale) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(scale, e4m3_to_float({code}));  // never fused into a neighbouring add
+#else
+  return scale * e4m3_to_float({code});
+#endif
+}
+
+// Storage types by dtype, as raw bits (host and device alike).
+SPARSEK_HOST_DEVICE inline float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f16: return half_to_float(static_cast<const half_t*>(p)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const bfloat16_t*>(p)[i]);
+    case DType::e4m3: return e4m3_to_float(static_cast<const e4m3_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+SPARSEK_HOST_DEVICE inline void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f16: static_cast<half_t*>(p)[i] = float_to_half(v); break;
+    case DType::bf16: static_cast<bfloat16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::e4m3: static_cast<e4m3_t*>(p)[i] = float_to_e4m3(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+}  // namespace sparsek::quant
