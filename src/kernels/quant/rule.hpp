@@ -37,13 +37,16 @@ SPARSEK_HOST_DEVICE inline uint8_t code_of(float x, float scale) {
 #endif
 }
 
-// One value back: scale * decoded, in fp32.
+// One value back: scale * decoded, in fp32. A NaN result (a NaN code or scale) is made the one
+// quiet NaN 0x7FC00000: the host propagates a NaN operand's bits, the GPU returns its own
+// canonical NaN, and the two must give the same bits.
 SPARSEK_HOST_DEVICE inline float value_of(uint8_t code, float scale) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(scale, e4m3_to_float({code}));  // never fused into a neighbouring add
+  const float v = __fmul_rn(scale, e4m3_to_float({code}));  // never fused into a neighbouring add
 #else
-  return scale * e4m3_to_float({code});
+  const float v = scale * e4m3_to_float({code});
 #endif
+  return v == v ? v : bits_float(0x7fc00000u);
 }
 
 // Storage types by dtype, as raw bits (host and device alike).
