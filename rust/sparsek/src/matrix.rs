@@ -43,19 +43,20 @@ impl<'a, T: Element> BsrMatrix<'a, T> {
         col_idx: impl Into<Cow<'a, [i32]>>,
         values: impl Into<Cow<'a, [T]>>,
     ) -> Result<Self> {
-        let m = BsrMatrix::parts(rows, cols, block, row_ptr, col_idx, values)?;
-        m.validate()?;
-        Ok(m)
+        BsrMatrix::with_scales(rows, cols, block, row_ptr, col_idx, values, Vec::new())
     }
 
-    /// The matrix with its array lengths checked, not yet validated by the library.
-    fn parts(
+    /// An [`E4m3`] matrix from its parts: as [`new`](Self::new), plus `scales[nnzb]` (one per stored
+    /// block, finite and >= 0). Other element types carry no scales (empty; the library refuses
+    /// any).
+    pub fn with_scales(
         rows: usize,
         cols: usize,
         block: (usize, usize),
         row_ptr: impl Into<Cow<'a, [i32]>>,
         col_idx: impl Into<Cow<'a, [i32]>>,
         values: impl Into<Cow<'a, [T]>>,
+        scales: impl Into<Cow<'a, [f32]>>,
     ) -> Result<Self> {
         let (bm, bk) = block;
         if bm == 0 || bk == 0 {
@@ -69,7 +70,7 @@ impl<'a, T: Element> BsrMatrix<'a, T> {
             row_ptr: row_ptr.into(),
             col_idx: col_idx.into(),
             values: values.into(),
-            scales: Cow::Borrowed(&[]),
+            scales: scales.into(),
         };
         let mb = rows / bm;
         if m.row_ptr.len() != mb + 1 {
@@ -91,30 +92,7 @@ impl<'a, T: Element> BsrMatrix<'a, T> {
                 bk
             )));
         }
-        Ok(m)
-    }
-
-    /// All of the library's checks (pattern, and for e4m3 the scales: finite and >= 0).
-    fn validate(&self) -> Result<()> {
-        let raw = self.raw()?;
-        // SAFETY: the lengths were checked against what the descriptor says; validate only reads.
-        check(unsafe { sys::sparsek_bsr_validate(&raw) })
-    }
-
-    /// An [`E4m3`] matrix from its parts: as [`new`](Self::new), plus `scales[nnzb]` (one per stored
-    /// block, finite and >= 0). Other element types carry no scales (the library refuses them).
-    pub fn with_scales(
-        rows: usize,
-        cols: usize,
-        block: (usize, usize),
-        row_ptr: impl Into<Cow<'a, [i32]>>,
-        col_idx: impl Into<Cow<'a, [i32]>>,
-        values: impl Into<Cow<'a, [T]>>,
-        scales: impl Into<Cow<'a, [f32]>>,
-    ) -> Result<Self> {
-        let mut m = BsrMatrix::parts(rows, cols, block, row_ptr, col_idx, values)?;
-        m.scales = scales.into();
-        if m.scales.len() != m.nnzb() {
+        if !m.scales.is_empty() && m.scales.len() != m.nnzb() {
             return Err(Error::invalid(format!(
                 "scales has {} entries but the matrix stores nnzb={} blocks (one scale each)",
                 m.scales.len(),
@@ -123,6 +101,13 @@ impl<'a, T: Element> BsrMatrix<'a, T> {
         }
         m.validate()?;
         Ok(m)
+    }
+
+    /// All of the library's checks (pattern, and for e4m3 the scales: finite and >= 0).
+    fn validate(&self) -> Result<()> {
+        let raw = self.raw()?;
+        // SAFETY: the lengths were checked against what the descriptor says; validate only reads.
+        check(unsafe { sys::sparsek_bsr_validate(&raw) })
     }
 
     /// The e4m3 matrix of this one (f32, F16 or Bf16 values): per stored block, scale = amax / 448
