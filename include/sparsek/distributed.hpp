@@ -12,7 +12,8 @@
 // rows of its C are neither read nor written) through an ordinary plan() of its shard, so a rank's
 // rows are bit-identical to a one-GPU run whenever its shard's plan schedules them the same way.
 // Options: B broadcast from one rank before each product (the other ranks' B buffers are
-// overwritten), and an all-gather of C afterwards (every rank's C then holds all rows).
+// overwritten; an e4m3 B's scales too), and an all-gather of C afterwards (every rank's C then
+// holds all rows).
 //
 // sparsek never creates a communicator: pass the ncclComm_t of this rank (NCCL's, PyTorch's ...).
 // NCCL is loaded at run time ($SPARSEK_NCCL_LIBRARY, else libnccl.so.2): without it, building and

@@ -4,9 +4,11 @@
 //   run(p, args, stream);              // cheap checks + launch; allocation-free, graph-capturable
 //
 // A plan is made for one problem: kind, op, shapes, block shape, dtypes, layouts, leading
-// dimensions, memory, and the pattern (row_ptr / col_idx pointers and nnzb). The values, the dense
-// pointers, alpha and beta may change between runs. The pattern arrays must stay alive and
-// unchanged while the plan is used (a plan does not own them).
+// dimensions, memory, e4m3 scale groups, and the pattern (row_ptr / col_idx pointers and nnzb).
+// The values, the e4m3 scales, the dense pointers, alpha and beta may change between runs (the
+// scales' values are checked by plan() and by one-shot calls with check_indices, not by run()).
+// The pattern arrays must stay alive and unchanged while the plan is used (a plan does not own
+// them).
 //
 // Thread safety: plan() may run concurrently. One plan may be run from several threads only when
 // its runs do not overlap in time on the device: a variant's workspace is used in stream order

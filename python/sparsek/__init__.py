@@ -15,11 +15,15 @@ integration loads when torch is in use (imported before sparsek, or on the first
 Block-sparse attention: ``O, LSE = sparsek.attention(q, k, v, layout, causal=False)`` with a
 ``sparsek.BlockLayout`` or a FlexAttention ``BlockMask``; ``sparsek.gate(q, k, topk)`` chooses a
 layout from the content (``sparsek.nn.TopKGate`` learns the scores).
+
+fp8 (e4m3): ``W8 = W.quantize()`` (one scale per stored block), ``x8, xs = sparsek.quantize_e4m3(x)``
+(one per row), ``sparsek.dense_bsr_mm(x8, W8.T, a_scales=xs)``; ``BlockSparseLinear.to_fp8()``.
 """
 from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
 from . import _arrays, _sparsek
 from ._attention import BlockLayout, attention, block_mask_from_layout, gate, layout_from_block_mask
 from ._bsr import BSRMatrix, BSRTranspose
+from ._fp8 import dequantize_e4m3, quantize_e4m3
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
 
 _arrays.torch_loaded()  # registers torch.ops.sparsek.* now if the caller already imported torch
@@ -27,4 +31,5 @@ _arrays.torch_loaded()  # registers torch.ops.sparsek.* now if the caller alread
 __version__ = _sparsek.version()
 
 __all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "BlockLayout", "attention",
-           "gate", "layout_from_block_mask", "block_mask_from_layout", "__version__"]
+           "gate", "layout_from_block_mask", "block_mask_from_layout", "quantize_e4m3", "dequantize_e4m3",
+           "__version__"]

@@ -1,13 +1,15 @@
 """BSRMatrix: a block-sparse matrix whose arrays live in the framework (and on the device) they came from.
 
 Layout: row_ptr int32 [mb+1], col_idx int32 [nnzb], values [nnzb, bm, bk], each block
-row-major; the matrix is (mb*bm) x (kb*bk). Conversions (dense <-> BSR, transpose) run in the
+row-major; the matrix is (mb*bm) x (kb*bk). An e4m3 (fp8) matrix also holds scales float32 [nnzb]
+(one per stored block; values are the codes: see _fp8.py). Conversions (dense <-> BSR, transpose) run in the
 array's own framework, so they work on the GPU too; the BSR invariants are checked by the library
 (sparsek::validate) when a matrix is built from user arrays.
 """
 import numpy as np
 
 from . import _arrays as A
+from . import _fp8
 from . import _sparsek as _ext
 
 _INT32_MAX = 2**31 - 1
@@ -47,12 +49,16 @@ class BSRMatrix:
     Build one with ``BSRMatrix.from_dense``, ``from_torch``, ``from_scipy`` or from its three arrays
     ``BSRMatrix(row_ptr, col_idx, values, shape)`` (validated: a bad pattern raises ValueError with
     the library's message naming the array, the index and the value).
+
+    fp8: ``quantize()`` gives the e4m3 matrix (values: the codes, a torch float8_e4m3fn tensor or a
+    uint8 array; ``scales``: float32 (nnzb,), one per block), ``dequantize()`` the float one back;
+    ``BSRMatrix(row_ptr, col_idx, codes, shape, scales=scales)`` builds one from its arrays.
     """
 
     # NumPy: make `ndarray @ BSRMatrix` defer to __rmatmul__ instead of building an object array.
     __array_ufunc__ = None
 
-    def __init__(self, row_ptr, col_idx, values, shape, *, check=True):
+    def __init__(self, row_ptr, col_idx, values, shape, *, scales=None, check=True):
         # check=False (internal: arrays built by sparsek itself) keeps this traceable by torch.compile.
         if check:
             rows, cols = A.pair(shape, "shape")
@@ -62,16 +68,24 @@ class BSRMatrix:
             A.same_framework([("row_ptr", row_ptr), ("col_idx", col_idx), ("values", values)])
             row_ptr = _contiguous(_as_int32(row_ptr, "row_ptr"))
             col_idx = _contiguous(_as_int32(col_idx, "col_idx"))
-            A.check_value_dtype(values, "values")
+            if scales is None and _fp8.is_fp8(values):
+                raise ValueError(f"values dtype {A.dtype_name(values)} holds e4m3 codes: pass their scales= "
+                                 "(float32, one per stored block), or make the matrix with quantize()")
+            if scales is None or not _fp8.is_fp8(values):
+                A.check_value_dtype(values, "values")  # (scales beside float values: the library says)
             values = _contiguous(values)
+            if scales is not None:
+                A.same_framework([("values", values), ("scales", scales)])
+                scales = _contiguous(scales)
             # All BSR invariants, incl. the O(nnzb) index checks (once, here; products skip them).
             # torch refuses DLPack export of tensors that require grad: validate detached views.
             det = (lambda t: t.detach()) if A.is_torch(values) else (lambda t: t)
-            _ext.validate_bsr(rows, cols, det(row_ptr), det(col_idx), det(values), True,
-                              A.stream_of(values))
+            _ext.validate_bsr(rows, cols, det(row_ptr), det(col_idx), _fp8.codes(values), True,
+                              A.stream_of(values), None if scales is None else det(scales))
         self.row_ptr = row_ptr
         self.col_idx = col_idx
         self.values = values
+        self.scales = scales
         self.shape = (rows, cols)
 
     # ---- properties ----
@@ -102,6 +116,23 @@ class BSRMatrix:
         ``.T.to_bsr()`` builds the BSR arrays of the transpose."""
         return BSRTranspose(self)
 
+    # ---- fp8 (e4m3) ----
+    @property
+    def is_fp8(self):
+        """Whether the values are e4m3 codes with per-block scales."""
+        return self.scales is not None
+
+    def quantize(self):
+        """The e4m3 matrix: per stored block, scale = amax / 448 and the values' codes (rounded to
+        nearest even, saturating; a zero block gets scale 0). Same pattern arrays, same framework
+        and device. NaN or inf values: ValueError naming the element (on a GPU: a NaN scale, which
+        the products refuse)."""
+        return _fp8.quantize_bsr(self)
+
+    def dequantize(self, dtype=None):
+        """The float matrix of an e4m3 one: scale * code, as float32 (or ``dtype``)."""
+        return _fp8.dequantize_bsr(self, dtype)
+
     # ---- device and dtype (torch matrices; NumPy ones live on the host) ----
     @property
     def device(self):
@@ -118,6 +149,12 @@ class BSRMatrix:
         values = self.values.to(*args, **kwargs)
         if values is self.values:
             return self
+        if self.scales is not None:
+            if values.dtype != self.values.dtype:
+                raise ValueError(f"to(): an e4m3 matrix changes dtype through dequantize(dtype) (asked for "
+                                 f"{A.dtype_name(values)})")
+            return BSRMatrix(self.row_ptr.to(device=values.device), self.col_idx.to(device=values.device),
+                             values, self.shape, scales=self.scales.to(device=values.device), check=False)
         if values.dtype not in (A.torch.float32, A.torch.float16, A.torch.bfloat16):
             raise ValueError(f"to(): values dtype {A.dtype_name(values)} is not supported ({A.SUPPORTED})")
         row_ptr = self.row_ptr.to(device=values.device)
@@ -138,8 +175,9 @@ class BSRMatrix:
     def __repr__(self):
         fw = A.framework(self.values)
         dev = f", device={self.values.device}" if fw != "numpy" else ""
+        dt = "e4m3 (per-block scales)" if self.scales is not None else A.dtype_name(self.values)
         return (f"BSRMatrix(shape={self.shape}, block={self.block}, nnzb={self.nnzb}, "
-                f"density={self.density:.4g}, dtype={A.dtype_name(self.values)}, {fw}{dev})")
+                f"density={self.density:.4g}, dtype={dt}, {fw}{dev})")
 
     # ---- conversions ----
     @classmethod
@@ -148,8 +186,11 @@ class BSRMatrix:
 
         mask: a (mb, kb) array of booleans (NumPy or the array's framework) choosing the stored
         blocks; without it every block holding a non-zero is stored. dtype: convert the values
-        (e.g. float64 NumPy data to float32); sparsek computes in float32, float16 and bfloat16.
+        (e.g. float64 NumPy data to float32); sparsek computes in float32, float16 and bfloat16;
+        ``dtype="e4m3"`` quantizes the stored blocks (``quantize()``).
         """
+        if isinstance(dtype, str) and dtype == "e4m3":
+            return cls.from_dense(array, block, mask).quantize()
         fw = A.framework(array, "array")
         if array.ndim != 2:
             raise ValueError(f"array must be 2-D, got shape {A.shape_of(array)}")
@@ -189,7 +230,10 @@ class BSRMatrix:
         return cls(row_ptr, col_idx, values, (rows, cols), check=False)
 
     def to_dense(self):
-        """The dense (rows x cols) array, in the values' framework and on their device."""
+        """The dense (rows x cols) array, in the values' framework and on their device (an e4m3
+        matrix: its dequantized float32 values)."""
+        if self.scales is not None:
+            return self.dequantize().to_dense()
         rows, cols = self.shape
         bm, bk = self.block
         mb, kb = rows // bm, cols // bk
@@ -227,6 +271,8 @@ class BSRMatrix:
         """A torch ``sparse_bsr`` tensor sharing this matrix's arrays (torch matrices only)."""
         if not A.is_torch(self.values):
             raise TypeError("to_torch needs a matrix whose arrays are torch tensors")
+        if self.scales is not None:
+            raise ValueError("to_torch: a torch sparse_bsr tensor holds no block scales; dequantize() first")
         return A.torch.sparse_bsr_tensor(self.row_ptr, self.col_idx, self.values, size=self.shape)
 
     @classmethod
@@ -260,6 +306,8 @@ class BSRMatrix:
 
         if A.framework(self.values) != "numpy":
             raise TypeError("to_scipy needs a matrix whose arrays are NumPy arrays")
+        if self.scales is not None:
+            raise ValueError("to_scipy: a SciPy matrix holds no block scales; dequantize() first")
         return sp.bsr_array((self.values, self.col_idx, self.row_ptr), shape=self.shape,
                             blocksize=self.block)
 
@@ -309,6 +357,14 @@ class BSRTranspose:
         return self.base.dtype
 
     @property
+    def scales(self):
+        return self.base.scales
+
+    @property
+    def is_fp8(self):
+        return self.base.is_fp8
+
+    @property
     def density(self):
         return self.base.density
 
@@ -353,7 +409,8 @@ def _transpose(a):
         ids = torch.arange(kb + 1, dtype=torch.int64, device=a.values.device)
         row_ptr = torch.searchsorted(sorted_cols, ids).to(torch.int32)
         col_idx = block_row[order].to(torch.int32)
-        values = a.values[order].transpose(1, 2).contiguous()  # (nnzb, bk, bm)
+        v = a.values if a.scales is None else _fp8.codes(a.values)  # (indexing is defined for uint8)
+        values = v[order].transpose(1, 2).contiguous().view(a.values.dtype)  # (nnzb, bk, bm)
     else:
         xp = A.xp(a.values)
         col = a.col_idx.astype(xp.int64)
@@ -362,4 +419,5 @@ def _transpose(a):
         row_ptr = xp.searchsorted(sorted_cols, xp.arange(kb + 1), side="left").astype(xp.int32)
         col_idx = block_row[order].astype(xp.int32)
         values = xp.ascontiguousarray(a.values[order].transpose(0, 2, 1))
-    return BSRMatrix(row_ptr, col_idx, values, (cols, rows), check=False)
+    scales = None if a.scales is None else a.scales[order]  # e4m3: each block keeps its scale
+    return BSRMatrix(row_ptr, col_idx, values, (cols, rows), scales=scales, check=False)

@@ -7,6 +7,7 @@ NumPy and CuPy arrays call the binding's one-shot entry points, which check the 
 call (those arrays have no version counter that would tell an in-place edit).
 """
 from . import _arrays as A
+from . import _fp8
 from . import _sparsek as _ext
 from ._bsr import BSRMatrix, BSRTranspose
 
@@ -39,6 +40,16 @@ def _need_2d(x, name):
         raise ValueError(f"{name} must be a 2-D array, got shape {A.shape_of(x)}")
 
 
+def _fp8_call(sparse_scales, dense_scales, out_dtype):
+    """Whether a product is an e4m3 one (either operand brings scales)."""
+    if sparse_scales is None and dense_scales is None:
+        if out_dtype is not None:
+            raise ValueError(f"out_dtype={out_dtype} is for e4m3 products; other products take the "
+                             "output's dtype from out= (or from the dense input)")
+        return False
+    return True
+
+
 def _dense_out(out, beta, like, shape):
     """The C array of a dense-output product: out when given, else a new one (beta needs out)."""
     if out is None:
@@ -48,15 +59,23 @@ def _dense_out(out, beta, like, shape):
     return out
 
 
-def bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
+def bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None, b_scales=None, out_dtype=None):
     """DSD: ``alpha * a @ b + beta * out`` with ``a`` sparse (a BSRMatrix, its ``.T`` or a torch
     sparse_bsr tensor) and ``b`` dense (K x N).
 
     Returns ``out`` when given (written in place; with torch the result is copied into it),
     else a new (M x N) array of b's dtype. When beta == 0, out is never read (NaN does not leak).
+
+    fp8: an e4m3 ``a`` (``BSRMatrix.quantize()``) takes an e4m3 ``b`` with ``b_scales``, one per
+    column of b (shape (N,), or (N, ceil(K/128)) per 128-wide group of K; ``quantize_e4m3(b,
+    per="col")`` makes both). The result is float32, or ``out_dtype`` (float16/bfloat16), or out's.
     """
     a, trans = _sparse_arg(a, "a")
     alpha, beta = A.scalar(alpha, "alpha"), A.scalar(beta, "beta")
+    if _fp8_call(a.scales, b_scales, out_dtype):
+        if A.is_torch(a.values):
+            return torch_ops().fp8_product("dsd", a, trans, b, b_scales, alpha, beta, out, out_dtype)
+        return _fp8.product("dsd", a, trans, b, b_scales, alpha, beta, out, out_dtype)
     if A.is_torch(a.values):
         return torch_ops().bsr_mm(a, trans, b, alpha, beta, out)
     A.same_framework([("a", a.values), ("b", b), ("out", out)])
@@ -68,11 +87,19 @@ def bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
     return c
 
 
-def dense_bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None):
+def dense_bsr_mm(a, b, *, alpha=1.0, beta=0.0, out=None, a_scales=None, out_dtype=None):
     """DDS: ``alpha * a @ b + beta * out`` with ``a`` dense (M x K) and ``b`` sparse (a BSRMatrix,
-    its ``.T`` or a torch sparse_bsr tensor). ``x @ W.T`` runs without transposing W."""
+    its ``.T`` or a torch sparse_bsr tensor). ``x @ W.T`` runs without transposing W.
+
+    fp8: an e4m3 ``b`` takes an e4m3 ``a`` with ``a_scales``, one per row of a (shape (M,), or
+    (M, ceil(K/128)); ``quantize_e4m3(x)`` makes both). The result is float32, or ``out_dtype``,
+    or out's."""
     b, trans = _sparse_arg(b, "b")
     alpha, beta = A.scalar(alpha, "alpha"), A.scalar(beta, "beta")
+    if _fp8_call(b.scales, a_scales, out_dtype):
+        if A.is_torch(b.values):
+            return torch_ops().fp8_product("dds", b, trans, a, a_scales, alpha, beta, out, out_dtype)
+        return _fp8.product("dds", b, trans, a, a_scales, alpha, beta, out, out_dtype)
     if A.is_torch(b.values):
         return torch_ops().dense_bsr_mm(a, b, trans, alpha, beta, out)
     A.same_framework([("a", a), ("b", b.values), ("out", out)])

@@ -81,11 +81,12 @@ def _capture_error(what):
         "launch.")
 
 
-def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
-    """The cached plan for this call, made now on a miss (see the module doc)."""
+def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c, scales=None, dense_scales=None):
+    """The cached plan for this call, made now on a miss (see the module doc). e4m3 products
+    (_torch_fp8) pass the uint8 views of their codes and their scales."""
     stream = _stream(values)
     capturing = _capturing(values)
-    key = (kind, trans, rows, cols, _sig(values), _sig(a), _sig(b), _sig(c))
+    key = (kind, trans, rows, cols, _sig(values), _sig(a), _sig(b), _sig(c), _sig(scales), _sig(dense_scales))
     plans = row_ptr.__dict__.get("_sparsek_plans")
     if plans is None:
         plans = row_ptr.__dict__["_sparsek_plans"] = {}
@@ -107,10 +108,11 @@ def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
         raise _capture_error(("bsr_mm", "dense_bsr_mm", "sampled_mm")[kind])
     rp, ci, v = row_ptr.detach(), col_idx.detach(), values.detach()
     # torch refuses DLPack export of tensors that require grad: the plan gets detached views.
+    sc, dsc = (None if t is None else t.detach() for t in (scales, dense_scales))
     if kind == DSD:
-        p = _ext.plan_dsd(rows, cols, rp, ci, v, b.detach(), c.detach(), int(trans), stream)
+        p = _ext.plan_dsd(rows, cols, rp, ci, v, b.detach(), c.detach(), int(trans), stream, scales=sc, b_scales=dsc)
     elif kind == DDS:
-        p = _ext.plan_dds(a.detach(), rows, cols, rp, ci, v, c.detach(), int(trans), stream)
+        p = _ext.plan_dds(a.detach(), rows, cols, rp, ci, v, c.detach(), int(trans), stream, a_scales=dsc, scales=sc)
     else:
         p = _ext.plan_sdd(a.detach(), b.detach(), rows, cols, rp, ci, v, stream)
     if len(plans) >= _PLANS_PER_PATTERN:
@@ -119,9 +121,10 @@ def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c):
     return p, stream
 
 
-def _launch(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c, alpha, beta):
-    p, stream = _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c)
-    p.run(values.data_ptr(), _ptr(a), _ptr(b), _ptr(c), alpha, beta, stream)
+def _launch(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c, alpha, beta, scales=None,
+            dense_scales=None):
+    p, stream = _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c, scales, dense_scales)
+    p.run(values.data_ptr(), _ptr(a), _ptr(b), _ptr(c), alpha, beta, stream, _ptr(scales), _ptr(dense_scales))
 
 
 def _need_2d(x, name):
@@ -412,3 +415,6 @@ def bsr_of_sparse_tensor(t):
     m = BSRMatrix.from_torch(t)
     t.__dict__["_sparsek_bsr"] = (m, crow._version, col._version)
     return m
+
+
+from ._torch_fp8 import fp8_product, quantize  # noqa: E402,F401  (registers the fp8 ops with the others)

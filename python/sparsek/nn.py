@@ -22,6 +22,8 @@ from . import _arrays as A
 from . import _sparsek as _ext
 from ._attention import gate as _gate
 from ._bsr import BSRMatrix
+from ._fp8 import check_group as _check_group
+from ._fp8 import quantize_e4m3
 from ._ops import bsr_mm, dense_bsr_mm
 from ._torch_attention import pool_blocks
 
@@ -61,6 +63,8 @@ class BlockSparseLinear(nn.Module):
     Under ``torch.autocast`` the product runs in the autocast dtype (float16/bfloat16) with the
     float32 parameters cast per call, as ``nn.Linear`` does. On a CUDA device the weights and
     inputs must be float16 or bfloat16 (the GPU kernels are tensor-core kernels), or autocast on.
+
+    ``to_fp8()`` turns a trained layer into an fp8 (e4m3) inference layer: see there.
     """
 
     def __init__(self, in_features, out_features, block=(64, 64), *, density=None, mask=None,
@@ -147,9 +151,48 @@ class BlockSparseLinear(nn.Module):
 
     @property
     def weight(self):
-        """The weight as a sparsek.BSRMatrix over this layer's tensors (no copy)."""
+        """The weight as a sparsek.BSRMatrix over this layer's tensors (no copy; e4m3 with its
+        scales after to_fp8())."""
         return BSRMatrix(self.row_ptr, self.col_idx, self.values, (self.out_features, self.in_features),
-                         check=False)
+                         scales=self.scales if self.fp8 else None, check=False)
+
+    @property
+    def fp8(self):
+        """Whether to_fp8() made this an e4m3 inference layer."""
+        return "scales" in self._buffers
+
+    @torch.no_grad()
+    def to_fp8(self, group=0):
+        """Make this layer an fp8 (e4m3) inference layer, in place; returns self.
+
+        The stored blocks are quantized once (one float32 scale per block: ``weight.quantize()``)
+        and kept as buffers ``values`` (float8_e4m3fn) and ``scales``; each forward quantizes its
+        input per token (per row of x, one scale each, or per 128-wide group of in_features with
+        ``group=128``) and computes ``x @ W.T`` in fp8 with fp32 accumulation, giving the dtype the
+        weights had (the bias stays in it too). Forward only: a backward through the layer raises
+        (an fp8 product has no gradient), so train first, then convert. ``method`` is kept when it
+        is "dds" or "dsd" ("auto" becomes "dds"). On a GPU the fp8 kernel needs Hopper (sm_90a).
+        Convert the layer's dtype before, not after: ``.to(device)`` moves an fp8 layer, while a
+        dtype cast would turn its codes into floats (the next forward then refuses them).
+        """
+        if self.fp8:
+            raise ValueError("to_fp8(): the layer is fp8 already")
+        group = _check_group(group)
+        w = BSRMatrix(self.row_ptr, self.col_idx, self.values.detach(), (self.out_features, self.in_features),
+                      check=False).quantize()
+        self.fp8_out_dtype = self.values.dtype
+        self.fp8_group = group
+        del self.values  # the Parameter becomes a buffer of codes: nothing to train
+        self.register_buffer("values", w.values)
+        # NOTE: the scales are marked as requiring grad so that, with grad mode on, the output is
+        # part of an autograd graph whose backward reaches the fp8 op and raises saying why; without
+        # it a backward would stop at "does not require grad", or train the bias alone.
+        self.register_buffer("scales", w.scales.requires_grad_(True))
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        if self.method == "auto":
+            self.method = "dds"
+        return self
 
     @property
     def density(self):
@@ -165,6 +208,8 @@ class BlockSparseLinear(nn.Module):
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"input must have in_features={self.in_features} as its last dimension, "
                              f"got shape {tuple(x.shape)}")
+        if self.fp8:
+            return self._forward_fp8(x)
         values = self.values
         if torch.is_autocast_enabled(x.device.type):
             dt = torch.get_autocast_dtype(x.device.type)
@@ -178,6 +223,18 @@ class BlockSparseLinear(nn.Module):
             if x.is_cuda and not torch.compiler.is_compiling():
                 method = self.method = self._measure(x2, w)
         y = _product(method, x2, w)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_fp8(self, x):
+        x2 = x.reshape(-1, self.in_features)
+        xq, xs = quantize_e4m3(x2, per="row", group=self.fp8_group)  # per token: x's rows
+        w = self.weight
+        if self.method == "dsd":  # (W @ x^T)^T: x^T's columns are x's rows, so the same scales
+            y = bsr_mm(w, xq.mT, b_scales=xs, out_dtype=self.fp8_out_dtype).mT
+        else:
+            y = dense_bsr_mm(xq, w.T, a_scales=xs, out_dtype=self.fp8_out_dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -209,9 +266,10 @@ class BlockSparseLinear(nn.Module):
         return min(times, key=times.get)
 
     def extra_repr(self):
+        fp8 = f", fp8=e4m3 (group={self.fp8_group}, out={self.fp8_out_dtype})" if self.fp8 else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"block={self.block}, nnzb={self.values.shape[0]}, density={self.density:.4g}, "
-                f"bias={self.bias is not None}, method={self.method!r}")
+                f"bias={self.bias is not None}, method={self.method!r}{fp8}")
 
 
 def _product(method, x2, w):

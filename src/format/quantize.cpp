@@ -40,7 +40,7 @@ int64_t items_per_task(const GroupMap& m) { return std::max<int64_t>(1, (int64_t
 bool first_non_finite(const void* src, DType dtype, const GroupMap& m, int64_t* bad_t, int64_t* bad_k) {
   for (int64_t t = 0; t < m.tokens; ++t)
     for (int64_t k = 0; k < m.k; ++k)
-      if (!std::isfinite(quant::load(src, dtype, t * m.t_stride + k * m.k_stride))) {
+      if (!std::isfinite(load_as_float(src, dtype, t * m.t_stride + k * m.k_stride))) {
         *bad_t = t;
         *bad_k = k;
         return true;
@@ -57,12 +57,12 @@ void quantize_host(const void* src, DType dtype, const GroupMap& m, uint8_t* cod
       const int64_t k0 = g * m.group, k1 = std::min(m.k, k0 + m.group);
       uint32_t amax = 0;
       for (int64_t k = k0; k < k1; ++k)
-        amax = std::max(amax, quant::abs_bits(quant::load(src, dtype, t * m.t_stride + k * m.k_stride)));
+        amax = std::max(amax, quant::abs_bits(load_as_float(src, dtype, t * m.t_stride + k * m.k_stride)));
       const float scale = quant::scale_of(amax);
       scales[item] = scale;
       for (int64_t k = k0; k < k1; ++k)
         codes[t * m.out_t_stride + k * m.out_k_stride] =
-            quant::code_of(quant::load(src, dtype, t * m.t_stride + k * m.k_stride), scale);
+            quant::code_of(load_as_float(src, dtype, t * m.t_stride + k * m.k_stride), scale);
     }
   });
 }
@@ -71,7 +71,7 @@ void dequantize_host(const uint8_t* codes, const float* scales, const GroupMap& 
   const int64_t groups = m.groups();
   parallel_for(m.tokens, cpu_threads(0), [&](int64_t t, int) {
     for (int64_t k = 0; k < m.k; ++k)
-      quant::store(dst, dtype, t * m.out_t_stride + k * m.out_k_stride,
+      store_from_float(dst, dtype, t * m.out_t_stride + k * m.out_k_stride,
                    quant::value_of(codes[t * m.t_stride + k * m.k_stride], scales[t * groups + k / m.group]));
   });
 }
@@ -193,7 +193,7 @@ void quantize_e4m3(const BsrView& in, void* values, float* scales, void* stream)
   int64_t t, k;
   if (first_non_finite(in.values, in.dtype, m, &t, &k))
     bad(std::string(fn) + ": values[block " + s(t) + ", row " + s(k / in.bk) + ", col " + s(k % in.bk) +
-        "]=" + num(quant::load(in.values, in.dtype, t * m.t_stride + k)) +
+        "]=" + num(load_as_float(in.values, in.dtype, t * m.t_stride + k)) +
         " is not finite (e4m3 quantization needs finite values)");
   quantize_host(in.values, in.dtype, m, static_cast<uint8_t*>(values), scales);
 }
@@ -263,7 +263,7 @@ void quantize_e4m3(const DenseView& in, DenseView& out, float* scales, ScaleDim 
     int64_t t, k;
     if (first_non_finite(in.data, in.dtype, m, &t, &k))
       bad(std::string(fn) + ": in" + dense_at(dim, t, k) + "=" +
-          num(quant::load(in.data, in.dtype, t * m.t_stride + k * m.k_stride)) +
+          num(load_as_float(in.data, in.dtype, t * m.t_stride + k * m.k_stride)) +
           " is not finite (e4m3 quantization needs finite values)");
     quantize_host(in.data, in.dtype, m, static_cast<uint8_t*>(o.data), scales);
   }

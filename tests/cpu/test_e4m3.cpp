@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sparsek/plan.hpp"
+#include "e4m3_util.hpp"
 #include "sparsek/quantize.hpp"
 #include "test_util.hpp"
 
@@ -263,45 +264,41 @@ void check_dense_quantized(const HostDense& in, const HostDense& out, const std:
 }
 
 TEST(E4m3, QuantizeDenseEveryLayoutDimAndGroup) {
-  for (DType dt : {DType::f32, DType::f16, DType::bf16})
-    for (ScaleDim dim : {ScaleDim::rows, ScaleDim::cols})
-      for (int group : {0, 128})
-        for (Layout lin : {Layout::row_major, Layout::col_major})
-          for (Layout lout : {Layout::row_major, Layout::col_major}) {
-            SCOPED_TRACE(std::string(to_string(dt)) + (dim == ScaleDim::rows ? " rows " : " cols ") +
-                         std::to_string(group) + " " + to_string(lin) + " -> " + to_string(lout));
-            HostDense in(37, 300, dt, lin, 3);
-            in.fill_random(uint64_t(group + int(dim) * 7 + int(lin) * 13 + int(dt)));
-            for (int64_t c = 0; c < 300; ++c) in.set(5, c, 0.f);  // a zero row
-            for (int64_t r = 0; r < 37; ++r) in.set(r, 129, 0.f);  // a zero column
-            HostDense out(37, 300, DType::e4m3, lout, 5);
-            std::memset(out.bytes.data(), 0xAB, out.bytes.size());
-            const std::vector<uint8_t> before = out.bytes;
-            const int64_t tokens = dim == ScaleDim::rows ? 37 : 300, K = dim == ScaleDim::rows ? 300 : 37;
-            std::vector<float> sc(size_t(scale_count(tokens, K, group)), -1.f);
-            quantize_e4m3(in.view, out.view, sc.data(), dim, group);
-            EXPECT_EQ(out.view.scales, sc.data());
-            EXPECT_EQ(out.view.scale_group, group);
-            check_dense_quantized(in, out, sc, dim, group);
-            // The output's padding is not written.
-            for (size_t i = 0; i < out.bytes.size(); ++i) {
-              const int64_t major = int64_t(i) / out.view.ld, minor = int64_t(i) % out.view.ld;
-              const bool inside = lout == Layout::row_major ? minor < 300 : minor < 37;
-              if (!inside) ASSERT_EQ(out.bytes[i], before[i]) << "padding byte " << i << " written";
-              (void)major;
-            }
-            // dequantize brings back scale * decoded.
-            HostDense back(37, 300, DType::f32, lin);
-            dequantize(out.view, back.view, dim);
-            const int64_t groups = group ? (K + group - 1) / group : 1;
-            for (int64_t r = 0; r < 37; r += 4)
-              for (int64_t c = 0; c < 300; c += 7) {
-                const int64_t t = dim == ScaleDim::rows ? r : c, k = dim == ScaleDim::rows ? c : r;
-                const float s = sc[size_t(t * groups + (group ? k / group : 0))];
-                ASSERT_EQ(back.get(r, c), s * e4m3_to_float({out.bytes[size_t(out.view.index(r, c))]}));
-                expect_close_to_quantized(in.get(r, c), back.get(r, c), s);
-              }
-          }
+  for (const DenseQuantCase& qc : dense_quant_cases()) {
+    SCOPED_TRACE(qc.name());
+    const auto& [dt, dim, group, lin, lout] = qc;
+    HostDense in(37, 300, dt, lin, 3);
+    in.fill_random(uint64_t(group + int(dim) * 7 + int(lin) * 13 + int(dt)));
+    for (int64_t c = 0; c < 300; ++c) in.set(5, c, 0.f);  // a zero row
+    for (int64_t r = 0; r < 37; ++r) in.set(r, 129, 0.f);  // a zero column
+    HostDense out(37, 300, DType::e4m3, lout, 5);
+    std::memset(out.bytes.data(), 0xAB, out.bytes.size());
+    const std::vector<uint8_t> before = out.bytes;
+    const int64_t tokens = dim == ScaleDim::rows ? 37 : 300, K = dim == ScaleDim::rows ? 300 : 37;
+    std::vector<float> sc(size_t(scale_count(tokens, K, group)), -1.f);
+    quantize_e4m3(in.view, out.view, sc.data(), dim, group);
+    EXPECT_EQ(out.view.scales, sc.data());
+    EXPECT_EQ(out.view.scale_group, group);
+    check_dense_quantized(in, out, sc, dim, group);
+    // The output's padding is not written.
+    for (size_t i = 0; i < out.bytes.size(); ++i) {
+      const int64_t major = int64_t(i) / out.view.ld, minor = int64_t(i) % out.view.ld;
+      const bool inside = lout == Layout::row_major ? minor < 300 : minor < 37;
+      if (!inside) ASSERT_EQ(out.bytes[i], before[i]) << "padding byte " << i << " written";
+      (void)major;
+    }
+    // dequantize brings back scale * decoded.
+    HostDense back(37, 300, DType::f32, lin);
+    dequantize(out.view, back.view, dim);
+    const int64_t groups = group ? (K + group - 1) / group : 1;
+    for (int64_t r = 0; r < 37; r += 4)
+      for (int64_t c = 0; c < 300; c += 7) {
+        const int64_t t = dim == ScaleDim::rows ? r : c, k = dim == ScaleDim::rows ? c : r;
+        const float s = sc[size_t(t * groups + (group ? k / group : 0))];
+        ASSERT_EQ(back.get(r, c), s * e4m3_to_float({out.bytes[size_t(out.view.index(r, c))]}));
+        expect_close_to_quantized(in.get(r, c), back.get(r, c), s);
+      }
+  }
 }
 
 TEST(E4m3, QuantizeDenseArguments) {
@@ -757,6 +754,17 @@ TEST(E4m3Capi, ProductQuantizeAndErrors) {
   EXPECT_NE(std::string(sparsek_last_error()).find("scales[0]=nan is not finite"), std::string::npos)
       << sparsek_last_error();
   EXPECT_EQ(sparsek_sdd(1.f, &b, &b, 0.f, &a, nullptr), SPARSEK_UNSUPPORTED);
+  {  // scales on an f16 operand
+    CaseSpec s16;
+    s16.in = DType::f16;
+    auto g16 = make_case(s16);
+    sparsek_bsr a16 = to_c(g16->args.sparse);
+    sparsek_dense b16 = to_c(g16->args.b), c16 = to_c(g16->args.c);
+    b16.scales = bad.data();
+    EXPECT_EQ(sparsek_dsd(SPARSEK_OP_NONE, 1.f, &a16, &b16, 0.f, &c16, nullptr), SPARSEK_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sparsek_last_error()).find("B scales is given but B is f16"), std::string::npos)
+        << sparsek_last_error();
+  }
 
   // Quantize through C: the same bits as C++.
   const BsrMatrix f = random_bsr(PatternKind::bernoulli, 64, 64, 16, 32, 0.5, DType::bf16, 5);

@@ -21,6 +21,9 @@ pub type sparsek_dtype = c_int;
 pub const SPARSEK_F32: sparsek_dtype = 0;
 pub const SPARSEK_F16: sparsek_dtype = 1;
 pub const SPARSEK_BF16: sparsek_dtype = 2;
+/// 8-bit float (1 sign, 4 exponent, 3 mantissa bits; no infinities, largest value 448): an input
+/// type of the dsd and dds products, always with fp32 scales.
+pub const SPARSEK_E4M3: sparsek_dtype = 3;
 
 pub type sparsek_layout = c_int;
 pub const SPARSEK_ROW_MAJOR: sparsek_layout = 0;
@@ -34,12 +37,18 @@ pub type sparsek_memory = c_int;
 pub const SPARSEK_HOST: sparsek_memory = 0;
 pub const SPARSEK_DEVICE: sparsek_memory = 1;
 
+/// Which dimension of a dense matrix holds the tokens, one scale each (the other is K).
+pub type sparsek_scale_dim = c_int;
+pub const SPARSEK_SCALE_ROWS: sparsek_scale_dim = 0;
+pub const SPARSEK_SCALE_COLS: sparsek_scale_dim = 1;
+
 pub type sparsek_kind = c_int;
 pub const SPARSEK_DSD: sparsek_kind = 0;
 pub const SPARSEK_DDS: sparsek_kind = 1;
 pub const SPARSEK_SDD: sparsek_kind = 2;
 
-/// A BSR matrix: `row_ptr[rows/bm + 1]`, `col_idx[nnzb]`, `values[nnzb][bm][bk]`.
+/// A BSR matrix: `row_ptr[rows/bm + 1]`, `col_idx[nnzb]`, `values[nnzb][bm][bk]`; E4M3 values
+/// carry `scales[nnzb]` (one per stored block; null for other dtypes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct sparsek_bsr {
@@ -53,9 +62,12 @@ pub struct sparsek_bsr {
     pub values: *mut c_void,
     pub dtype: sparsek_dtype,
     pub memory: sparsek_memory,
+    pub scales: *const c_float,
 }
 
-/// A dense matrix of `rows x cols` as stored, with leading dimension `ld`.
+/// A dense matrix of `rows x cols` as stored, with leading dimension `ld`. An E4M3 input carries
+/// scales per token (per row of a dds's A, per column of a dsd's B): `[tokens]` for
+/// `scale_group` 0, `[tokens][ceil(K / 128)]` for 128; other dtypes leave them null and 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct sparsek_dense {
@@ -66,6 +78,8 @@ pub struct sparsek_dense {
     pub layout: sparsek_layout,
     pub dtype: sparsek_dtype,
     pub memory: sparsek_memory,
+    pub scales: *const c_float,
+    pub scale_group: i32,
 }
 
 /// One product for the plan entry points. Slots by kind: DSD `sparse`=A, `b`, `c`;
@@ -123,6 +137,34 @@ extern "C" {
         stream: *mut c_void,
     ) -> sparsek_status;
     pub fn sparsek_bsr_validate(a: *const sparsek_bsr) -> sparsek_status;
+
+    pub fn sparsek_scale_count(tokens: i64, k: i64, scale_group: i32, count: *mut i64) -> sparsek_status;
+    pub fn sparsek_quantize_bsr_e4m3(
+        input: *const sparsek_bsr,
+        values: *mut c_void,
+        scales: *mut c_float,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_dequantize_bsr(
+        input: *const sparsek_bsr,
+        values: *mut c_void,
+        dtype: sparsek_dtype,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_quantize_dense_e4m3(
+        input: *const sparsek_dense,
+        out: *mut sparsek_dense,
+        scales: *mut c_float,
+        dim: sparsek_scale_dim,
+        scale_group: i32,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_dequantize_dense(
+        input: *const sparsek_dense,
+        out: *const sparsek_dense,
+        dim: sparsek_scale_dim,
+        stream: *mut c_void,
+    ) -> sparsek_status;
 
     pub fn sparsek_plan_create(
         plan: *mut sparsek_plan,

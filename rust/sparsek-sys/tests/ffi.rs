@@ -20,9 +20,13 @@ fn null_argument_is_named() {
 
 #[test]
 fn struct_sizes_match_the_c_layout() {
-    // sparsek_bsr: 2 x i64, 2 x i32, i64, 3 pointers, 2 enums (int) = 64 bytes on LP64.
-    assert_eq!(std::mem::size_of::<sparsek_bsr>(), 64);
-    // sparsek_dense: pointer, 3 x i64, 3 enums (+4 padding) = 48 bytes.
-    assert_eq!(std::mem::size_of::<sparsek_dense>(), 48);
-    assert_eq!(std::mem::size_of::<sparsek_gemm_args>(), 16 + 64 + 3 * 48);
+    // sparsek_bsr: 2 x i64, 2 x i32, i64, 3 pointers, 2 enums (int), the scales pointer = 72 bytes
+    // on LP64.
+    assert_eq!(std::mem::size_of::<sparsek_bsr>(), 72);
+    // sparsek_dense: pointer, 3 x i64, 3 enums (+4 padding), the scales pointer, scale_group (+4) = 64.
+    assert_eq!(std::mem::size_of::<sparsek_dense>(), 64);
+    assert_eq!(std::mem::size_of::<sparsek_gemm_args>(), 16 + 72 + 3 * 64);
+    assert_eq!(std::mem::offset_of!(sparsek_bsr, scales), 64);
+    assert_eq!(std::mem::offset_of!(sparsek_dense, scales), 48);
+    assert_eq!(std::mem::offset_of!(sparsek_dense, scale_group), 56);
 }

@@ -7,13 +7,14 @@ use std::os::raw::c_void;
 use sparsek_sys as sys;
 
 use crate::error::{check, Result};
-use crate::types::{DType, Layout, Op};
+use crate::types::{DType, Layout, Op, ScaleDim};
 
 /// A `cudaStream_t` (null: the legacy default stream). Device work is enqueued on it, not
 /// waited for.
 pub type Stream = *mut c_void;
 
-/// A BSR matrix in device memory (see [`BsrMatrix`](crate::BsrMatrix) for the layout).
+/// A BSR matrix in device memory (see [`BsrMatrix`](crate::BsrMatrix) for the layout). `scales`:
+/// e4m3 only, `[nnzb]` in device memory (null otherwise).
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceBsr {
     pub rows: i64,
@@ -25,6 +26,7 @@ pub struct DeviceBsr {
     pub col_idx: *const i32,
     pub values: *mut c_void,
     pub dtype: DType,
+    pub scales: *const f32,
 }
 
 impl DeviceBsr {
@@ -40,11 +42,14 @@ impl DeviceBsr {
             values: self.values,
             dtype: self.dtype.raw(),
             memory: sys::SPARSEK_DEVICE,
+            scales: self.scales,
         }
     }
 }
 
-/// A dense matrix in device memory: `rows x cols` as stored, leading dimension `ld`.
+/// A dense matrix in device memory: `rows x cols` as stored, leading dimension `ld`. `scales` and
+/// `scale_group`: an e4m3 input's (as [`DenseRef::with_scales`](crate::DenseRef::with_scales)), in
+/// device memory; null and 0 otherwise.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceDense {
     pub data: *mut c_void,
@@ -53,6 +58,8 @@ pub struct DeviceDense {
     pub ld: i64,
     pub layout: Layout,
     pub dtype: DType,
+    pub scales: *const f32,
+    pub scale_group: i32,
 }
 
 impl DeviceDense {
@@ -65,6 +72,8 @@ impl DeviceDense {
             layout: self.layout.raw(),
             dtype: self.dtype.raw(),
             memory: sys::SPARSEK_DEVICE,
+            scales: self.scales,
+            scale_group: self.scale_group,
         }
     }
 }
@@ -120,6 +129,53 @@ pub unsafe fn sdd(
     check(sys::sparsek_sdd(alpha, &a, &b, beta, &mut c, stream))
 }
 
+
+/// e4m3 quantization of a device BSR matrix's values (f32, F16 or Bf16): codes into `values`
+/// (`nnzb*bm*bk` bytes) and one scale per block into `scales` (`nnzb` floats), on `stream`. A block
+/// holding NaN or an infinity gets a NaN scale (the products refuse it).
+///
+/// # Safety
+/// Every pointer must be a device allocation of the current device, as large as the descriptor
+/// says, live until the work on `stream` completes; the outputs must not overlap the input.
+pub unsafe fn quantize_bsr_e4m3(input: &DeviceBsr, values: *mut c_void, scales: *mut f32, stream: Stream) -> Result<()> {
+    check(sys::sparsek_quantize_bsr_e4m3(&input.raw(), values, scales, stream))
+}
+
+/// The values (`dtype`: F32, F16 or Bf16) of a device e4m3 BSR matrix with its scales.
+///
+/// # Safety
+/// As for [`quantize_bsr_e4m3`]; `values` holds `nnzb*bm*bk` elements of `dtype`.
+pub unsafe fn dequantize_bsr(input: &DeviceBsr, values: *mut c_void, dtype: DType, stream: Stream) -> Result<()> {
+    check(sys::sparsek_dequantize_bsr(&input.raw(), values, dtype.raw(), stream))
+}
+
+/// e4m3 quantization of a device dense matrix into `out` (dtype E4m3, same shape; its scales and
+/// scale_group are set on success), one scale per token along `dim`.
+///
+/// # Safety
+/// As for [`quantize_bsr_e4m3`]; `scales` holds [`scale_count`](crate::scale_count) floats.
+pub unsafe fn quantize_dense_e4m3(
+    input: &DeviceDense,
+    out: &mut DeviceDense,
+    scales: *mut f32,
+    dim: ScaleDim,
+    scale_group: i32,
+    stream: Stream,
+) -> Result<()> {
+    let mut o = out.raw();
+    check(sys::sparsek_quantize_dense_e4m3(&input.raw(), &mut o, scales, dim.raw(), scale_group, stream))?;
+    out.scales = o.scales;
+    out.scale_group = o.scale_group;
+    Ok(())
+}
+
+/// The values of a device e4m3 dense matrix (with its scales) into `out` (F32, F16 or Bf16).
+///
+/// # Safety
+/// As for [`quantize_bsr_e4m3`].
+pub unsafe fn dequantize_dense(input: &DeviceDense, out: &DeviceDense, dim: ScaleDim, stream: Stream) -> Result<()> {
+    check(sys::sparsek_dequantize_dense(&input.raw(), &out.raw(), dim.raw(), stream))
+}
 
 /// One product on device operands, for [`Plan::for_device`](crate::Plan::for_device). Slots by
 /// kind: DSD `sparse` = A, `b`, `c`; DDS `a`, `sparse` = B, `c`; SDD `a`, `b`, `sparse` = C

@@ -4,6 +4,9 @@
 //! - DDS `C = alpha * A * op(B) + beta * C` with B sparse ([`dds`]),
 //! - SDD `C = alpha * (A * B) + beta * C` on the stored blocks of C ([`sdd`]).
 //!
+//! fp8: [`E4m3`] operands carry fp32 scales (one per stored block of the sparse operand, one per
+//! token of the dense one): [`BsrMatrix::quantize`], [`quantize_dense`], then [`dsd`] / [`dds`].
+//!
 //! Host operands ([`BsrMatrix`], [`DenseRef`], [`DenseMut`]) run on the CPU backend; device
 //! pointers go through the `unsafe` functions of [`device`], with a CUDA stream. [`Plan`] checks
 //! and prepares a problem once and runs it many times. Every failure is an [`Error`] carrying the
@@ -35,10 +38,10 @@ mod plan;
 mod types;
 
 pub use error::{Error, Result, Status};
-pub use matrix::{BsrMatrix, DenseMut, DenseRef};
+pub use matrix::{dequantize_dense, quantize_dense, scale_count, BsrMatrix, DenseMut, DenseRef};
 pub use ops::{dds, dsd, sdd};
 pub use plan::{Kind, Plan};
-pub use types::{Bf16, DType, Element, Layout, Op, F16};
+pub use types::{Bf16, DType, Element, Layout, Op, ScaleDim, E4m3, F16};
 
 /// The library's version, "MAJOR.MINOR.PATCH".
 #[must_use]

@@ -9,7 +9,8 @@ use crate::matrix::{BsrMatrix, DenseMut, DenseRef};
 use crate::types::{Element, Op};
 
 /// DSD: `C = alpha * op(A) * B + beta * C`, A sparse. The inputs share one element type; C may be
-/// `f32` for half inputs. With `beta = 0`, C is never read.
+/// `f32` for half inputs. With `beta = 0`, C is never read. [`E4m3`](crate::E4m3) inputs carry their
+/// scales (A per block, B per column) and give an f32, F16 or Bf16 C.
 pub fn dsd<T: Element, U: Element>(
     op: Op,
     alpha: f32,
@@ -18,13 +19,13 @@ pub fn dsd<T: Element, U: Element>(
     beta: f32,
     c: &mut DenseMut<U>,
 ) -> Result<()> {
-    let (a, b, mut c) = (a.raw()?, b.raw()?, c.raw()?);
+    let (a, b, mut c) = (a.raw()?, b.raw_input("B", false)?, c.raw()?);
     // SAFETY: the descriptors point into live slices whose lengths were checked against the
     // shapes; C is borrowed mutably for the call.
     check(unsafe { sys::sparsek_dsd(op.raw(), alpha, &a, &b, beta, &mut c, ptr::null_mut()) })
 }
 
-/// DDS: `C = alpha * A * op(B) + beta * C`, B sparse.
+/// DDS: `C = alpha * A * op(B) + beta * C`, B sparse (e4m3: A's scales per row).
 pub fn dds<T: Element, U: Element>(
     op: Op,
     alpha: f32,
@@ -33,7 +34,7 @@ pub fn dds<T: Element, U: Element>(
     beta: f32,
     c: &mut DenseMut<U>,
 ) -> Result<()> {
-    let (a, b, mut c) = (a.raw()?, b.raw()?, c.raw()?);
+    let (a, b, mut c) = (a.raw_input("A", true)?, b.raw()?, c.raw()?);
     // SAFETY: as in dsd.
     check(unsafe { sys::sparsek_dds(op.raw(), alpha, &a, &b, beta, &mut c, ptr::null_mut()) })
 }

@@ -116,7 +116,7 @@ impl Plan {
     ) -> Result<Plan> {
         let mut g = empty_args(Kind::Dsd, op, 1.0, 0.0);
         g.sparse = a.raw()?;
-        g.b = b.raw()?;
+        g.b = b.raw_input("B", false)?;
         g.c = c.raw_const()?;
         Plan::host_plan(Kind::Dsd, a, g, variant)
     }
@@ -130,7 +130,7 @@ impl Plan {
         variant: Option<&str>,
     ) -> Result<Plan> {
         let mut g = empty_args(Kind::Dds, op, 1.0, 0.0);
-        g.a = a.raw()?;
+        g.a = a.raw_input("A", true)?;
         g.sparse = b.raw()?;
         g.c = c.raw_const()?;
         Plan::host_plan(Kind::Dds, b, g, variant)
@@ -218,7 +218,7 @@ impl Plan {
         let p = self.pattern_for(Kind::Dsd, "a", a)?;
         let mut g = empty_args(Kind::Dsd, op, alpha, beta);
         g.sparse = a.raw()?;
-        g.b = b.raw()?;
+        g.b = b.raw_input("B", false)?;
         g.c = c.raw()?;
         self.run_host(g, p)
     }
@@ -235,7 +235,7 @@ impl Plan {
     ) -> Result<()> {
         let p = self.pattern_for(Kind::Dds, "b", b)?;
         let mut g = empty_args(Kind::Dds, op, alpha, beta);
-        g.a = a.raw()?;
+        g.a = a.raw_input("A", true)?;
         g.sparse = b.raw()?;
         g.c = c.raw()?;
         self.run_host(g, p)

@@ -235,8 +235,8 @@ fn device_operands_without_a_gpu_say_so() {
     // without a GPU nothing is launched.
     let fake = |addr: usize| addr as *mut std::os::raw::c_void;
     let row_ptr = [0i32, 0, 0];
-    let a = DeviceBsr { rows: 32, cols: 32, bm: 16, bk: 16, nnzb: 0, row_ptr: row_ptr.as_ptr(), col_idx: fake(0x10000) as *const i32, values: fake(0x20000), dtype: DType::F16 };
-    let b = DeviceDense { data: fake(0x30000), rows: 32, cols: 8, ld: 8, layout: Layout::RowMajor, dtype: DType::F16 };
+    let a = DeviceBsr { rows: 32, cols: 32, bm: 16, bk: 16, nnzb: 0, row_ptr: row_ptr.as_ptr(), col_idx: fake(0x10000) as *const i32, values: fake(0x20000), dtype: DType::F16, scales: std::ptr::null() };
+    let b = DeviceDense { data: fake(0x30000), rows: 32, cols: 8, ld: 8, layout: Layout::RowMajor, dtype: DType::F16, scales: std::ptr::null(), scale_group: 0 };
     let c = DeviceDense { data: fake(0x40000), ..b };
     let e = unsafe { device::dsd(Op::None, 1.0, &a, &b, 0.0, &c, std::ptr::null_mut()) }.unwrap_err();
     assert_eq!(e.status(), Status::NoDevice, "{e}");

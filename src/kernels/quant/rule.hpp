@@ -37,31 +37,16 @@ SPARSEK_HOST_DEVICE inline uint8_t code_of(float x, float scale) {
 #endif
 }
 
-// One value back: scale * decoded, in fp32.
+// One value back: scale * decoded, in fp32. A NaN result (a NaN code or scale) is made the one
+// quiet NaN 0x7FC00000: the host propagates a NaN operand's bits, the GPU returns its own
+// canonical NaN, and the two must give the same bits.
 SPARSEK_HOST_DEVICE inline float value_of(uint8_t code, float scale) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(scale, e4m3_to_float({code}));  // never fused into a neighbouring add
+  const float v = __fmul_rn(scale, e4m3_to_float({code}));  // never fused into a neighbouring add
 #else
-  return scale * e4m3_to_float({code});
+  const float v = scale * e4m3_to_float({code});
 #endif
-}
-
-// Storage types by dtype, as raw bits (host and device alike).
-SPARSEK_HOST_DEVICE inline float load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f16: return half_to_float(static_cast<const half_t*>(p)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const bfloat16_t*>(p)[i]);
-    case DType::e4m3: return e4m3_to_float(static_cast<const e4m3_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-SPARSEK_HOST_DEVICE inline void store(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::f16: static_cast<half_t*>(p)[i] = float_to_half(v); break;
-    case DType::bf16: static_cast<bfloat16_t*>(p)[i] = float_to_bf16(v); break;
-    case DType::e4m3: static_cast<e4m3_t*>(p)[i] = float_to_e4m3(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
+  return v == v ? v : bits_float(0x7fc00000u);
 }
 
 }  // namespace sparsek::quant
