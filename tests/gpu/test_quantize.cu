@@ -233,7 +233,7 @@ TEST(QuantizeGpu, NonFiniteGivesANanScaleThatProductsRefuse) {
         }
       }
     // A DDS with this A: its NaN scale is refused by index (the checks copy device scales).
-    const Pattern p = pattern_of(2, {{0, 1}});
+    const Pattern p = pattern_of(2, {{0, 1}, {}});  // two block rows of 128 (the second empty)
     BsrMatrix w(256, 256, 128, 128, p.row_ptr, p.col_idx, DType::e4m3);
     DeviceBuffer wrp(w.row_ptr().data(), w.row_ptr().size() * 4), wci(w.col_idx().data(), 8),
         wv(w.value_bytes().data(), w.value_bytes().size()), ws(w.scales().data(), 8);
