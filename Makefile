@@ -18,11 +18,11 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python,
-# then a 60-second fuzzing run (fixed seed).
+# then a short fuzzing run (fixed seed): 40 seconds for each of the two fuzz targets.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
-	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60 FUZZ_ARGS=-seed=1
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=40 FUZZ_ARGS=-seed=1
 
 # Only the Python suite (builds the nanobind extension inside $(BUILD); see scripts/python-tests).
 test-python: build
@@ -45,9 +45,11 @@ NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125
 ncu: build
 	$(SPARSEK) profile $(NCU_ARGS) --out $(BUILD)/profile.txt
 
-# libFuzzer with ASan + UBSan (clang, its own build in $(FUZZ_BUILD)) over the validator, the C API
-# products and plans, and the tuning-cache reader, for FUZZ_SECONDS, from the seed corpus
-# tests/fuzz/corpus (new inputs go to $(FUZZ_BUILD)/corpus; a crashing input to $(FUZZ_BUILD)/).
+# libFuzzer with ASan + UBSan (clang, its own build in $(FUZZ_BUILD)), FUZZ_SECONDS for each target:
+# sparsek_fuzz (the validator, the C API products and plans, the tuning-cache reader; seed corpus
+# tests/fuzz/corpus) and sparsek_fuzz_attention (attention layouts, plans on edited layouts, the
+# backward, the gate; tests/fuzz/corpus-attention). New inputs go to $(FUZZ_BUILD)/corpus*; a
+# crashing input to $(FUZZ_BUILD)/.
 FUZZ_SECONDS ?= 600
 FUZZ_BUILD ?= build-fuzz
 FUZZ_ARGS ?=
@@ -55,10 +57,13 @@ fuzz: setup
 	@test -f $(FUZZ_BUILD)/build.ninja || cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
-	@mkdir -p $(FUZZ_BUILD)/corpus
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-attention
 	CUDA_VISIBLE_DEVICES= $(FUZZ_BUILD)/sparsek_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=20 \
 	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_ARGS) \
 	  $(FUZZ_BUILD)/corpus tests/fuzz/corpus
+	CUDA_VISIBLE_DEVICES= $(FUZZ_BUILD)/sparsek_fuzz_attention -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	  -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/attention- $(FUZZ_ARGS) \
+	  $(FUZZ_BUILD)/corpus-attention tests/fuzz/corpus-attention
 
 clean:
 	rm -rf $(BUILD)

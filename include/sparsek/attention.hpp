@@ -148,10 +148,14 @@ std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 //   dV = P^T dO,   dS = P o (dP - Delta) with dP = dO V^T and Delta = rowsum(dO o O),
 //   dQ = scale * dS K,   dK = scale * dS^T Q,
 // where P = exp(scale * Q K^T - LSE) on the attended elements of the layout (the forward's masks)
-// and 0 elsewhere. forward.o and forward.lse are the forward's outputs (both required). For GQA
-// dK and dV of a key/value head sum over the query heads that share it. A query row that attends
-// nothing gets dQ = 0; a key that no query attends gets dK = dV = 0 (written, like every element
-// of dq, dk and dv).
+// and 0 elsewhere. forward.o and forward.lse are the forward's outputs (both required), and every
+// backend reads them as given: P comes from forward.lse and Delta from forward.o, neither is
+// recomputed from q, k and v (an lse or o that is not the forward's gives these formulas' values,
+// not attention's gradients). A row whose LSE is -inf has P = 0: it contributes nothing to dK and
+// dV. A NaN LSE makes the row's P NaN, over every key of the blocks its lists name (masked ones
+// too), and so the dK and dV of those keys. For GQA dK and dV of a key/value head sum over the
+// query heads that share it. A query row that attends nothing gets dQ = 0; a key that no query
+// attends gets dK = dV = 0 (written, like every element of dq, dk and dv).
 //
 // Same inputs, same GPU -> bit-identical dq, dk, dv by default: on the GPU the partial sums of a dQ
 // row are rounded to integer multiples of u and added as 32-bit integers, whose sums do not depend
@@ -159,11 +163,12 @@ std::vector<std::string> unsupported_reasons(const AttentionArgs& args);
 // (max||V|| * ||dO row|| + |Delta row|) <= 2 max|K| max||V|| ||dO row|| (max over the head's keys),
 // which |dQ row| (before the scale) cannot exceed, so the sum never overflows; each partial sum (one
 // per key block the row attends) is off by at most u / 2 before the scale (for bounds above 2^-96;
-// u is at least 2^-126). A row whose LSE is -inf (it attends nothing) gets dq = 0; in any other row
-// a NaN or inf in the head's K or V, or in the row's O, dO or LSE, makes the dq row NaN (instead of
-// being lost in the rounding).
+// u is at least 2^-126). With deterministic (on every backend) a row whose LSE is -inf (it attends
+// nothing) gets dq = 0; in any other row a NaN or inf in the head's K or V, or in the row's O, dO
+// or LSE, makes the dq row NaN (instead of being lost in the rounding).
 // deterministic = false adds fp32 partial sums in arrival order (no K/V pass; the last bits of dq
-// vary between runs).
+// vary between runs), and dq is what the arithmetic gives (an LSE of +inf: P = 0, dq = 0). The CPU
+// backend sums in double, in a fixed order, either way.
 struct AttentionBackwardArgs {
   AttentionArgs forward;        // q, k, v, o (forward output), lse (required), layout, causal, scale
   Tensor4View dout;             // dO [B, Hq, Sq, D], q's dtype

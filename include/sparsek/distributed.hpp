@@ -42,7 +42,8 @@ struct DistributedOptions {
 // Rank r owns block rows [bounds[r], bounds[r+1]) of a pattern with row_ptr[0..mb]: the bounds are
 // the block-row boundaries whose prefix sums of stored blocks lie nearest r * nnzb / ranks (ties,
 // e.g. runs of empty rows or nnzb = 0, go to the even split of rows). bounds[0] = 0, bounds[ranks] =
-// mb, non-decreasing. row_ptr: host memory, validated. Throws Error(invalid_argument) for ranks < 1.
+// mb, non-decreasing. row_ptr: host memory, a BSR row_ptr (row_ptr[0] = 0, non-decreasing). Throws
+// Error(invalid_argument) naming the first offending entry of any other row_ptr, and for ranks < 1.
 std::vector<int64_t> partition_block_rows(const int32_t* row_ptr, int64_t mb, int ranks);
 
 class DistributedPlan {

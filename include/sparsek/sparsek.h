@@ -20,7 +20,8 @@ typedef enum {
   SPARSEK_CUDA_ERROR = 3,
   SPARSEK_NO_DEVICE = 4,
   SPARSEK_IO_ERROR = 5,
-  SPARSEK_INTERNAL = 6
+  SPARSEK_INTERNAL = 6,
+  SPARSEK_NCCL_ERROR = 7 /* an NCCL call failed: the message names the call and NCCL's error */
 } sparsek_status;
 
 /* SPARSEK_E4M3: 8-bit float (1 sign, 4 exponent, 3 mantissa bits; no infinities, largest value 448),

@@ -98,6 +98,10 @@ class TuneCache {
   std::string state();
   // Removes the file (under the lock). Returns the number of entries it held.
   size_t clear();
+  // How long store() and clear() wait for another process's lock on the file before they throw
+  // Error(io_error) naming the lock file and the holder's pid: 30 s by default; 0 tries once
+  // without waiting. Negative or non-finite: Error(invalid_argument).
+  void set_lock_wait(double seconds);
 
  private:
   std::string path_;
@@ -107,6 +111,7 @@ class TuneCache {
   std::vector<TuneEntry> entries_;
   std::unordered_map<uint64_t, size_t> index_;  // hash of a key -> its last entry
   std::string state_ = "missing";
+  double lock_wait_s_ = 30;
   void refresh();
 };
 

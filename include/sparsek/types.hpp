@@ -38,6 +38,7 @@ enum class Status : int {
   no_device = 4,         // a GPU was needed and none answered
   io_error = 5,          // cache or file problems
   internal = 6,          // a bug in sparsek
+  nccl_error = 7,        // an NCCL call failed (message names the call and carries NCCL's text)
 };
 
 const char* to_string(Status s);

@@ -107,21 +107,46 @@ def scalar(value, name):
     return float(value)
 
 
-def dim(value, name):
-    """A matrix dimension or block size: an int (or an integer NumPy scalar) >= 0; 64.7, '64' and
-    True are refused with a message naming the argument."""
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def dim(value, name, most=INT64_MAX):
+    """A matrix dimension or block size: an int (or an integer NumPy scalar) in [0, most]; 64.7,
+    '64' and True are refused with a message naming the argument. ``most`` is what the library's
+    integer type holds (int64 by default; INT32_MAX for counts it keeps in an int), so that a huge
+    value is refused here by name rather than by the binding's argument conversion."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
+    if value > most:
+        raise ValueError(f"{name}={value} is too large (at most {most})")
     return int(value)
 
 
-def pair(value, name):
+def flag(value, name):
+    """A boolean argument: True or False (or a NumPy bool). Anything else, including the strings
+    "False" and "0", 0/1 and None, is refused by name: truthiness would turn causal="False" into
+    causal attention."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_writable(x, name):
+    """Outputs are written in place: a read-only NumPy array (np.broadcast_to, a frozen buffer) is
+    refused by name."""
+    flags = getattr(x, "flags", None)
+    if isinstance(x, np.ndarray) and not flags.writeable:
+        raise ValueError(f"{name} is a read-only array (shape {shape_of(x)}); pass a writable one")
+
+
+def pair(value, name, most=INT64_MAX):
     """(a, b) of dims from a sequence of exactly two ints (ValueError when it is not a pair)."""
     if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
         raise ValueError(f"{name} must be a pair of ints, got {type(value).__name__} {value!r}")
     items = tuple(value)
     if len(items) != 2:
         raise ValueError(f"{name} must be a pair of ints, got {len(items)} entries: {value!r}")
-    return dim(items[0], f"{name}[0]"), dim(items[1], f"{name}[1]")
+    return dim(items[0], f"{name}[0]", most), dim(items[1], f"{name}[1]", most)

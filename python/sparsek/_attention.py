@@ -40,11 +40,11 @@ class BlockLayout:
 
     def __init__(self, kv_num_blocks, kv_indices, full_kv_num_blocks=None, full_kv_indices=None,
                  block=128):
-        fw = A.same_framework([("kv_num_blocks", kv_num_blocks), ("kv_indices", kv_indices),
-                               ("full_kv_num_blocks", full_kv_num_blocks),
-                               ("full_kv_indices", full_kv_indices)])
-        if fw is None:
-            raise TypeError("kv_num_blocks and kv_indices are required")
+        for x, n in ((kv_num_blocks, "kv_num_blocks"), (kv_indices, "kv_indices")):
+            if x is None:  # (only the full lists are optional)
+                raise TypeError(f"{n} is required, got None")
+        A.same_framework([("kv_num_blocks", kv_num_blocks), ("kv_indices", kv_indices),
+                          ("full_kv_num_blocks", full_kv_num_blocks), ("full_kv_indices", full_kv_indices)])
         if (full_kv_num_blocks is None) != (full_kv_indices is None):
             raise ValueError("full_kv_num_blocks and full_kv_indices must be given both or neither")
         block = A.dim(block, "block")
@@ -183,6 +183,9 @@ def block_mask_from_layout(layout, q_len, kv_len, *, causal=False, q_heads=None)
         raise TypeError("block_mask_from_layout needs a layout of torch tensors")
     from torch.nn.attention.flex_attention import BlockMask
     q_len, kv_len = A.dim(q_len, "q_len"), A.dim(kv_len, "kv_len")
+    causal = A.flag(causal, "causal")
+    if q_heads is not None:
+        q_heads = A.dim(q_heads, "q_heads")
     if layout.q_blocks != _cdiv(q_len, layout.block):
         raise ValueError(f"layout has {layout.q_blocks} query blocks but q_len={q_len} makes "
                          f"{_cdiv(q_len, layout.block)} of {layout.block}")
@@ -230,9 +233,14 @@ def _scale(scale):
     return s
 
 
-def _need_4d(x, name):
+def _need_4d(x, name, nonempty=False):
     if x.ndim != 4:
         raise ValueError(f"{name} must be a 4-D array [B, H, S, D], got shape {A.shape_of(x)}")
+    if nonempty:  # attention's extents are at least 1 (the gate takes an empty batch or sequence)
+        for e, what in enumerate(("batch", "heads", "sequence length", "D")):
+            if x.shape[e] == 0:
+                raise ValueError(f"{name} has shape {A.shape_of(x)}: its {what} (dimension {e}) is 0; "
+                                 "attention needs every extent to be at least 1")
 
 
 def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
@@ -253,14 +261,15 @@ def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
     place (``check_layout=False`` skips that).
     """
     layout = as_layout(layout)
-    causal = bool(causal)
+    causal = A.flag(causal, "causal")
+    check_layout = A.flag(check_layout, "check_layout")
     s = _scale(scale)
-    if A.is_torch(q):
-        return _torch_attention().attention(q, k, v, layout, causal, s, bool(check_layout))
     A.same_framework([("q", q), ("k", k), ("v", v), ("layout", layout.kv_num_blocks)])
     for x, n in ((q, "q"), (k, "k"), (v, "v")):
-        _need_4d(x, n)
+        _need_4d(x, n, nonempty=True)
         A.check_value_dtype(x, n)
+    if A.is_torch(q):
+        return _torch_attention().attention(q, k, v, layout, causal, s, check_layout)
     o = A.empty(q, A.shape_of(q), q.dtype)
     lse = A.empty(q, A.shape_of(q)[:3], np.float32)
     _ext.attention(q, k, v, o, lse, *layout.arrays(), layout.block, causal, s, A.stream_of(q), True)
@@ -288,14 +297,16 @@ def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layo
     stream, CUDA-graph capturable); NumPy arrays and CPU tensors on the CPU reference.
     """
     for n, x in (("topk", topk), ("sink", sink), ("local", local), ("block", block)):
-        A.dim(x, n)
+        A.dim(x, n, A.INT32_MAX)  # the library keeps them in an int
+    causal = A.flag(causal, "causal")
+    return_scores = A.flag(return_scores, "return_scores")
     if block not in BLOCKS:
         raise ValueError(f"block must be 64 or 128, got {block}")
     cand = None if layout is None else as_layout(layout)
     s = _scale(scale)
     if A.is_torch(q):
-        return _torch_attention().gate(q, k, int(topk), int(block), bool(causal), int(sink), int(local),
-                                       scorer, cand, bool(return_scores), s)
+        return _torch_attention().gate(q, k, int(topk), int(block), causal, int(sink), int(local),
+                                       scorer, cand, return_scores, s)
     if scorer is not None:
         raise TypeError("scorer= needs torch tensors (a scorer is a torch callable)")
     A.same_framework([("q", q), ("k", k), ("layout", None if cand is None else cand.kv_num_blocks)])
@@ -309,7 +320,7 @@ def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layo
     c = (None,) * 4 if cand is None else cand.arrays()
     if cand is not None and cand.block != block:
         raise ValueError(f"layout block {cand.block} differs from block={block}")
-    _ext.gate(q, k, num, idx, int(topk), int(block), bool(causal), int(sink), int(local), s, *c, None,
+    _ext.gate(q, k, num, idx, int(topk), int(block), causal, int(sink), int(local), s, *c, None,
               scores, None, A.stream_of(q))
     out = BlockLayout(num, idx, block=block)
     return (out, scores) if return_scores else out

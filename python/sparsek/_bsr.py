@@ -16,7 +16,7 @@ _INT32_MAX = 2**31 - 1
 
 
 def _block_arg(block):
-    return A.pair(block, "block")
+    return A.pair(block, "block", A.INT32_MAX)  # the library keeps bm, bk in an int
 
 
 def _as_int32(x, name):
@@ -60,6 +60,7 @@ class BSRMatrix:
 
     def __init__(self, row_ptr, col_idx, values, shape, *, scales=None, check=True):
         # check=False (internal: arrays built by sparsek itself) keeps this traceable by torch.compile.
+        check = A.flag(check, "check")
         if check:
             rows, cols = A.pair(shape, "shape")
         else:

@@ -56,6 +56,7 @@ def _dense_out(out, beta, like, shape):
         if beta != 0:
             raise ValueError(f"beta={beta} needs out= (the C that beta scales); got out=None")
         return A.empty(like, shape, like.dtype)
+    A.check_writable(out, "out")
     return out
 
 
@@ -134,6 +135,7 @@ def sampled_mm(a, b, pattern, *, alpha=1.0, beta=0.0, out=None):
         if not isinstance(out, BSRMatrix):
             raise TypeError(f"out must be a sparsek.BSRMatrix, got {type(out).__name__}")
         _check_same_pattern(out, pattern)
+        A.check_writable(out.values, "out.values")
     if A.is_torch(pattern.values):
         values = torch_ops().sampled_mm(a, b, pattern, alpha, beta)
         if out is not None:

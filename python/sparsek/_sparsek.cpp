@@ -5,8 +5,9 @@
 // Sparse operands arrive as (rows, cols, row_ptr int32[mb+1], col_idx int32[nnzb],
 // values [nnzb][bm][bk]); dense operands as 2-D arrays that are row- or column-major with a unit
 // inner stride. e4m3 (fp8) arrays arrive as uint8 arrays of the codes (torch's float8_e4m3fn is
-// viewed as uint8 by the Python side) with their float32 scales beside them. sparsek::Error becomes ValueError (invalid_argument), NotImplementedError
-// (unsupported) or RuntimeError (everything else), carrying the library's message.
+// viewed as uint8 by the Python side) with their float32 scales beside them. sparsek::Error becomes
+// ValueError (invalid_argument), NotImplementedError (unsupported), NcclError (a RuntimeError:
+// nccl_error) or RuntimeError (everything else), carrying the library's message.
 // Plans (plan_dsd/dds/sdd -> Plan.run, plan_attention -> AttentionPlan.run) are the same calls
 // split in two: arrays once, then only the data pointers of arrays that the Python caller has
 // matched to the planned ones.
@@ -649,16 +650,23 @@ void run_dist_plan(const PyDistPlan& p, uintptr_t values, uintptr_t b, uintptr_t
 NB_MODULE(_sparsek, m) {
   m.doc() = "sparsek native binding: converts DLPack arrays to sparsek views and calls the C++ API";
 
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const Error& e) {
-      PyObject* type = e.status() == Status::invalid_argument ? PyExc_ValueError
-                       : e.status() == Status::unsupported    ? PyExc_NotImplementedError
-                                                              : PyExc_RuntimeError;
-      PyErr_SetString(type, e.what());
-    }
-  });
+  // NCCL failures get a RuntimeError of their own (sparsek.distributed.NcclError), so that a caller
+  // can tell them from the library's other runtime errors.
+  PyObject* nccl_error = PyErr_NewException("sparsek._sparsek.NcclError", PyExc_RuntimeError, nullptr);
+  m.attr("NcclError") = nb::steal(nccl_error);
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* nccl) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const Error& e) {
+          PyObject* type = e.status() == Status::invalid_argument ? PyExc_ValueError
+                           : e.status() == Status::unsupported    ? PyExc_NotImplementedError
+                           : e.status() == Status::nccl_error     ? static_cast<PyObject*>(nccl)
+                                                                  : PyExc_RuntimeError;
+          PyErr_SetString(type, e.what());
+        }
+      },
+      nccl_error);
 
   // NOTE: plans are cached on the pattern's tensors (the Python side), which may still be alive
   // when the interpreter tears the module down; nanobind would report them as leaks.

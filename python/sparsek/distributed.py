@@ -24,7 +24,11 @@ from . import _arrays as A
 from . import _sparsek as _ext
 from ._bsr import BSRMatrix
 
-__all__ = ["DistributedDSD", "dsd", "partition_block_rows", "nccl_version"]
+__all__ = ["DistributedDSD", "dsd", "partition_block_rows", "nccl_version", "NcclError"]
+
+# An NCCL call failed (a RuntimeError; the message names the call and NCCL's error, e.g. an invalid
+# communicator).
+NcclError = _ext.NcclError
 
 
 def _point_at_torchs_nccl():
@@ -50,10 +54,18 @@ def nccl_version():
 
 def partition_block_rows(row_ptr, ranks):
     """Block-row bounds (ranks + 1 integers) that split a pattern's stored blocks evenly: rank r
-    owns block rows ``[bounds[r], bounds[r + 1])``. row_ptr: host int32 (NumPy or a CPU tensor)."""
+    owns block rows ``[bounds[r], bounds[r + 1])``. row_ptr: host integers (a NumPy array, a CPU
+    tensor or a sequence), a valid BSR row_ptr (starts at 0, never decreases; checked, as ranks >= 1
+    is)."""
     import numpy as np
-    rp = np.ascontiguousarray(row_ptr.cpu().numpy() if A.is_torch(row_ptr) else row_ptr, dtype=np.int32)
-    return list(_ext.partition_block_rows(rp, int(rp.shape[0]) - 1, int(ranks)))
+    from ._bsr import _as_int32
+    ranks = A.dim(ranks, "ranks", A.INT32_MAX)  # the library counts ranks in an int
+    row_ptr = row_ptr.detach().cpu().numpy() if A.is_torch(row_ptr) else np.asarray(row_ptr)
+    if row_ptr.ndim != 1 or row_ptr.shape[0] < 1:
+        raise ValueError(f"row_ptr must be a 1-D array of mb + 1 >= 1 entries, got shape {row_ptr.shape}")
+    # _as_int32 refuses values an int32 cannot hold (a plain cast would wrap them silently).
+    rp = np.ascontiguousarray(_as_int32(row_ptr, "row_ptr"))
+    return list(_ext.partition_block_rows(rp, int(rp.shape[0]) - 1, ranks))
 
 
 def _comm_ptr(group):
@@ -86,12 +98,12 @@ class DistributedDSD:
     """
 
     def __init__(self, a, *, group=None, broadcast_from=None, all_gather=True):
+        self.broadcast_from = -1 if broadcast_from is None else A.dim(broadcast_from, "broadcast_from", A.INT32_MAX)
+        self.all_gather = A.flag(all_gather, "all_gather")
         if not isinstance(a, BSRMatrix) or not A.is_torch(a.values) or not a.values.is_cuda:
             raise TypeError("a must be a sparsek.BSRMatrix of torch CUDA tensors")
         self.a = a
         self.group = group
-        self.broadcast_from = -1 if broadcast_from is None else int(broadcast_from)
-        self.all_gather = bool(all_gather)
         self._plan = None
         self._key = None
 

@@ -72,7 +72,7 @@ class BlockSparseLinear(nn.Module):
         super().__init__()
         self.in_features = A.dim(in_features, "in_features")
         self.out_features = A.dim(out_features, "out_features")
-        self.block = A.pair(block, "block")
+        self.block = A.pair(block, "block", A.INT32_MAX)
         bm, bk = self.block
         _ext.check_block_shape(self.out_features, self.in_features, bm, bk)
         if method not in METHODS:
@@ -93,6 +93,7 @@ class BlockSparseLinear(nn.Module):
                 raise ValueError(f"mask must have shape (out_features/bm, in_features/bk)=({mb}, {kb}), "
                                  f"got {tuple(mask.shape)}")
             mask = mask != 0
+        bias = A.flag(bias, "bias")
         row_ptr, col_idx = _mask_pattern(mask)
         self.register_buffer("row_ptr", row_ptr.to(device))
         self.register_buffer("col_idx", col_idx.to(device))
@@ -122,9 +123,10 @@ class BlockSparseLinear(nn.Module):
         the blocks of ``mask``. The kept blocks and the bias are copied."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_dense expects a torch.nn.Linear, got {type(linear).__name__}")
+        per_row = A.flag(per_row, "per_row")
         w = linear.weight.detach()
         out_f, in_f = w.shape
-        bm, bk = A.pair(block, "block")
+        bm, bk = A.pair(block, "block", A.INT32_MAX)
         _ext.check_block_shape(out_f, in_f, bm, bk)
         mb, kb = out_f // bm, in_f // bk
         blocks = w.reshape(mb, bm, kb, bk).permute(0, 2, 1, 3)  # (mb, kb, bm, bk)
@@ -309,7 +311,7 @@ class TopKGate(nn.Module):
         if self.block not in (64, 128):
             raise ValueError(f"block must be 64 or 128, got {block}")
         self.topk, self.sink, self.local = A.dim(topk, "topk"), A.dim(sink, "sink"), A.dim(local, "local")
-        self.causal = bool(causal)
+        self.causal = A.flag(causal, "causal")
         self.wq = nn.Parameter(torch.empty(self.d, self.d_gate, device=device, dtype=dtype))
         self.wk = nn.Parameter(torch.empty(self.d, self.d_gate, device=device, dtype=dtype))
         self.reset_parameters()

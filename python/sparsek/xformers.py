@@ -15,8 +15,10 @@ op=BlockSparseAttentionOp)``). Importing this module imports torch.
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
+from . import _arrays as A
 from . import _attention
 
 try:  # NOTE: any failure (missing, or an xFormers that moved its classes) leaves the plain class.
@@ -105,6 +107,9 @@ class BlockSparseAttentionOp(_XBase):
             reasons.append("the head dim must be contiguous (stride 1)")
         if getattr(d, "p", 0.0):
             reasons.append(f"dropout p={d.p} is not supported")
+        causal = getattr(d, "causal", False)
+        if not isinstance(causal, (bool, np.bool_)):  # a string "False" would be truthy
+            reasons.append(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
         layout, why = _bias_layout(getattr(d, "attn_bias", None))
         if why:
             reasons.append(why)
@@ -118,7 +123,7 @@ class BlockSparseAttentionOp(_XBase):
             lse = torch.empty(qt.shape[:3], dtype=torch.float32, device=q.device)
             reasons += _ext.attention_unsupported_reasons(
                 qt.detach(), kt.detach(), vt.detach(), o, lse, *layout.arrays(), layout.block,
-                bool(getattr(d, "causal", False)), _attention._scale(getattr(d, "scale", None)))
+                bool(causal), _attention._scale(getattr(d, "scale", None)))
         except (ValueError, TypeError) as e:
             reasons.append(str(e))
         return reasons
@@ -126,10 +131,12 @@ class BlockSparseAttentionOp(_XBase):
     @classmethod
     def apply(cls, inp, needs_gradient: bool = False):
         """(out [B, Mq, Hq, K], ctx) with ctx = None, or (out, lse [B, Hq, Mq]) when needs_gradient."""
+        needs_gradient = A.flag(needs_gradient, "needs_gradient")
+        causal = A.flag(getattr(inp, "causal", False), "causal")
         reasons = cls.not_supported_reasons(inp)
         if reasons:
             raise NotImplementedError(f"{cls.NAME} does not support these inputs: " + "; ".join(reasons))
         layout = _attention.as_layout(inp.attn_bias)
         o, lse = _attention.attention(inp.query.transpose(1, 2), inp.key.transpose(1, 2), inp.value.transpose(1, 2),
-                                      layout, bool(getattr(inp, "causal", False)), getattr(inp, "scale", None))
+                                      layout, causal, getattr(inp, "scale", None))
         return o.transpose(1, 2), (lse if needs_gradient else None)

@@ -52,7 +52,7 @@ const char* sparsek_last_error(void) { return g_last_error.c_str(); }
 
 const char* sparsek_status_string(sparsek_status s) {
   const int v = enum_value(s);
-  if (v < 0 || v > static_cast<int>(Status::internal)) return "unknown status";
+  if (v < 0 || v > static_cast<int>(Status::nccl_error)) return "unknown status";
   return to_string(static_cast<Status>(v));
 }
 

@@ -49,11 +49,20 @@ std::unique_ptr<Api> load() {
   return a;
 }
 
+std::mutex mu;
+std::unique_ptr<Api> loaded;  // set once; never reset (callers keep references)
+
+// ncclResult_t's names (nccl.h), for the message.
+const char* result_name(Result r) {
+  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                "ncclRemoteError",   "ncclInProgress"};
+  return r >= 0 && r < Result(sizeof names / sizeof names[0]) ? names[r] : "ncclResult";
+}
+
 }  // namespace
 
 const Api& api() {
-  static std::mutex mu;
-  static std::unique_ptr<Api> loaded;  // set once; never reset (callers keep references)
   std::lock_guard<std::mutex> lock(mu);
   if (!loaded) loaded = load();
   return *loaded;
@@ -61,9 +70,14 @@ const Api& api() {
 
 void check(Result r, const char* what) {
   if (r == 0) return;
-  const char* text = api().GetErrorString ? api().GetErrorString(r) : nullptr;
-  throw Error(Status::cuda_error, std::string(what) + " failed: " + (text ? text : "NCCL error") + " (ncclResult " +
-                                      std::to_string(r) + ")");
+  const Api* a = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    a = loaded.get();  // no load here: a result code can be reported without the library
+  }
+  const char* text = a && a->GetErrorString ? a->GetErrorString(r) : nullptr;
+  throw Error(Status::nccl_error, std::string("NCCL: ") + what + " failed: " + (text ? text : "no error text") +
+                                      " (" + result_name(r) + " = " + std::to_string(r) + ")");
 }
 
 }  // namespace sparsek::nccl

@@ -37,7 +37,9 @@ struct Api {
 // loaded; a failed load is tried again on the next call.
 const Api& api();
 
-// Throws Error(cuda_error) naming the call and NCCL's text when r is not ncclSuccess.
+// Throws Error(nccl_error) "NCCL: <what> failed: <NCCL's text> (<ncclResult name> = r)" when r is
+// not ncclSuccess. NCCL's text comes from the loaded library when there is one (an invalid
+// communicator reads "invalid argument" there, never a CUDA error).
 void check(Result r, const char* what);
 
 }  // namespace sparsek::nccl

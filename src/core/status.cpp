@@ -12,6 +12,7 @@ const char* to_string(Status s) {
     case Status::no_device: return "no CUDA device";
     case Status::io_error: return "I/O error";
     case Status::internal: return "internal error";
+    case Status::nccl_error: return "NCCL error";
   }
   return "unknown status";
 }

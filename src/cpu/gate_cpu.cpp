@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/scratch.hpp"
 #include "plan/gate_internal.hpp"
 
 namespace sparsek {
@@ -51,28 +52,33 @@ void allowed_blocks(const GateArgs& a, const GateShape& s, int64_t b, int64_t g,
 void gate_cpu(const GateArgs& a, const GateShape& s) {
   const int64_t D = s.D, Mq = s.Mq, Nk = s.Nk;
   const bool given = a.given_scores != nullptr;
-  std::vector<double> pq(given ? 0 : size_t(Mq * D)), pk(given ? 0 : size_t(Nk * D));
+  // Scratch: the pooled k of one key/value head and one row's scores (Nk each; a query block's
+  // pooled q is made when its row is, so nothing here grows with Sq).
+  check_scratch(double(Nk) * double((given ? 0 : D * 8) + 9),
+                "k.s = " + std::to_string(s.Skv) + " (" + std::to_string(Nk) + " key blocks of " +
+                    std::to_string(s.block) + ")",
+                "the CPU gate's pooled keys and scores");
+  std::vector<double> pq(given ? 0 : size_t(D)), pk(given ? 0 : size_t(Nk * D));
   std::vector<double> score(static_cast<size_t>(Nk));
   std::vector<char> allowed(static_cast<size_t>(Nk));
   std::vector<int64_t> pick;
   std::vector<int32_t> chosen;
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t g = 0; g < s.Hkv; ++g) {
-      if (!given) {
+      if (!given)
         for (int64_t j = 0; j < Nk; ++j)
           pool(a.k, b, g, g + 1, j * s.block, std::min(s.Skv, (j + 1) * s.block), &pk[size_t(j * D)]);
-        for (int64_t i = 0; i < Mq; ++i)
-          pool(a.q, b, g * s.G, (g + 1) * s.G, i * s.block, std::min(s.Sq, (i + 1) * s.block), &pq[size_t(i * D)]);
-      }
       for (int64_t i = 0; i < Mq; ++i) {
         const int64_t row = (b * s.Hkv + g) * Mq + i;
         allowed_blocks(a, s, b, g, i, allowed);
+        if (!given && Nk > 0)
+          pool(a.q, b, g * s.G, (g + 1) * s.G, i * s.block, std::min(s.Sq, (i + 1) * s.block), pq.data());
         for (int64_t j = 0; j < Nk; ++j) {
           double v = 0;
           if (given) {
             v = a.given_scores[row * Nk + j];
           } else {
-            for (int64_t d = 0; d < D; ++d) v += pq[size_t(i * D + d)] * pk[size_t(j * D + d)];
+            for (int64_t d = 0; d < D; ++d) v += pq[size_t(d)] * pk[size_t(j * D + d)];
             v *= double(s.scale);
           }
           score[size_t(j)] = v;

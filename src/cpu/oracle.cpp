@@ -219,7 +219,7 @@ namespace {
 // P (exact softmax over its attended keys), dP_j = dO . v_j and Delta = sum_j P_j dP_j, then
 // calls term(e) for every attended key e, with
 //   ds = scale * P_e (dP_e - Delta)                                   (dq += ds k_e, dk_e += ds q)
-//   ds_mag = scale * P_e (|dP_e - Delta| + sum_d |O_d dO_d|)            (the rounding bound's weight)
+//   ds_mag = |scale| * P_e (|dP_e - Delta| + sum_d |O_d dO_d|)            (the rounding bound's weight)
 // Returns false (no call) when the row attends nothing.
 struct RowTerms {
   std::vector<int64_t> keys;
@@ -261,7 +261,7 @@ bool row_terms(const AttentionArgs& a, const Tensor4View& dout, int64_t b, int64
   for (int64_t d = 0; mags && d < D; ++d) o_do += std::fabs(w.o[size_t(d)] * w.g[size_t(d)]);
   for (size_t e = 0; e < n; ++e) {
     w.ds = scale * w.p[e] * (w.dp[e] - delta);
-    w.ds_mag = scale * w.p[e] * (std::fabs(w.dp[e] - delta) + o_do);
+    w.ds_mag = std::fabs(scale) * w.p[e] * (std::fabs(w.dp[e] - delta) + o_do);
     term(e);
   }
   return true;

@@ -34,7 +34,7 @@ void attention_oracle_row(const AttentionArgs& args, int64_t b, int64_t h, int64
 // forward.lse are not read. Beside each gradient element, the sum of the magnitudes of its terms
 // (mag): a kernel that rounds P and dS to the input dtype before its products and takes Delta
 // from the rounded O errs by at most about u * mag (u: the dtype's unit roundoff), with
-//   mag(dV_j) = sum P_j |dO|,   mag(dQ), mag(dK) = scale sum P_j (|dP_j - Delta| + sum_e |O_e dO_e|) |k_j| or |q|.
+//   mag(dV_j) = sum P_j |dO|,   mag(dQ), mag(dK) = |scale| sum P_j (|dP_j - Delta| + sum_e |O_e dO_e|) |k_j| or |q|.
 // (Where few keys carry a row, mag can be far above the output's rms.)
 struct AttentionBackwardReference {
   std::vector<double> dq, dk, dv;          // [B, Hq, Sq, D], [B, Hkv, Skv, D], [B, Hkv, Skv, D] packed

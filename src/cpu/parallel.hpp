@@ -14,10 +14,16 @@
 
 namespace sparsek {
 
+// The most workers a run starts, whatever Options::threads asks: each has its own scratch and
+// OpenMP thread, so a count such as INT_MAX must not become as many of either. (Results do not
+// depend on the count.)
+constexpr int kMaxThreads = 1024;
+
 // Threads for `flops` of work: Options::threads, else OpenMP's default (cpu_threads()), but at
-// most one per ~4 MFLOP. o.threads >= 0: plan() rejects negative counts (resolve_backend).
+// most one per ~4 MFLOP and kMaxThreads. o.threads >= 0: plan() rejects negative counts
+// (resolve_backend).
 inline int thread_count(const Options& o, double flops) {
-  const int t = cpu_threads(o.threads);
+  const int t = std::min(cpu_threads(o.threads), kMaxThreads);
   // Waking a thread costs microseconds: give each at least ~4 MFLOP of work.
   int64_t by_work = int64_t(flops / 4e6) + 1;
   return int(std::min<int64_t>(t, by_work));

@@ -68,6 +68,8 @@ bool overlap(const Range& a, const Range& b) { return a.lo < a.hi && b.lo < b.hi
 void check_candidates(const GateArgs& a, const GateShape& s) {
   const AttentionLayout& c = *a.candidates;
   const std::string n = "candidates";
+  if (int(c.memory) < 0 || int(c.memory) > 1)  // (to_string would give "invalid memory" without the value)
+    bad(n + ".memory=" + str(int(c.memory)) + " is not host (0) or device (1)");
   if (int(c.memory) != int(a.q.memory))
     bad(n + " are in " + to_string(c.memory) + " memory but q is in " + to_string(a.q.memory) + " memory");
   if (c.block_q != a.block || c.block_kv != a.block)

@@ -15,6 +15,16 @@ std::vector<int64_t> partition_block_rows(const int32_t* row_ptr, int64_t mb, in
     throw Error(Status::invalid_argument, "partition: ranks=" + std::to_string(ranks) + " must be >= 1");
   if (mb < 0) throw Error(Status::invalid_argument, "partition: mb=" + std::to_string(mb) + " must be >= 0");
   if (!row_ptr) throw Error(Status::invalid_argument, "partition: row_ptr is null");
+  // The search below needs a valid row_ptr (0 first, never decreasing): on any other it would
+  // return bounds that split nothing evenly, without a word.
+  if (row_ptr[0] != 0)
+    throw Error(Status::invalid_argument, "partition: row_ptr[0]=" + std::to_string(row_ptr[0]) + " must be 0");
+  for (int64_t i = 1; i <= mb; ++i)
+    if (row_ptr[i] < row_ptr[i - 1])
+      throw Error(Status::invalid_argument, "partition: row_ptr[" + std::to_string(i) + "]=" +
+                                                std::to_string(row_ptr[i]) + " is less than row_ptr[" +
+                                                std::to_string(i - 1) + "]=" + std::to_string(row_ptr[i - 1]) +
+                                                " (row_ptr must be non-decreasing)");
   std::vector<int64_t> bounds(size_t(ranks) + 1, 0);
   bounds[ranks] = mb;
   const int64_t base = row_ptr[0], nnzb = int64_t(row_ptr[mb]) - base;

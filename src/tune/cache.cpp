@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -320,6 +321,9 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Creates dir and its missing parents, but never a directory that a symbolic link names: a link
+// whose target is missing (or a file, a FIFO ...) is an error, so that a stale link can never make
+// sparsek create directories elsewhere (such as the link's /nonexistent/... target).
 void make_dirs(const std::string& dir, int depth = 0) {
   if (dir.empty() || dir == "." || dir == "/") return;
   if (depth > 64) io_fail("cannot create the tuning cache directory " + dir + ": too many levels");
@@ -328,9 +332,24 @@ void make_dirs(const std::string& dir, int depth = 0) {
     if (!S_ISDIR(st.st_mode)) io_fail("cannot create the tuning cache: " + dir + " is not a directory");
     return;
   }
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    io_fail("cannot create the tuning cache directory: " + dir + " is a symbolic link to a directory that does "
+            "not exist; sparsek does not create directories through a link: create it, or point SPARSEK_CACHE "
+            "elsewhere");
   make_dirs(parent_dir(dir), depth + 1);
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     io_fail("cannot create directory " + dir + " for the tuning cache: " + std::strerror(errno));
+}
+
+// The directory the cache file goes in, made if missing (store) unless the cache path is a link:
+// a link's target directory is never created (a dangling link is an error naming it).
+void prepare_dir(const std::string& path, const std::string& file) {
+  if (file == path) return make_dirs(parent_dir(file));
+  struct stat st {};
+  if (::stat(parent_dir(file).c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    io_fail("the tuning cache " + path + " is a symbolic link to " + file + ", whose directory " +
+            parent_dir(file) + " does not exist; sparsek does not create directories through a link: "
+            "create it, or point SPARSEK_CACHE elsewhere");
 }
 
 // The file a (chain of) symbolic link(s) names, so that writes replace that file rather than the
@@ -351,21 +370,62 @@ std::string resolve_links(const std::string& path) {
   io_fail("cannot resolve the tuning cache link " + path + ": more than 32 levels of symbolic links");
 }
 
-// An exclusive flock on "<path>.lock", held for the object's lifetime. The sidecar is never
-// deleted: removing a lock file while another process waits on it would split the lock.
+// Who holds the flock on fd's file: "process <pid>" from /proc/locks (Linux: the holder's pid and
+// the inode), else from the pid its holder wrote into the file, else "another process".
+std::string lock_holder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    std::ifstream locks("/proc/locks");
+    std::string line;
+    while (std::getline(locks, line)) {
+      // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; a waiter's line has "->" after the number.
+      std::istringstream in(line);
+      std::string num, kind, mode, access, pid, where;
+      if (!(in >> num >> kind) || kind != "FLOCK" || !(in >> mode >> access >> pid >> where)) continue;
+      const size_t colon = where.rfind(':');
+      if (colon != std::string::npos && where.substr(colon + 1) == std::to_string(st.st_ino) &&
+          std::strtol(pid.c_str(), nullptr, 10) > 0)  // (a pid from another pid namespace reads 0 or -1)
+        return "process " + pid;
+    }
+  }
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  const long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+  return pid > 0 ? "process " + std::to_string(pid) : "another process";
+}
+
+// An exclusive flock on "<path>.lock", held for the object's lifetime, taken within wait_s seconds
+// (0: one try) or Error(io_error) naming the lock file and its holder: a holder that never lets go
+// (stopped, hung on a network file system) must not hang tune or cache clear. The holder writes its
+// pid into the file for that message. The sidecar is never deleted: removing a lock file while
+// another process waits on it would split the lock.
 class FileLock {
  public:
-  explicit FileLock(const std::string& path) {
-    make_dirs(parent_dir(path));
+  FileLock(const std::string& path, double wait_s) {
     std::string lp = path + ".lock";
     fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) io_fail("cannot open the tuning cache lock " + lp + ": " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd_);
-      io_fail("cannot lock " + lp + ": " + std::strerror(e));
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::milliseconds(1);
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (e != EWOULDBLOCK || waited >= wait_s) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.1f", waited);
+        const std::string why = e != EWOULDBLOCK ? std::string(std::strerror(e))
+                                                 : "it is held by " + lock_holder(fd_) + " (waited " + secs + " s)";
+        ::close(fd_);
+        io_fail("cannot lock the tuning cache: " + lp + ": " + why);
+      }
+      using Seconds = std::chrono::duration<double>;
+      std::this_thread::sleep_for(std::min(Seconds(pause), Seconds(wait_s - waited)));
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
     }
+    // The pid, for another process's message; a lock without it is still a lock.
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
   }
   ~FileLock() {
     ::flock(fd_, LOCK_UN);
@@ -559,6 +619,13 @@ std::vector<TuneEntry> read_cache_text(const std::string& text, std::string* sta
 
 TuneCache::TuneCache(std::string path) : path_(std::move(path)) {}
 
+void TuneCache::set_lock_wait(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds))
+    throw Error(Status::invalid_argument,
+                "set_lock_wait: seconds=" + std::to_string(seconds) + " must be finite and >= 0");
+  lock_wait_s_ = seconds;
+}
+
 void TuneCache::refresh() {
   // No file to read: an empty cache, read again once a file appears (sig_size_ = -1 matches none).
   auto missing = [this] {
@@ -621,7 +688,8 @@ std::string TuneCache::state() {
 void TuneCache::store(const TuneEntry& entry) {
   if (path_.empty()) io_fail("no tuning cache path: set SPARSEK_CACHE or HOME");
   const std::string file = resolve_links(path_);
-  FileLock lock(file);
+  prepare_dir(path_, file);
+  FileLock lock(file, lock_wait_s_);
   // Re-read under the lock: another process may have added entries since we last looked.
   std::string text;
   int err = read_text(file, text);
@@ -656,7 +724,9 @@ void TuneCache::store(const TuneEntry& entry) {
 size_t TuneCache::clear() {
   if (path_.empty()) return 0;
   const std::string file = resolve_links(path_);  // a link is kept; the file it names goes
-  FileLock lock(file);
+  struct stat st {};
+  if (::stat(parent_dir(file).c_str(), &st) != 0) return 0;  // no directory, no file: nothing made
+  FileLock lock(file, lock_wait_s_);
   std::string text;
   size_t n = 0;
   if (read_text(file, text) == 0) n = parse_cache(path_, text).entries.size();

@@ -548,6 +548,32 @@ TEST(AttentionPlan, VariantChoiceAndBackendErrors) {
     if (r.rfind("cpu:", 0) == 0) EXPECT_NE(r.find("needs host memory"), std::string::npos) << r;
 }
 
+TEST(AttentionPlan, ProblemsValidationRefusesListNoVariant) {
+  // A problem validate() refuses is supported by no variant: the cpu variant names the reason.
+  auto c = make_attention_case(small());
+  struct Case {
+    const char* what;
+    void (*edit)(AttentionArgs&);
+    const char* why;
+  };
+  const Case cases[] = {
+      {"D = 96", [](AttentionArgs& a) { a.q.d = a.k.d = a.v.d = a.o.d = 96; }, "q.d = 96 is not 64 or 128"},
+      {"negative stride", [](AttentionArgs& a) { a.k.stride_s = -1; }, "k.stride_s = -1 is negative"},
+      {"layout block", [](AttentionArgs& a) { a.layout.block_q = a.layout.block_kv = 32; }, "layout.block_q = 32"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    AttentionArgs a = c->args;
+    k.edit(a);
+    EXPECT_THROW(validate(a, false), Error);
+    for (const std::string& v : supported_variants(a)) ADD_FAILURE() << "listed as supported: " << v;
+    bool named = false;
+    for (const std::string& r : unsupported_reasons(a))
+      named |= r.rfind("cpu: ", 0) == 0 && r.find(k.why) != std::string::npos;
+    EXPECT_TRUE(named) << "no 'cpu: " << k.why << "' among the reasons";
+  }
+}
+
 TEST(AttentionPlan, OneShotGivesTheRightAnswerAcrossChangingShapes) {
   // The one-shot call caches plans: alternating shapes must never reuse the wrong one.
   AttnSpec s1 = small(), s2 = small();

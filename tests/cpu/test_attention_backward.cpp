@@ -6,6 +6,7 @@
 // query (the kernel itself runs in tests/gpu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -80,7 +81,9 @@ std::vector<int64_t> unreferenced_key_blocks(const AttentionArgs& a, int64_t b, 
 }
 
 // Runs attention_backward() on the CPU for the case and checks:
-//  - every element of dq, dk, dv is the fp64 backward reference rounded to the dtype (poison gone);
+//  - every element of dq, dk, dv against the fp64 backward reference (poison gone): the CPU reads
+//    P from the forward's f32 LSE and Delta from its O in the dtype, so it may differ from the
+//    definition by the rounding of those two (u_in times the terms' magnitude) and of the output;
 //  - rows whose forward LSE is -inf have dq = 0, keys of blocks no row names have dk = dv = 0;
 //  - (f32) sampled elements against central differences of the fp64 forward reference, the
 //    samples including a dead query row and an unattended key when the case has them.
@@ -93,25 +96,26 @@ void check_backward(const AttnSpec& spec, int samples = 8) {
   attention_backward(x->args, cpu);
   const AttentionBackwardReference ref = attention_backward_oracle(x->args);
   const int64_t B = a.q.b, Hq = a.q.h, Sq = a.q.s, D = a.q.d, Hkv = a.k.h, Skv = a.k.s;
-  auto rounded = [&](double v) {
-    float y;
-    store_from_float(&y, spec.dtype, 0, float(v));
-    return load_as_float(&y, spec.dtype, 0);
-  };
+  // u_out: the output's rounding; u_in: the f32 LSE's (|LSE| < 16 here) or O's in the dtype.
+  const double u_out = spec.dtype == DType::f32 ? 0x1p-24 : spec.dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+  const double u_in = spec.dtype == DType::f32 ? 0x1p-19 : 2 * u_out;
   int reported = 0;
-  auto same = [&](const HostTensor& t, const std::vector<double>& r, const char* name, int64_t H, int64_t S) {
+  auto same = [&](const HostTensor& t, const std::vector<double>& r, const std::vector<double>& mag, const char* name,
+                  int64_t H, int64_t S) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t s = 0; s < S; ++s)
           for (int64_t d = 0; d < D; ++d) {
-            const float got = t.at(b, h, s, d), want = rounded(r[size_t(((b * H + h) * S + s) * D + d)]);
-            if (!(got == want) && reported++ < 5)
-              ADD_FAILURE() << name << "[" << b << ", " << h << ", " << s << ", " << d << "] = " << got << ", want " << want;
+            const size_t e = size_t(((b * H + h) * S + s) * D + d);
+            const double got = t.at(b, h, s, d), want = r[e];
+            if (!(std::fabs(got - want) <= u_out * std::fabs(want) + u_in * mag[e]) && reported++ < 5)
+              ADD_FAILURE() << name << "[" << b << ", " << h << ", " << s << ", " << d << "] = " << got << ", want "
+                            << want << " (terms' magnitude " << mag[e] << ")";
           }
   };
-  same(x->dq, ref.dq, "dq", Hq, Sq);
-  same(x->dk, ref.dk, "dk", Hkv, Skv);
-  same(x->dv, ref.dv, "dv", Hkv, Skv);
+  same(x->dq, ref.dq, ref.mag_dq, "dq", Hq, Sq);
+  same(x->dk, ref.dk, ref.mag_dk, "dk", Hkv, Skv);
+  same(x->dv, ref.dv, ref.mag_dv, "dv", Hkv, Skv);
 
   // Dead rows and unattended keys, found without the backward's code.
   std::vector<std::array<int64_t, 3>> dead_q, dead_k;  // (b, h, s)
@@ -287,6 +291,190 @@ TEST(AttentionBackwardCpu, PlanAndRunMatchTheOneShotCall) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the attention backward plan is empty"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------- the forward's LSE and O
+//
+// The backward's contract: P = exp(scale q.k - LSE) with the given LSE and Delta = rowsum(dO o O)
+// with the given O (as the Hopper kernel reads them), not a softmax recomputed from q and k.
+
+struct Grads {
+  std::vector<float> dq, dk, dv;
+};
+Grads grads_of(const BwdCase& x) {
+  auto all = [](const HostTensor& t) {
+    std::vector<float> out;
+    for (int64_t b = 0; b < t.view.b; ++b)
+      for (int64_t h = 0; h < t.view.h; ++h)
+        for (int64_t s = 0; s < t.view.s; ++s)
+          for (int64_t d = 0; d < t.view.d; ++d) out.push_back(t.at(b, h, s, d));
+    return out;
+  };
+  return {all(x.dq), all(x.dk), all(x.dv)};
+}
+Grads run_cpu(BwdCase& x, bool deterministic = true) {
+  x.poison();
+  x.args.deterministic = deterministic;
+  Options cpu;
+  cpu.backend = Backend::cpu;
+  attention_backward(x.args, cpu);
+  return grads_of(x);
+}
+
+TEST(AttentionBackwardCpu, PIsTakenFromTheGivenLse) {
+  // LSE + ln 2 halves every P: dV = P^T dO, dS = P (dP - Delta) (Delta from O, unchanged), so every
+  // gradient halves. A backward that recomputed the softmax would not move.
+  AttnSpec s = tiny();
+  s.empty_rows = {0};
+  auto x = make_backward_case(s);
+  const Grads base = run_cpu(*x);
+  std::vector<float>& lse = x->c->lse;
+  for (float& l : lse) l = float(double(l) + std::log(2.0));  // -inf stays -inf
+  const Grads half = run_cpu(*x);
+  auto expect_half = [](const std::vector<float>& a, const std::vector<float>& b, const char* name) {
+    double worst = 0, scale = 0;
+    for (size_t e = 0; e < a.size(); ++e) {
+      worst = std::max(worst, std::fabs(double(b[e]) - 0.5 * double(a[e])));
+      scale = std::max(scale, std::fabs(double(a[e])));
+    }
+    EXPECT_GT(scale, 0.0) << name;
+    EXPECT_LE(worst, 1e-5 * scale) << name << ": LSE + ln 2 must halve it";
+  };
+  expect_half(base.dq, half.dq, "dq");
+  expect_half(base.dk, half.dk, "dk");
+  expect_half(base.dv, half.dv, "dv");
+}
+
+TEST(AttentionBackwardCpu, DeltaIsTakenFromTheGivenO) {
+  // O' = O + t dO / |dO|^2 per row raises Delta by t: dS' = dS - t P, so dq' = dq - scale t (P K)
+  // with P K the forward of (q, k, v = k); dv does not read O.
+  AttnSpec s = tiny();
+  auto x = make_backward_case(s);
+  const Grads base = run_cpu(*x);
+  const AttentionArgs& f = x->args.forward;
+  const int64_t B = f.q.b, Hq = f.q.h, Sq = f.q.s, D = f.q.d;
+  const double t = 0.5;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t r = 0; r < Sq; ++r) {
+        double n2 = 0;
+        for (int64_t d = 0; d < D; ++d) n2 += double(x->dout.at(b, h, r, d)) * x->dout.at(b, h, r, d);
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t at = f.o.index(b, h, r, d);
+          store_from_float(f.o.data, f.o.dtype, at, float(x->c->o.at(b, h, r, d) + t * x->dout.at(b, h, r, d) / n2));
+        }
+      }
+  const Grads moved = run_cpu(*x);
+  // P K: attention with v = k (o and lse into buffers of their own).
+  HostTensor pk(B, Hq, Sq, D, f.q.dtype);
+  std::vector<float> lse2(size_t(B * Hq * Sq));
+  AttentionArgs fk = f;
+  fk.v = f.k, fk.o = pk.view, fk.lse = lse2.data();
+  attention(fk);
+  const double scale = double(f.softmax_scale());
+  double worst = 0, size = 0;
+  size_t e = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t r = 0; r < Sq; ++r)
+        for (int64_t d = 0; d < D; ++d, ++e) {
+          const double want = double(base.dq[e]) - scale * t * double(pk.at(b, h, r, d));
+          worst = std::max(worst, std::fabs(double(moved.dq[e]) - want));
+          size = std::max(size, std::fabs(want));
+        }
+  EXPECT_GT(size, 0.0);
+  EXPECT_LE(worst, 1e-5 * size) << "dq must follow Delta = rowsum(dO o O) of the given O";
+  EXPECT_EQ(base.dv, moved.dv) << "dv = P^T dO does not read O";
+}
+
+// Row (0, 0, r) of the case, r from Sq / 3 on: a row that attends keys (finite LSE), and the key
+// blocks its layout row names (both lists).
+struct LiveRow {
+  int64_t r = -1;
+  std::vector<int64_t> blocks;
+};
+LiveRow live_row(const BwdCase& x) {
+  const AttentionArgs& f = x.args.forward;
+  const AttentionLayout& l = f.layout;
+  LiveRow out;
+  for (int64_t r = f.q.s / 3; r < f.q.s && out.r < 0; ++r)
+    if (std::isfinite(x.c->lse[size_t(r)])) out.r = r;
+  if (out.r < 0) return out;
+  const int64_t row = layout_row(l, f.q.h, f.k.h, 0, 0, out.r / l.block_q);
+  for (int32_t e = 0; e < l.kv_num_blocks[row]; ++e) out.blocks.push_back(l.kv_indices[row * l.kmax + e]);
+  for (int32_t e = 0; l.has_full() && e < l.full_kv_num_blocks[row]; ++e)
+    out.blocks.push_back(l.full_kv_indices[row * l.full_kmax + e]);
+  return out;
+}
+
+TEST(AttentionBackwardCpu, NonFiniteLseAsOnTheGpu) {
+  AttnSpec s = tiny();
+  s.hq = s.hkv = 1;
+  s.causal = true;
+  s.kind = LayoutKind::causal;
+  s.sq = s.skv = 200;
+  auto x = make_backward_case(s);
+  const Grads base = run_cpu(*x);
+  const LiveRow row = live_row(*x);
+  ASSERT_GE(row.r, 0);
+  const int64_t D = x->args.forward.q.d, bk = x->args.forward.layout.block_kv, Skv = x->args.forward.k.s;
+  float& lse = x->c->lse[size_t(row.r)];
+  const float real = lse;
+  auto dq_row = [&](const Grads& g) { return std::vector<float>(g.dq.begin() + row.r * D, g.dq.begin() + (row.r + 1) * D); };
+  auto all_nan = [](const std::vector<float>& v) { return std::all_of(v.begin(), v.end(), [](float x) { return std::isnan(x); }); };
+  auto other_rows_same = [&](const Grads& g) {
+    for (size_t e = 0; e < g.dq.size(); ++e)
+      if (int64_t(e) / D != row.r && !(g.dq[e] == base.dq[e])) return false;
+    return true;
+  };
+
+  // NaN: the row's dq is NaN, and so are dk and dv of every key of the blocks it names (masked
+  // ones too), in both modes; other rows' dq do not move.
+  lse = std::numeric_limits<float>::quiet_NaN();
+  for (bool det : {true, false}) {
+    SCOPED_TRACE(det ? "deterministic" : "not deterministic");
+    const Grads g = run_cpu(*x, det);
+    EXPECT_TRUE(all_nan(dq_row(g)));
+    EXPECT_TRUE(other_rows_same(g));
+    for (int64_t j : row.blocks)
+      for (int64_t c = j * bk; c < std::min(Skv, (j + 1) * bk); ++c) {
+        EXPECT_TRUE(std::isnan(g.dk[size_t(c * D)])) << "dk of key " << c;
+        EXPECT_TRUE(std::isnan(g.dv[size_t(c * D)])) << "dv of key " << c;
+      }
+  }
+  // +inf: P = 0 (no contribution); deterministic marks the row NaN, otherwise dq = 0.
+  lse = std::numeric_limits<float>::infinity();
+  Grads g = run_cpu(*x, true);
+  EXPECT_TRUE(all_nan(dq_row(g)));
+  EXPECT_TRUE(other_rows_same(g));
+  g = run_cpu(*x, false);
+  EXPECT_EQ(dq_row(g), std::vector<float>(size_t(D), 0.f));
+  for (float v : g.dk) EXPECT_TRUE(std::isfinite(v));
+  // -inf: the row attends nothing (dq = 0, no contribution to dk and dv), in both modes.
+  lse = -std::numeric_limits<float>::infinity();
+  for (bool det : {true, false}) {
+    g = run_cpu(*x, det);
+    EXPECT_EQ(dq_row(g), std::vector<float>(size_t(D), 0.f));
+    EXPECT_TRUE(other_rows_same(g));
+    bool moved = false;
+    for (size_t e = 0; e < g.dv.size(); ++e) {
+      EXPECT_TRUE(std::isfinite(g.dv[e]));
+      moved |= g.dv[e] != base.dv[e];
+    }
+    EXPECT_TRUE(moved) << "the row's contributions to dv must be gone";
+  }
+  lse = real;
+  // An inf in K, in a key no row attends: deterministic marks every live row's dq NaN (the bound of
+  // the GPU's integer grid is over the head's K), rows that attend nothing keep 0.
+  x->c->lse[0] = -std::numeric_limits<float>::infinity();  // row 0: dead
+  const int64_t last_key = Skv - 1;  // causal: only the last row attends it
+  store_from_float(x->c->k.view.data, x->c->k.view.dtype, x->c->k.view.index(0, 0, last_key, 3),
+                   std::numeric_limits<float>::infinity());
+  g = run_cpu(*x, true);
+  EXPECT_EQ(std::vector<float>(g.dq.begin(), g.dq.begin() + D), std::vector<float>(size_t(D), 0.f));
+  EXPECT_TRUE(all_nan(dq_row(g))) << "row " << row.r;
+  g = run_cpu(*x, false);
+  EXPECT_TRUE(std::isfinite(dq_row(g)[0])) << "without deterministic only rows that read the key see it";
 }
 
 // ---------------------------------------------------------------- named errors

@@ -55,6 +55,10 @@ TEST(CApi, StatusStrings) {
   EXPECT_EQ(int(SPARSEK_CUDA_ERROR), int(Status::cuda_error));
   EXPECT_EQ(int(SPARSEK_NO_DEVICE), int(Status::no_device));
   EXPECT_EQ(int(SPARSEK_IO_ERROR), int(Status::io_error));
+  EXPECT_EQ(int(SPARSEK_INTERNAL), int(Status::internal));
+  EXPECT_EQ(int(SPARSEK_NCCL_ERROR), int(Status::nccl_error));
+  EXPECT_STREQ(sparsek_status_string(SPARSEK_NCCL_ERROR), "NCCL error");
+  EXPECT_STREQ(sparsek_status_string(raw_enum<sparsek_status>(8)), "unknown status");
 }
 
 TEST(CApi, HasCudaAgreesWithDeviceInfo) {

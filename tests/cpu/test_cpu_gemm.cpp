@@ -1,7 +1,9 @@
 // CPU backend against the fp64 oracle: randomized DSD / DDS / SDD over every block shape, dtype,
 // op, layout (with padded leading dimensions) and pattern generator.
+#include <limits>
 #include <string>
 
+#include "cpu/parallel.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -184,6 +186,17 @@ TEST(CpuGemm, ThreadCounts) {
       check(s, o);
     }
   }
+}
+
+TEST(CpuThreads, ARequestedCountIsCapped) {
+  // Options::threads = INT_MAX on a large problem must not start (or allot scratch for) INT_MAX
+  // workers; small requests and small problems are what they were.
+  Options o;
+  o.threads = std::numeric_limits<int>::max();
+  EXPECT_EQ(thread_count(o, 1e18), kMaxThreads);
+  EXPECT_EQ(thread_count(o, 1.0), 1);  // one per ~4 MFLOP
+  o.threads = 3;
+  EXPECT_EQ(thread_count(o, 1e18), 3);
 }
 
 }  // namespace

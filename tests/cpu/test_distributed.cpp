@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nccl.hpp"
 #include "plan/partition.hpp"
 #include "sparsek/distributed.hpp"
 #include "sparsek/sparsek.h"
@@ -110,6 +111,25 @@ TEST(Partition, NamedErrors) {
   }
   EXPECT_THROW(partition_block_rows(rp.data(), 2, -3), Error);
   EXPECT_THROW(partition_block_rows(nullptr, 2, 2), Error);
+}
+
+TEST(Partition, RowPtrThatIsNotABsrRowPtrIsNamed) {
+  // A decreasing row_ptr (not a pattern at all) would otherwise give bounds that balance nothing.
+  const std::vector<std::pair<std::vector<int32_t>, std::string>> cases = {
+      {{0, 9, 3, 1}, "row_ptr[2]=3 is less than row_ptr[1]=9"},
+      {{0, 2, 2, 1, 5}, "row_ptr[3]=1 is less than row_ptr[2]=2"},
+      {{0, -1}, "row_ptr[1]=-1 is less than row_ptr[0]=0"},
+      {{4, 6, 8}, "row_ptr[0]=4 must be 0"},
+  };
+  for (const auto& [rp, part] : cases) {
+    try {
+      partition_block_rows(rp.data(), int64_t(rp.size()) - 1, 2);
+      ADD_FAILURE() << "accepted; wanted: " << part;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_TRUE(contains(e.what(), part)) << e.what();
+    }
+  }
 }
 
 // Two ranks' descriptions of a 256x128 (64x64 blocks) by 128x72 product.
@@ -218,6 +238,56 @@ TEST(Distributed, CApiNamedErrors) {
   int64_t r0 = 0, r1 = 0;
   EXPECT_EQ(sparsek_dist_plan_rows(reinterpret_cast<sparsek_dist_plan>(&t), &r0, &r1), SPARSEK_INVALID_ARGUMENT);
   EXPECT_EQ(sparsek_nccl_version(nullptr), SPARSEK_INVALID_ARGUMENT);
+}
+
+// An NCCL call that fails has a status of its own and a message naming NCCL, the call, NCCL's text
+// and its result code by name, for every code NCCL has (the library need not be loaded for that).
+TEST(Distributed, NcclFailuresAreNcclErrors) {
+  const std::pair<int, const char*> codes[] = {{1, "ncclUnhandledCudaError = 1"}, {2, "ncclSystemError = 2"},
+                                               {3, "ncclInternalError = 3"},      {4, "ncclInvalidArgument = 4"},
+                                               {5, "ncclInvalidUsage = 5"},       {6, "ncclRemoteError = 6"},
+                                               {7, "ncclInProgress = 7"},         {42, "ncclResult = 42"}};
+  for (const auto& [code, name] : codes) {
+    try {
+      nccl::check(code, "ncclCommCount");
+      ADD_FAILURE() << "code " << code << " passed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::nccl_error);
+      EXPECT_TRUE(contains(e.what(), "NCCL: ncclCommCount failed: ")) << e.what();
+      EXPECT_TRUE(contains(e.what(), name)) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(nccl::check(0, "ncclCommCount"));
+  EXPECT_STREQ(to_string(Status::nccl_error), "NCCL error");
+}
+
+// A communicator NCCL does not recognise (here: zeroed memory, whose magic numbers are wrong),
+// through the C++ and the C API: NCCL's invalid-argument error as SPARSEK_NCCL_ERROR, never a CUDA
+// error.
+TEST(Distributed, InvalidCommunicatorIsAnNcclError) {
+  int version = 0;
+  if (sparsek_nccl_version(&version) != SPARSEK_OK) GTEST_SKIP() << "NCCL cannot be loaded: " << sparsek_last_error();
+  TwoRanks t;
+  std::vector<uint64_t> zeros(size_t(1) << 21);  // 16 MiB: more than NCCL's communicator struct
+  auto* comm = reinterpret_cast<ncclComm*>(zeros.data());
+  try {
+    plan_distributed(t.g, comm);
+    ADD_FAILURE() << "an invalid communicator was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::nccl_error) << e.what();
+    EXPECT_TRUE(contains(e.what(), "NCCL: ncclCommCount failed")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "ncclInvalidArgument")) << e.what();
+  }
+  sparsek_gemm_args args{};
+  args.kind = SPARSEK_DSD;
+  args.sparse = to_c(t.g.sparse);
+  args.b = to_c(t.g.b);
+  args.c = to_c(t.g.c);
+  args.alpha = 1.f;
+  sparsek_dist_plan p = nullptr;
+  EXPECT_EQ(sparsek_dist_plan_create(&p, &args, comm, nullptr, nullptr), SPARSEK_NCCL_ERROR) << sparsek_last_error();
+  EXPECT_TRUE(contains(sparsek_last_error(), "NCCL: ncclCommCount failed")) << sparsek_last_error();
+  EXPECT_STREQ(sparsek_status_string(SPARSEK_NCCL_ERROR), "NCCL error");
 }
 
 // NCCL that cannot be loaded: a named error saying what was tried and how to fix it. (Each test

@@ -2,6 +2,10 @@
 // ties, causal, candidates, -inf/NaN scores), pooling (GQA groups, sequence tails, strided
 // tensors, f16/bf16), selection invariants on random data, the workspace size, every validation
 // error by name, and the C API.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -405,6 +409,8 @@ TEST(Gate, ErrorsNameTheArgumentAndValue) {
        [](GateCase& c) { c.args.scores = static_cast<float*>(c.args.q.data); }},
       {"cand memory", {"candidates are in device memory", "q is in host memory"},
        [](GateCase& c) { valid_candidates(c).memory = Memory::device; }},
+      {"cand bad memory", {"candidates.memory=7 is not host (0) or device (1)"},
+       [](GateCase& c) { valid_candidates(c).memory = static_cast<Memory>(7); }},
       {"cand block", {"candidates blocks 128x64", "block=64"},
        [](GateCase& c) { valid_candidates(c).block_q = 128; }},
       {"cand batch", {"candidates.batch=2", "neither 1 nor B=1"},
@@ -475,6 +481,88 @@ TEST(Gate, DeviceMemoryWithoutGpuSaysSo) {
   }
 }
 
+// ---- scratch sized by the extents of broadcast tensors ----
+
+// A [1, 1, s, 64] f32 view of one row of 64 floats (stride 0 along s: every position reads it).
+Tensor4View broadcast_row(std::vector<float>& row, int64_t s) {
+  row.assign(64, 0.5f);
+  Tensor4View t = Tensor4View::packed(row.data(), DType::f32, Memory::host, 1, 1, s, 64);
+  t.stride_s = 0;
+  return t;
+}
+
+// Lowers the soft address-space limit to what the process maps now plus `extra` bytes, for the
+// object's lifetime: an allocation beyond that fails at once (without touching the machine's memory).
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(uint64_t extra) {
+    ok_ = ::getrlimit(RLIMIT_AS, &old_) == 0;
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    ok_ = ok_ && pages > 0;
+    if (!ok_) return;
+    rlimit cap = old_;
+    cap.rlim_cur = rlim_t(uint64_t(pages) * uint64_t(::sysconf(_SC_PAGESIZE)) + extra);
+    if (old_.rlim_max != RLIM_INFINITY && cap.rlim_cur > old_.rlim_max) cap.rlim_cur = old_.rlim_max;
+    ok_ = ::setrlimit(RLIMIT_AS, &cap) == 0;
+  }
+  ~AddressSpaceCap() {
+    if (ok_) ::setrlimit(RLIMIT_AS, &old_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit old_{};
+  bool ok_ = false;
+};
+
+TEST(Gate, ScratchDoesNotGrowWithTheQuerySequence) {
+  // q broadcast over 2^27 rows (2^21 query blocks of 64) and no key: the output is 2^21 counts
+  // (8 MiB); a gate that kept every pooled query block (2^21 x 64 doubles, 1 GiB) would not fit
+  // under a cap of 256 MiB above what the process maps now.
+  std::vector<float> qrow, krow;
+  GateArgs a;
+  a.q = broadcast_row(qrow, int64_t(1) << 27);
+  a.k = broadcast_row(krow, 0);
+  a.block = 64;
+  a.topk = 2;
+  std::vector<int32_t> num(size_t(1) << 21, kPoisonIndex);
+  a.kv_num_blocks = num.data();
+  AddressSpaceCap cap(256ull << 20);
+  if (!cap.ok()) GTEST_SKIP() << "cannot lower RLIMIT_AS here";
+  try {
+    gate(a);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  EXPECT_EQ(num.front(), 0);
+  EXPECT_EQ(num.back(), 0);
+}
+
+TEST(Gate, KeyScratchBeyondThisMachinesMemoryIsRefusedByName) {
+  // k broadcast over 2^40 rows: 2^34 key blocks, whose pooled keys (2^34 x 64 doubles, 8 TiB) no
+  // machine holds. A named error, not an allocation that fails (or aborts under a sanitizer).
+  std::vector<float> qrow, krow;
+  GateArgs a;
+  a.q = broadcast_row(qrow, 64);
+  a.k = broadcast_row(krow, int64_t(1) << 40);
+  a.block = 64;
+  a.topk = 2;
+  a.kmax = 4;
+  std::vector<int32_t> num(1, kPoisonIndex), idx(4, kPoisonIndex);
+  a.kv_num_blocks = num.data();
+  a.kv_indices = idx.data();
+  expect_invalid([&] { gate(a); }, {"k.s = 1099511627776", "17179869184 key blocks", "more than this machine's memory"});
+  EXPECT_EQ(num[0], kPoisonIndex);
+  a.k = broadcast_row(krow, int64_t(1) << 46);  // given scores: still a row of Nk (2^40) scores
+  std::vector<float> given(1);
+  a.given_scores = given.data();
+  expect_invalid([&] { gate(a); }, {"k.s = 70368744177664", "scratch"});
+}
+
 // ---- the C API ----
 
 sparsek_tensor4 c_tensor(const Tensor4View& v) {
@@ -536,6 +624,30 @@ TEST(GateCApi, RunsAndReportsErrors) {
   std::memcpy(&g.q.dtype, &bad_dtype, sizeof(int));
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sparsek_last_error()).find("q.dtype=9"), std::string::npos) << sparsek_last_error();
+  // An out-of-range memory of the candidates is reported as its number.
+  std::memcpy(&g.q.dtype, &a.q.dtype, sizeof(int));
+  int bad_memory = 3;
+  std::memcpy(&cand.memory, &bad_memory, sizeof(int));
+  EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("candidates.memory=3"), std::string::npos) << sparsek_last_error();
+}
+
+TEST(GateCApi, ScratchBeyondThisMachinesMemoryIsANamedError) {
+  std::vector<float> qrow, krow;
+  GateArgs a;
+  a.q = broadcast_row(qrow, 64);
+  a.k = broadcast_row(krow, int64_t(1) << 40);
+  sparsek_gate_args g{};
+  g.q = c_tensor(a.q);
+  g.k = c_tensor(a.k);
+  g.topk = 2, g.block = 64, g.sink = 1, g.local = 1;
+  std::vector<int32_t> num(1), idx(4);
+  g.kv_num_blocks = num.data();
+  g.kv_indices = idx.data();
+  g.kmax = 4;
+  EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("sparsek_gate: k.s = 1099511627776"), std::string::npos)
+      << sparsek_last_error();
 }
 
 }  // namespace

@@ -1,12 +1,17 @@
 // The autotuner and its cache: JSON, key round-trip, hit/miss, corrupted and mismatched files,
 // concurrent writers, SPARSEK_TUNE modes, and tuning the CPU backend end to end.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -458,6 +463,120 @@ TEST_F(TuneTest, SymlinkedCacheStaysALink) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::io_error);
     EXPECT_NE(std::string(e.what()).find("levels of symbolic links"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TuneTest, ALinkNeverMakesSparsekCreateDirectories) {
+  make_dir();
+  // The cache path is a link to a file in directories that do not exist: store names the link and
+  // creates nothing; clear has nothing to remove.
+  const std::string link = dir + "/sub/tune.json", target = dir + "/missing/deeper/tune.json";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  TuneCache c(link);
+  try {
+    c.store(entry_for(synthetic_key(1)));
+    ADD_FAILURE() << "stored through a dangling link";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::io_error);
+    EXPECT_NE(std::string(e.what()).find(link + " is a symbolic link to " + target), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not create directories through a link"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.clear(), 0u);
+  EXPECT_FALSE(exists(dir + "/missing")) << "the link's target directory was created";
+  // A directory of the path that is a dangling link is not created through either.
+  const std::string via_dir = dir + "/linked";
+  ASSERT_EQ(::symlink((dir + "/absent").c_str(), via_dir.c_str()), 0);
+  TuneCache d(via_dir + "/more/tune.json");
+  try {
+    d.store(entry_for(synthetic_key(2)));
+    ADD_FAILURE() << "stored through a dangling directory link";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::io_error);
+    EXPECT_NE(std::string(e.what()).find(via_dir + " is a symbolic link"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(d.clear(), 0u);
+  EXPECT_FALSE(exists(dir + "/absent"));
+  // A link to a directory that exists is followed as any path is.
+  ASSERT_EQ(::mkdir((dir + "/real").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink((dir + "/real").c_str(), (dir + "/to_real").c_str()), 0);
+  TuneCache e(dir + "/to_real/new/tune.json");
+  e.store(entry_for(synthetic_key(3)));
+  EXPECT_TRUE(exists(dir + "/real/new/tune.json"));
+}
+
+// Runs f in a child process and returns its exit code, or -1 when it has not finished within
+// `seconds` (the child is then killed): a call that would wait without bound fails the test
+// instead of hanging it.
+int in_child(const std::function<int()>& f, double seconds) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(f());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+}
+
+TEST_F(TuneTest, AHeldLockIsWaitedForWithABoundAndItsHolderNamed) {
+  TuneCache(path).store(entry_for(synthetic_key(0)));
+  // This process holds the lock (as a sparsek writer would: its pid in the file).
+  const std::string lock = path + ".lock";
+  const int fd = ::open(lock.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const std::string me = std::to_string(::getpid());
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::pwrite(fd, me.data(), me.size(), 0), ssize_t(me.size()));
+  // In a child (this process holds the lock): exit code 10 + the tenths of a second it waited when
+  // the error names the lock file and this process; 1: no error; 2: another error.
+  auto attempt = [&](double wait, bool clear) {
+    return [&, wait, clear] {
+      TuneCache c(path);
+      c.set_lock_wait(wait);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        if (clear) c.clear();
+        else c.store(entry_for(synthetic_key(1)));
+        return 1;
+      } catch (const Error& e) {
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string m = e.what();
+        const bool named = e.status() == Status::io_error && m.find(lock) != std::string::npos &&
+                           m.find("held by process " + me) != std::string::npos;
+        if (!named) std::fprintf(stderr, "unexpected message: %s\n", m.c_str());
+        return named ? 10 + std::min(80, int(took * 10)) : 2;
+      }
+    };
+  };
+  int rc = in_child(attempt(0.5, false), 20);
+  ASSERT_NE(rc, -1) << "store waited on the held lock without bound";
+  ASSERT_GE(rc, 10) << "store: " << rc;
+  EXPECT_GE(rc - 10, 4) << "store gave up before its 0.5 s";
+  EXPECT_LE(rc - 10, 30) << "store waited far beyond its 0.5 s";
+  rc = in_child(attempt(0, true), 20);  // clear, one try
+  ASSERT_GE(rc, 10) << "clear: " << rc;
+  EXPECT_LE(rc - 10, 2) << "a wait of 0 must not wait";
+  // Released: the next store goes through.
+  ASSERT_EQ(::flock(fd, LOCK_UN), 0);
+  ::close(fd);
+  TuneCache c(path);
+  c.set_lock_wait(0);
+  c.store(entry_for(synthetic_key(1)));
+  EXPECT_EQ(c.entries().size(), 2u);
+  for (double bad : {-1.0, double(NAN), double(INFINITY)}) {
+    try {
+      c.set_lock_wait(bad);
+      ADD_FAILURE() << "set_lock_wait(" << bad << ") accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("set_lock_wait: seconds="), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "capi/capi_internal.hpp"
 #include "cpu/oracle.hpp"
+#include "fuzz_common.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
 #include "sparsek/sparsek.h"
@@ -30,32 +31,7 @@
 namespace {
 
 using namespace sparsek;
-
-struct Reader {
-  const uint8_t* p;
-  size_t n;
-  uint8_t u8() {
-    if (!n) return 0;
-    --n;
-    return *p++;
-  }
-  uint32_t u32() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t(u8()) << (8 * i);
-    return v;
-  }
-  int64_t i64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(u8()) << (8 * i);
-    return int64_t(v);
-  }
-  std::string rest() {
-    std::string s(reinterpret_cast<const char*>(p), n);
-    p += n;
-    n = 0;
-    return s;
-  }
-};
+using namespace fuzz;
 
 // Per entry point: calls, refusals (bad input reported), accepted calls checked against the
 // oracle. Printed at exit when SPARSEK_FUZZ_STATS=1 (the figures of a long run).
@@ -77,29 +53,9 @@ void print_counts() {
   for (const Count& c : g_counts) std::fprintf(stderr, "%-40s %10ld %10ld %10ld\n", c.name, c.calls, c.refused, c.checked);
 }
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "FUZZ FINDING: %s\nlast error: %s\n", what.c_str(), sparsek_last_error());
-  std::abort();
-}
-
-// Stores an arbitrary int in a C enum field the way a C caller would (no C++ enum load).
-template <class E>
-void put_enum(E& field, int v) {
-  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized");
-  std::memcpy(&field, &v, sizeof v);
-}
-// An enum value: mostly one of its `count` values, sometimes any int.
-int enum_field(Reader& r, int count) {
-  const uint8_t b = r.u8();
-  return b < 248 ? b % count : int(r.u32());
-}
 int block_size(Reader& r) {
   const uint8_t b = r.u8();
   return b < 248 ? 16 << (b % 4) : int(r.u32());
-}
-int64_t small_or_raw(Reader& r, int64_t max) {
-  const uint8_t b = r.u8();
-  return b < 244 ? b % (max + 1) : r.i64();
 }
 
 constexpr int64_t kMaxBytes = 1 << 18;   // the largest operand the harness allocates

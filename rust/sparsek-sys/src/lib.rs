@@ -16,6 +16,7 @@ pub const SPARSEK_CUDA_ERROR: sparsek_status = 3;
 pub const SPARSEK_NO_DEVICE: sparsek_status = 4;
 pub const SPARSEK_IO_ERROR: sparsek_status = 5;
 pub const SPARSEK_INTERNAL: sparsek_status = 6;
+pub const SPARSEK_NCCL_ERROR: sparsek_status = 7;
 
 pub type sparsek_dtype = c_int;
 pub const SPARSEK_F32: sparsek_dtype = 0;

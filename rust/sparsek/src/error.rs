@@ -19,6 +19,8 @@ pub enum Status {
     IoError,
     /// A bug in sparsek.
     Internal,
+    /// An NCCL call failed; the message names the call and carries NCCL's text.
+    NcclError,
     /// A status this crate does not know (a newer library), with its number.
     Other(i32),
 }
@@ -32,6 +34,7 @@ impl Status {
             sys::SPARSEK_NO_DEVICE => Status::NoDevice,
             sys::SPARSEK_IO_ERROR => Status::IoError,
             sys::SPARSEK_INTERNAL => Status::Internal,
+            sys::SPARSEK_NCCL_ERROR => Status::NcclError,
             other => Status::Other(other),
         }
     }
@@ -80,4 +83,31 @@ pub(crate) fn check(status: sys::sparsek_status) -> Result<()> {
     // until the next call on this thread; it is copied at once.
     let message = unsafe { CStr::from_ptr(sys::sparsek_last_error()) }.to_string_lossy().into_owned();
     Err(Error::new(Status::from_raw(status), message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_library_status_has_its_variant() {
+        // The numbers are sparsek.h's; the library names each one (a number the crate had no
+        // constant for would read "unknown status").
+        let named = [
+            (sys::SPARSEK_INVALID_ARGUMENT, Status::InvalidArgument, "invalid argument"),
+            (sys::SPARSEK_UNSUPPORTED, Status::Unsupported, "unsupported"),
+            (sys::SPARSEK_CUDA_ERROR, Status::CudaError, "CUDA error"),
+            (sys::SPARSEK_NO_DEVICE, Status::NoDevice, "no CUDA device"),
+            (sys::SPARSEK_IO_ERROR, Status::IoError, "I/O error"),
+            (sys::SPARSEK_INTERNAL, Status::Internal, "internal error"),
+            (sys::SPARSEK_NCCL_ERROR, Status::NcclError, "NCCL error"),
+        ];
+        for (raw, status, text) in named {
+            assert_eq!(Status::from_raw(raw), status);
+            // SAFETY: sparsek_status_string returns a static NUL-terminated string for any int.
+            let name = unsafe { CStr::from_ptr(sys::sparsek_status_string(raw)) };
+            assert_eq!(name.to_str().unwrap(), text, "status {raw}");
+        }
+        assert_eq!(Status::from_raw(sys::SPARSEK_NCCL_ERROR + 1), Status::Other(sys::SPARSEK_NCCL_ERROR + 1));
+    }
 }
