@@ -5,10 +5,12 @@
 // GPU suites and compute-sanitizer cover the kernels.
 #include "plan/backends.hpp"
 #include "plan/gate_internal.hpp"
+#include "kernels/quant/quant.hpp"
 
 namespace sparsek {
 std::vector<Variant> smalln_variants() { return {}; }
 std::vector<Variant> hopper_variants() { return {}; }
+std::vector<Variant> hopper_fp8_variants() { return {}; }
 bool hopper_has_narrow_tiles(const GemmArgs&) { return false; }
 std::vector<Variant> portable_variants() { return {}; }
 std::vector<Variant> peer_variants() { return {}; }
@@ -19,4 +21,13 @@ std::string gate_cuda_why_not(const GateArgs&, const GateShape&) { return "the f
 void gate_cuda(const GateArgs&, const GateShape&, void*) {
   throw Error(Status::unsupported, "gate: the fuzz build has no CUDA code");
 }
+
+namespace quant {
+void quantize_gpu(const void*, DType, const GroupMap&, uint8_t*, float*, void*) {
+  throw Error(Status::unsupported, "quantize: the fuzz build has no CUDA code");
+}
+void dequantize_gpu(const uint8_t*, const float*, const GroupMap&, void*, DType, void*) {
+  throw Error(Status::unsupported, "dequantize: the fuzz build has no CUDA code");
+}
+}  // namespace quant
 }  // namespace sparsek
