@@ -362,6 +362,8 @@ void run_plan(const PyPlan& p, uintptr_t values, uintptr_t a, uintptr_t b, uintp
 
 template <class A>
 bool c_contiguous(const A& a) {
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return true;  // an empty array has no element to misplace (its strides may be anything)
   int64_t want = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != want) return false;

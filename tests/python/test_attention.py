@@ -589,7 +589,7 @@ def test_bad_layouts_and_shapes_name_the_argument():
         (dict(q=q[:, :1].expand(1, 3, 256, 64), k=k.expand(1, 2, 256, 64), v=v.expand(1, 2, 256, 64)), ValueError,
          "not a multiple of"),
         (dict(q=q[0]), ValueError, "q must be a 4-D"),
-        (dict(k=k.numpy()), TypeError, "k must be a torch tensor"),
+        (dict(k=k.numpy()), TypeError, "k is a numpy array but q is a torch array"),
         (dict(scale="x"), TypeError, "scale must be a real number"),
     ]:
         with pytest.raises(exc, match=pattern):
