@@ -105,8 +105,10 @@ __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const Par
 }
 
 // Consumer warpgroup `which`: every item, its half (rows with 128-row blocks, columns with 64).
-// Per stage: wait full, part = A_block x B_panel (the block's wgmmas), wait for them, give the slot
-// back, acc += scale * part. A block row with no stored block gives beta * C (epilogue's `used`).
+// Per stage: wait full, part = A_block x B_panel (the block's wgmmas), acc += scale * part, give the
+// slot back. Two `part` accumulators alternate so that the promotion of one block runs while the
+// next block's wgmmas are in flight (wait<1>): the tensor pipe is never left without queued work
+// while a warpgroup folds. A block row with no stored block gives beta * C (epilogue's `used`).
 template <class Cfg>
 __device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
                                         uint32_t full, uint32_t empty, uint32_t scales) {
@@ -115,27 +117,55 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
   const int lane = threadIdx.x % 32;
   const int a_e0 = Cfg::SPLIT_M ? 64 * which : 0, b_e0 = Cfg::SPLIT_M ? 0 : 64 * which;
   kit::Ring<Cfg::STAGES> ring;
-  float acc[Cfg::ACC], part[Cfg::ACC];
+  float acc[Cfg::ACC], part0[Cfg::ACC], part1[Cfg::ACC];
+  // Wait for the next stage, note its slot and scale, issue its wgmmas into d (one commit group).
+  auto issue = [&](float(&d)[Cfg::ACC], int& stage, float& scale) {
+    ptx::mbar_wait(full + 8 * ring.stage, ring.phase);
+    stage = ring.stage;
+    scale = __uint_as_float(ptx::ld_shared_u32(scales + 4 * stage));
+    const uint32_t a = s_a + stage * Cfg::A_BYTES, b = s_b + stage * Cfg::B_BYTES;
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BK / 32; ++kk)
+      ptx::wgmma_m64k32_e4m3<Cfg::WN>(d, AT::desc(a, a_e0, kk), BT::desc(b, b_e0, kk), kk > 0 ? 1 : 0);
+    ptx::wgmma_commit();
+    ring.advance();
+  };
+  // d's group has completed (the caller waited): give its slot back and promote it into acc.
+  auto fold = [&](float(&d)[Cfg::ACC], int stage, float scale) {
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(d[i]);
+    if (lane == 0) ptx::mbar_arrive(empty + 8 * stage);
+#pragma unroll
+    for (int i = 0; i < Cfg::ACC; ++i) acc[i] = fmaf(scale, d[i], acc[i]);
+  };
   for (int it = first; it < last; ++it) {
     const int4 w = p.items[it];
 #pragma unroll
     for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
-    for (int j = w.z; j < w.w; ++j) {
-      ptx::mbar_wait(full + 8 * ring.stage, ring.phase);
-      const float scale = __uint_as_float(ptx::ld_shared_u32(scales + 4 * ring.stage));
-      const uint32_t a = s_a + ring.stage * Cfg::A_BYTES, b = s_b + ring.stage * Cfg::B_BYTES;
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::BK / 32; ++kk)
-        ptx::wgmma_m64k32_e4m3<Cfg::WN>(part, AT::desc(a, a_e0, kk), BT::desc(b, b_e0, kk), kk > 0 ? 1 : 0);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < Cfg::ACC; ++i) ptx::fence_operand(part[i]);
-      if (lane == 0) ptx::mbar_arrive(empty + 8 * ring.stage);
-      ring.advance();
-#pragma unroll
-      for (int i = 0; i < Cfg::ACC; ++i) acc[i] = fmaf(scale, part[i], acc[i]);
+    int st0 = 0, st1 = 0;
+    float sc0 = 0.f, sc1 = 0.f;
+    // Blocks alternate part0 / part1; at the top of the loop, part0's block is in flight.
+    if (w.w > w.z) {
+      issue(part0, st0, sc0);
+      for (int j = w.z + 1;; j += 2) {
+        if (j == w.w) {
+          ptx::wgmma_wait<0>();
+          fold(part0, st0, sc0);
+          break;
+        }
+        issue(part1, st1, sc1);
+        ptx::wgmma_wait<1>();
+        fold(part0, st0, sc0);
+        if (j + 1 == w.w) {
+          ptx::wgmma_wait<0>();
+          fold(part1, st1, sc1);
+          break;
+        }
+        issue(part0, st0, sc0);
+        ptx::wgmma_wait<1>();
+        fold(part1, st1, sc1);
+      }
     }
     epilogue<Cfg>(acc, p, w.x * Cfg::BM + a_e0, w.y + b_e0, w.w > w.z);
   }
@@ -210,12 +240,24 @@ const Kernel* find_kernel(const Key& key) {
   return kit::find_by_key(table, key);
 }
 
-// B (K x N, N contiguous) -> B^T (N x K, K contiguous): 64 x 64 byte tiles through shared memory,
-// each thread moving 4-byte words on both sides (the rows of a tile are 64 bytes).
+// B (K x N, N contiguous) -> B^T (N x K, K contiguous), 64 x 64 byte tiles through shared memory.
+// A whole tile with 16-byte aligned rows on both sides (`vec`) moves as one 16-byte load and one
+// 16-byte store per thread; edge tiles and unaligned operands go byte by byte.
 __global__ void __launch_bounds__(256) transpose_b_kernel(const uint8_t* b, int64_t ld, int64_t k, int64_t n,
-                                                          uint8_t* bt) {
-  __shared__ uint8_t tile[64][65];
+                                                          uint8_t* bt, bool vec) {
+  __shared__ __align__(16) uint8_t tile[64][80];  // 80: rows stay 16-byte aligned, banks spread
   const int64_t k0 = int64_t(blockIdx.y) * 64, n0 = int64_t(blockIdx.x) * 64;
+  if (vec && k0 + 64 <= k && n0 + 64 <= n) {
+    const int r = threadIdx.x / 4, q = threadIdx.x % 4;
+    *reinterpret_cast<uint4*>(&tile[r][16 * q]) =  // r along K, 16 bytes along N
+        __ldg(reinterpret_cast<const uint4*>(b + (k0 + r) * ld + n0 + 16 * q));
+    __syncthreads();
+    uint32_t w[4] = {0u, 0u, 0u, 0u};  // r along N, 16 bytes along K
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i / 4] |= uint32_t(tile[16 * q + i][r]) << (8 * (i % 4));
+    *reinterpret_cast<uint4*>(bt + (n0 + r) * k + k0 + 16 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
   for (int i = threadIdx.x; i < 64 * 64; i += 256) {
     const int r = i / 64, c = i % 64;  // r along K, c along N (consecutive threads: consecutive n)
     tile[r][c] = k0 + r < k && n0 + c < n ? b[(k0 + r) * ld + n0 + c] : uint8_t(0);
@@ -229,7 +271,10 @@ __global__ void __launch_bounds__(256) transpose_b_kernel(const uint8_t* b, int6
 
 void transpose_b(const void* b, int64_t ld, int64_t k, int64_t n, void* bt, cudaStream_t stream) {
   const dim3 grid(unsigned((n + 63) / 64), unsigned((k + 63) / 64));
-  transpose_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ld, k, n, static_cast<uint8_t*>(bt));
+  const bool vec = ld % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(bt) % 16 == 0;
+  transpose_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ld, k, n, static_cast<uint8_t*>(bt),
+                                               vec);
   check_cuda(cudaGetLastError(), "transpose_b_kernel launch");
 }
 
