@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/oracle.hpp"
@@ -67,6 +68,19 @@ TEST(HopperFp8, DsdEveryBlockShapeBothBLayoutsAndOutputs) {
           worst = std::max(worst, check(s));
         }
   std::printf("hopper_fp8 DSD, random e4m3 data: largest relative error vs fp64 %.3g\n", worst);
+}
+
+// A row-major B is transposed first: whole 64 x 64 tiles with 16-byte aligned rows move in 16-byte
+// words, edge tiles and unaligned rows byte by byte. N = 256 (every tile whole and aligned),
+// N = 200 with ld 208 (aligned rows, a partial edge tile), N = 200 with ld 200 (unaligned rows).
+TEST(HopperFp8, RowMajorBTransposeEveryTileKind) {
+  SPARSEK_REQUIRE_SM90();
+  for (auto [free, pad] : {std::pair<int64_t, int64_t>{256, 0}, {200, 8}, {200, 0}}) {
+    CaseSpec s = fp8_spec(OpKind::dsd, Op::none, 128, 128, 3, 4, free, DType::bf16, uint64_t(free + pad));
+    s.lb = Layout::row_major;
+    s.pad_b = pad;
+    check(s);
+  }
 }
 
 TEST(HopperFp8, IntegerDataIsExact) {
