@@ -106,9 +106,10 @@ __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const Par
 
 // Consumer warpgroup `which`: every item, its half (rows with 128-row blocks, columns with 64).
 // Per stage: wait full, part = A_block x B_panel (the block's wgmmas), acc += scale * part, give the
-// slot back. Two `part` accumulators alternate so that the promotion of one block runs while the
-// next block's wgmmas are in flight (wait<1>): the tensor pipe is never left without queued work
-// while a warpgroup folds. A block row with no stored block gives beta * C (epilogue's `used`).
+// slot back. With Cfg::PIPELINED, two `part` accumulators alternate so that the promotion of one
+// block runs while the next block's wgmmas are in flight (wait<1>); otherwise each block's wgmmas
+// are waited for before its promotion (config.hpp says where each is used and why). A block row
+// with no stored block gives beta * C (epilogue's `used`).
 template <class Cfg>
 __device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
                                         uint32_t full, uint32_t empty, uint32_t scales) {
@@ -145,8 +146,13 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
     for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
     int st0 = 0, st1 = 0;
     float sc0 = 0.f, sc1 = 0.f;
-    // Blocks alternate part0 / part1; at the top of the loop, part0's block is in flight.
-    if (w.w > w.z) {
+    if constexpr (!Cfg::PIPELINED) {
+      for (int j = w.z; j < w.w; ++j) {
+        issue(part0, st0, sc0);
+        ptx::wgmma_wait<0>();
+        fold(part0, st0, sc0);
+      }
+    } else if (w.w > w.z) {  // part0 / part1 alternate; at the loop's top part0's block is in flight
       issue(part0, st0, sc0);
       for (int j = w.z + 1;; j += 2) {
         if (j == w.w) {
