@@ -458,6 +458,9 @@ def attention_main(args, header):
     for case in cases:
         rec = run_attention_case(case, args, fa4)
         records.append(rec)
+        if args.json:  # after every case: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "records": records}, f, indent=1)
         r = rec["results"]
         g = lambda who: r.get(who, {})  # noqa: E731
         star = lambda who: "*" if "mismatch" in g(who) else ""  # noqa: E731

@@ -9,7 +9,8 @@
 #   call 2 (carry .peers/fa4b):  bash scripts/gpu-fa4.sh      (installs the rest into /tmp/fa4 first)
 # Without FA4 the benchmark still runs and prints "FA4 not installed".
 #   scripts/gpu-fa4.sh [torch_peers.py flags, e.g. --cases d128,gqa]
-# Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_TIMEOUT (s, default 480).
+# Environment: BUILD (default build-gpu), GENCODE (default 90a), BENCH_TIMEOUT (s, default 420: the
+# build, the install and the run stay within a 10-minute call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -32,7 +33,7 @@ echo "build ok ($(( $(date +%s) - t0 )) s)"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
 # -u: a run cut short by the timeout still leaves the rows it finished.
-timeout "${BENCH_TIMEOUT:-480}" python3 -u bench/torch_peers.py --attention --json "$OUT/torch_peers_fa4.json" "$@" \
+timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/torch_peers.py --attention --json "$OUT/torch_peers_fa4.json" "$@" \
   > "$OUT/torch_peers_fa4.txt" 2>&1
 rc=$?
 grep -v -E '^(W|I)[0-9]{4} ' "$OUT/torch_peers_fa4.txt" | tail -60
