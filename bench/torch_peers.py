@@ -26,25 +26,35 @@ torch dense (max |diff| / max |ref|; sdd: on the pattern's blocks) before its ti
     python3 bench/torch_peers.py --op dds --case 4096,14336,4096,64,0.25 --dtype bf16 --json out.json
     python3 bench/torch_peers.py --attention --json attn.json   # attention rows (bf16), one run
 
-Attention (--attention): B=1, Hq=16, S=16384, bf16, a random top-k layout (every query block
-keeps round(density * S/128) random key blocks, 128x128) for D=128 at 12.5% and 25%, D=64 at
-12.5%, GQA 16 query / 2 key-value heads at 12.5%, and causal top-k 12.5%. Contenders: sparsek
-(sparsek.attention), FlexAttention (torch.compile'd flex_attention with a BlockMask of the same
-blocks) and SDPA dense (FlashAttention-class, the whole S x S). Effective TFLOPS = 4 * D * (unmasked
-score elements) / time, forward; the backward counts 2.5x that (FlashAttention's convention) and
-times torch.autograd.grad of (q, k, v) for a fixed dO. A training step ("step") is the forward with
-gradients enabled and that backward timed as one (events before the forward and after the backward),
-as a training loop runs them: the host work of the backward call overlaps the forward's GPU time
-there, which it cannot in the single-call figures (whose sum is also reported). The gate row times sparsek.gate (top-k chosen
-so the layout has the case's density) against sparsek's forward, and against reading Q and K once
-at the copy bandwidth measured here. Every O is checked against FlexAttention's before its time is
-reported; a backward that this build does not have is reported as an error, not fatal.
+Attention (--attention): B=1, bf16, a random top-k layout (every query block keeps
+round(density * S/128) random key blocks, 128x128). Cases (--cases, by key): d128 (Hq=16, S=16384,
+D=128, 12.5%), d128-25 (25%, forward only), d64 (D=64, 12.5%), gqa (32 query / 8 key-value heads,
+S=8192, 12.5%); with --cases all also gqa16-2 (16/2, S=16384) and causal (causal top-k 12.5%).
+Contenders, in one process on the same q, k, v, dO and the same blocks: sparsek (sparsek.attention),
+FlashAttention-4 block-sparse (flash_attn.cute.interface.flash_attn_func with block_sparse_tensors
+and their transposed lists for the backward, built by bench/fa4_layout.py from the same block mask;
+q, k, v as contiguous [B, S, H, D] copies; optional: "FA4 not installed" when flash-attn-4 does not
+import), FlexAttention (torch.compile'd flex_attention with a BlockMask of the same blocks) and
+SDPA dense (FlashAttention-class, the whole S x S). --peers picks who runs beside sparsek.
+
+Effective TFLOPS = 4 * D * (unmasked score elements) / time, forward; the backward counts 2.5x that
+(FlashAttention's convention), over the training step's time minus the forward's ("bwd") and over one
+torch.autograd.grad(q, k, v) call for a fixed dO ("1 call"). A training step ("step") is the forward
+with gradients enabled and that backward timed as one (events before the forward and after the
+backward), as a training loop runs them. sk/FA4 ratios are FA4's time over sparsek's (> 1: sparsek
+faster). First calls (FA4's CuTe DSL JIT compile, torch.compile's) are timed apart (wall seconds) and
+never enter the kernel times. Answers are checked before any ratio is shown: sparsek's O (and dq, dk,
+dv) against FlexAttention's, FA4's against sparsek's (max |diff| printed); a mismatch is marked '*'
+and gets no ratio. The gate row times sparsek.gate (top-k chosen so the layout has the case's
+density) against sparsek's forward, and against reading Q and K once at the copy bandwidth measured
+here. A contender that cannot run a case is reported as an error, not fatal.
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 
 import torch
 
@@ -197,13 +207,33 @@ def run_case(op, M, N, K, b, density, dtype, args, l2_bytes):
 
 # ---------------------------------------------------------------- attention
 
-ATTN_CASES = [  # name, Hq, Hkv, D, density, causal
-    ("D128 12.5%", 16, 16, 128, 0.125, False),
-    ("D128 25%", 16, 16, 128, 0.25, False),
-    ("D64 12.5%", 16, 16, 64, 0.125, False),
-    ("GQA 16/2 12.5%", 16, 2, 128, 0.125, False),
-    ("causal 12.5%", 16, 16, 128, 0.125, True),
+# key, name, Hq, Hkv, S, D, density, causal, backward. The default set: forward D=128 at 12.5% and
+# 25%, D=64 at 12.5%, GQA 32/8 at S=8192; backward (and the training step) where the last field says.
+ATTN_CASES = [
+    ("d128", "D128 12.5%", 16, 16, 16384, 128, 0.125, False, True),
+    ("d128-25", "D128 25%", 16, 16, 16384, 128, 0.25, False, False),
+    ("d64", "D64 12.5%", 16, 16, 16384, 64, 0.125, False, True),
+    ("gqa", "GQA 32/8 12.5%", 32, 8, 8192, 128, 0.125, False, True),
 ]
+EXTRA_ATTN_CASES = [  # --cases all (or by key)
+    ("gqa16-2", "GQA 16/2 12.5%", 16, 2, 16384, 128, 0.125, False, True),
+    ("causal", "causal 12.5%", 16, 16, 16384, 128, 0.125, True, True),
+]
+
+
+def load_fa4():
+    """(flash_attn_func, version) of FlashAttention-4 (flash-attn-4, CuTe DSL), or (None, why not)."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch  # noqa: F401
+    except Exception as e:  # noqa: BLE001  (ImportError, or the CuTe DSL failing to load)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    try:
+        import importlib.metadata
+        version = importlib.metadata.version("flash-attn-4")
+    except Exception:  # noqa: BLE001
+        version = "(version unknown)"
+    return flash_attn_func, version
 
 
 def topk_layout(Hq, nblocks, density, causal, gen):
@@ -227,85 +257,153 @@ def unmasked_elements(mask, S, causal, b=128):
     return float(per_block - diag * (b * (b - 1) // 2))
 
 
-def run_attention_case(name, Hq, Hkv, D, density, causal, args):
+def max_abs(x, ref):
+    return float((x.float() - ref.float()).abs().max())
+
+
+def wall_s(fn):
+    """Wall seconds of one call, GPU work included (a first call: compiles, plans, caches)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def run_attention_case(case, args, fa4):
     from torch.nn.attention.flex_attention import flex_attention
-    S, B = args.seq, 1
-    dtype = torch.bfloat16
+    from fa4_layout import fa4_block_sparse_tensors, fa4_lists
+    key, name, Hq, Hkv, S, D, density, causal, backward = case
+    S, B, dtype = args.seq or S, 1, torch.bfloat16
+    t_case = time.perf_counter()
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=gen)
     dout = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=gen)
     layout, mask = topk_layout(Hq, S // 128, density, causal, gen)
-    bm = sparsek.block_mask_from_layout(layout, S, S, causal=causal)
-    flex = torch.compile(flex_attention)
     gqa = Hq != Hkv
     elems = unmasked_elements(mask, S, causal)
     fwd_flops = 4.0 * D * elems
     dense_flops = 4.0 * D * S * S * Hq * (0.5 if causal else 1.0)
-    rec = {"case": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "density": density, "causal": causal,
-           "dtype": "bfloat16", "unmasked_elements": elems, "effective_flops_fwd": fwd_flops, "results": {}}
-    calls = {
-        "sparsek": lambda q, k, v: sparsek.attention(q, k, v, layout, causal=causal)[0],
-        "flex": lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=gqa),
-        "sdpa_dense": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, enable_gqa=gqa),
-    }
-    ref = None
-    for who, fn in calls.items():
+    rec = {"case": name, "key": key, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "density": density,
+           "causal": causal, "backward": backward, "dtype": "bfloat16", "unmasked_elements": elems,
+           "effective_flops_fwd": fwd_flops, "results": {}}
+    bhsd = lambda x: x  # noqa: E731
+    # Each peer: (call on its own q, k, v; its q, k, v, dO; its tensors back to [B, H, S, D]).
+    peers = {}
+    if "flex" in args.peers:
+        bm = sparsek.block_mask_from_layout(layout, S, S, causal=causal)
+        flex = torch.compile(flex_attention)
+        peers["flex"] = (lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=gqa), (q, k, v, dout), bhsd)
+    peers["sparsek"] = (lambda q, k, v: sparsek.attention(q, k, v, layout, causal=causal)[0], (q, k, v, dout), bhsd)
+    if "fa4" in args.peers:
+        if fa4[0] is None:
+            rec["results"]["fa4"] = {"error": f"FA4 not installed ({fa4[1]})"}
+        else:
+            # FA4 takes [B, S, H, D]: contiguous copies made once (a strided view would be copied per call).
+            # The lists come from the same block mask; whole blocks are FA4 "full" blocks, the causal
+            # diagonal its "mask" blocks (bench/fa4_layout.py).
+            fwd_bs, bwd_bs = fa4_block_sparse_tensors(fa4_lists(mask, q_len=S, kv_len=S, causal=causal))
+            call = fa4[0]
+            peers["fa4"] = (lambda q, k, v: call(q, k, v, causal=causal, block_sparse_tensors=fwd_bs,
+                                                 block_sparse_tensors_bwd=bwd_bs)[0],
+                            tuple(x.transpose(1, 2).contiguous() for x in (q, k, v, dout)),
+                            lambda x: x.transpose(1, 2))
+    if "sdpa" in args.peers:
+        peers["sdpa_dense"] = (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=gqa), (q, k, v, dout), bhsd)
+    # Who each answer is checked against: sparsek against FlexAttention, FA4 against sparsek (so no
+    # sparsek/FA4 ratio compares different answers). SDPA computes the dense attention: not checked.
+    check_against = {"sparsek": "flex", "fa4": "sparsek"}
+    outs, grads = {}, {}
+    for who, (fn, (qi, ki, vi, di), back) in peers.items():
         res = rec["results"][who] = {}
         flops = dense_flops if who == "sdpa_dense" else fwd_flops
+        ref = check_against.get(who)
+
+        def check(what, mine, theirs, tol):
+            err = rel_err(mine, theirs)
+            res[f"max_abs_diff_{what}"] = max_abs(mine, theirs)
+            res[f"max_rel_diff_{what}"] = err
+            if not err < tol:
+                res.setdefault("mismatch", []).append(f"{what}: max rel diff to {ref} {err:.3g} > {tol}")
         try:
             with torch.no_grad():
-                o = fn(q, k, v)
-            if who == "flex":
-                ref = o
-            elif who == "sparsek" and ref is None:
-                ref = calls["flex"](q, k, v)
-            if who != "sdpa_dense":
-                err = rel_err(o, ref if who == "sparsek" else o)
-                res["max_rel_diff_vs_flex"] = err
-                if not err < args.tol:
-                    res["error"] = f"wrong result: max rel diff to FlexAttention {err:.3g} > {args.tol}"
-                    continue
+                o, res["first_fwd_s"] = wall_s(lambda: fn(qi, ki, vi))
+            outs[who] = back(o)
+            if ref in outs:
+                check("o", outs[who], outs[ref], args.tol)
             with torch.no_grad():
-                ms = time_ms(lambda i: fn(q, k, v), 1, args.warmup, args.reps)
+                ms = time_ms(lambda i: fn(qi, ki, vi), 1, args.warmup, args.reps)
             res.update({"fwd_ms": ms, "fwd_eff_tflops": fwd_flops / ms / 1e9, "fwd_own_tflops": flops / ms / 1e9})
         except Exception as e:  # noqa: BLE001  (a contender that cannot run is reported, not fatal)
-            res["error"] = f"forward: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            res["error"] = f"forward: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            continue
+        finally:
+            torch.cuda.empty_cache()
+        if not backward:
             continue
         try:
-            qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
-            o = fn(qg, kg, vg)
-            torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)
-            ms = time_ms(lambda i: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True), 1, args.warmup,
+            qg, kg, vg = (x.detach().requires_grad_(True) for x in (qi, ki, vi))
+
+            def first():
+                o = fn(qg, kg, vg)
+                return o, torch.autograd.grad(o, (qg, kg, vg), di, retain_graph=True)
+            (o, g), res["first_step_s"] = wall_s(first)
+            grads[who] = tuple(back(x) for x in g)
+            if ref in grads:
+                for what, mine, theirs in zip(("dq", "dk", "dv"), grads[who], grads[ref]):
+                    check(what, mine, theirs, args.grad_tol)
+            ms = time_ms(lambda i: torch.autograd.grad(o, (qg, kg, vg), di, retain_graph=True), 1, args.warmup,
                          args.reps)
             res.update({"bwd_ms": ms, "bwd_eff_tflops": 2.5 * fwd_flops / ms / 1e9,
                         "bwd_own_tflops": 2.5 * flops / ms / 1e9})
+            del o, g
 
             def step(i):
                 o_step = fn(qg, kg, vg)
-                torch.autograd.grad(o_step, (qg, kg, vg), dout)
+                torch.autograd.grad(o_step, (qg, kg, vg), di)
             res["step_ms"] = time_ms(step, 1, args.warmup, args.reps)
+            # The backward as a training step sees it: the step minus the forward.
+            if res["step_ms"] > res["fwd_ms"]:
+                res["bwd_step_eff_tflops"] = 2.5 * fwd_flops / (res["step_ms"] - res["fwd_ms"]) / 1e9
         except Exception as e:  # noqa: BLE001
-            res["bwd_error"] = f"backward: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            res["bwd_error"] = f"backward: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         finally:
             torch.cuda.empty_cache()
+    del outs, grads
     # The gate at this density: top-k so that topk + sink + local blocks are kept.
     nb = S // 128
     topk = max(0, round(density * nb) - 2)
-    try:
-        sparsek.gate(q, k, topk, block=128, causal=causal)
-        gms = time_ms(lambda i: sparsek.gate(q, k, topk, block=128, causal=causal), 1, args.warmup, args.reps)
-        big = torch.empty((q.numel() + k.numel()) * 2, dtype=torch.uint8, device="cuda")
-        copy_ms = time_ms(lambda i: big.clone(), 1, args.warmup, args.reps)
-        read_once_ms = copy_ms / 2  # a clone reads and writes the bytes once each
-        attn_ms = rec["results"]["sparsek"].get("fwd_ms")
-        rec["gate"] = {"topk": topk, "ms": gms, "read_qk_once_ms": read_once_ms,
-                       "vs_attention": gms / attn_ms if attn_ms else None}
-    except Exception as e:  # noqa: BLE001
-        rec["gate"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    if "gate" in args.peers:
+        try:
+            sparsek.gate(q, k, topk, block=128, causal=causal)
+            gms = time_ms(lambda i: sparsek.gate(q, k, topk, block=128, causal=causal), 1, args.warmup, args.reps)
+            big = torch.empty((q.numel() + k.numel()) * 2, dtype=torch.uint8, device="cuda")
+            copy_ms = time_ms(lambda i: big.clone(), 1, args.warmup, args.reps)
+            read_once_ms = copy_ms / 2  # a clone reads and writes the bytes once each
+            attn_ms = rec["results"]["sparsek"].get("fwd_ms")
+            rec["gate"] = {"topk": topk, "ms": gms, "read_qk_once_ms": read_once_ms,
+                           "vs_attention": gms / attn_ms if attn_ms else None}
+        except Exception as e:  # noqa: BLE001
+            rec["gate"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    rec["case_s"] = time.perf_counter() - t_case
     return rec
+
+
+def attention_cases(spec):
+    every = ATTN_CASES + EXTRA_ATTN_CASES
+    if spec in (None, "", "default"):
+        return ATTN_CASES
+    if spec == "all":
+        return every
+    keys = [s.strip() for s in spec.split(",") if s.strip()]
+    known = {c[0]: c for c in every}
+    bad = [k for k in keys if k not in known]
+    if bad:
+        sys.exit(f"--cases: unknown {', '.join(bad)} (known: {', '.join(known)}, default, all)")
+    return [known[k] for k in keys]
 
 
 def attention_main(args, header):
@@ -322,41 +420,89 @@ def attention_main(args, header):
     import torch._functorch.config
     if hasattr(torch._functorch.config, "donated_buffer"):
         torch._functorch.config.donated_buffer = False
-    print(f"# {header['gpu']}, torch {header['torch']}, sparsek {header['sparsek']}, bf16, B=1, S={args.seq}, "
-          f"median of {args.reps}; effective TFLOPS = 4*D*unmasked / time (backward: 2.5x); "
-          "SDPA dense: (its own dense TFLOPS)")
-    cols = f"{'case':>16} | {'sparsek fwd':>11} {'flex fwd':>9} {'sdpa fwd':>14} | {'sparsek bwd':>11} " \
-           f"{'flex bwd':>9} {'sdpa bwd':>14} | {'step ms':>7} {'flex':>7} {'x':>5} {'sum x':>5} | " \
-           f"{'gate ms':>8} {'gate/attn':>9} {'Q+K floor':>9}"
-    print(cols)
-    print("-" * len(cols))
-    records = []
-    for case in ATTN_CASES:
-        rec = run_attention_case(*case, args)
+    cases = attention_cases(args.cases)
+    fa4 = load_fa4() if "fa4" in args.peers else (None, "skipped (--peers)")
+    header["fa4"] = fa4[1] if fa4[0] is not None else f"not installed: {fa4[1]}"
+    t_all = time.perf_counter()
+    print(f"# {header['gpu']}, torch {header['torch']}, sparsek {header['sparsek']}, bf16, B=1, 128x128 blocks, "
+          f"median of {args.reps}")
+    print(f"# FA4 (flash-attn-4, block-sparse, its default non-deterministic backward): "
+          f"{fa4[1] if fa4[0] is not None else 'FA4 not installed (' + fa4[1] + ')'}")
+    print("# effective TFLOPS = 4*D*unmasked / time; bwd = 2.5x that work over (step - fwd) ms, '1 call': over one "
+          "backward call; SDPA dense: (its own dense TFLOPS)")
+    print("# sk/X = X's time / sparsek's time (> 1: sparsek faster); '*' marks an answer that differs from its "
+          "reference (no ratio then)")
+    r_ = lambda res, key: f"{res[key]:.1f}" if key in res else "n/a"  # noqa: E731
+
+    def ratio(r, other, key):  # sparsek's speed over other's, from times
+        a, b = r.get("sparsek", {}), r.get(other, {})
+        if "mismatch" in a or "mismatch" in b:
+            return "*"
+        if key == "bwd_step":
+            ta = a.get("step_ms", 0) - a.get("fwd_ms", 0) if "bwd_step_eff_tflops" in a else 0
+            tb = b.get("step_ms", 0) - b.get("fwd_ms", 0) if "bwd_step_eff_tflops" in b else 0
+        else:
+            ta, tb = a.get(key), b.get(key)
+        return f"{tb / ta:.2f}" if ta and tb else "n/a"
+
+    cols1 = (f"{'case':>15} | {'fwd: sparsek':>12} {'fa4':>6} {'flex':>6} {'sdpa (own)':>14} {'sk/fa4':>6} | "
+             f"{'bwd: sparsek':>12} {'fa4':>6} {'flex':>6} {'sk/fa4':>6} | {'1 call: sparsek':>15} {'fa4':>6} "
+             f"{'flex':>6} {'sk/fa4':>6} | {'step ms: sparsek':>16} {'fa4':>7} {'flex':>7} {'sk/fa4':>6} "
+             f"{'sk/flex':>7}")
+    cols2 = (f"{'case':>15} | {'FA4 vs sparsek max|diff|: O':>27} {'dq':>8} {'dk':>8} {'dv':>8} | "
+             f"{'first call s: fa4 fwd':>21} {'step':>6} {'flex fwd':>8} {'step':>6} | {'gate ms':>7} "
+             f"{'gate/attn':>9} {'Q+K floor':>9} | {'case s':>6}")
+    records, lines2 = [], []
+    print(cols1)
+    print("-" * len(cols1))
+    for case in cases:
+        rec = run_attention_case(case, args, fa4)
         records.append(rec)
+        if args.json:  # after every case: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "records": records}, f, indent=1)
         r = rec["results"]
-        t = lambda who, key: f"{r[who][key]:.1f}" if key in r[who] else "n/a"  # noqa: E731
-        own = lambda key: f"{r['sdpa_dense'][key.replace('eff', 'own')]:.1f}" if key in r["sdpa_dense"] else ""  # noqa: E731
-        g = rec.get("gate", {})
-        gate_cols = (f"{g['ms']:8.3f} {g['vs_attention'] or 0:9.3f} {g['read_qk_once_ms']:9.3f}" if "ms" in g
-                     else f"{'n/a':>8} {'':>9} {'':>9}")
-        # The training step against FlexAttention: timed as one, and as the sum of the single calls.
-        sk, fx = r["sparsek"], r["flex"]
-        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "n/a"  # noqa: E731
-        ms3 = lambda who: f"{r[who]['step_ms']:.3f}" if "step_ms" in r[who] else "n/a"  # noqa: E731
-        step_cols = (f"{ms3('sparsek'):>7} {ms3('flex'):>7} "
-                     f"{ratio(fx.get('step_ms'), sk.get('step_ms')):>5} "
-                     f"{ratio(fx.get('fwd_ms', 0) + fx.get('bwd_ms', 0), sk.get('fwd_ms', 0) + sk.get('bwd_ms', 0)):>5}")
-        print(f"{rec['case']:>16} | {t('sparsek', 'fwd_eff_tflops'):>11} {t('flex', 'fwd_eff_tflops'):>9} "
-              f"{t('sdpa_dense', 'fwd_eff_tflops'):>6} ({own('fwd_eff_tflops'):>5}) | "
-              f"{t('sparsek', 'bwd_eff_tflops'):>11} {t('flex', 'bwd_eff_tflops'):>9} "
-              f"{t('sdpa_dense', 'bwd_eff_tflops'):>6} ({own('bwd_eff_tflops'):>5}) | {step_cols} | {gate_cols}")
+        g = lambda who: r.get(who, {})  # noqa: E731
+        star = lambda who: "*" if "mismatch" in g(who) else ""  # noqa: E731
+        t = lambda who, key: (r_(g(who), key) + star(who)) if who in r else "-"  # noqa: E731
+        sd = g("sdpa_dense")
+        own = f"({sd['fwd_own_tflops']:.1f})" if "fwd_own_tflops" in sd else ""
+        ms3 = lambda who: (f"{g(who)['step_ms']:.3f}" + star(who)) if "step_ms" in g(who) else "n/a"  # noqa: E731
+        print(f"{rec['case']:>15} | {t('sparsek', 'fwd_eff_tflops'):>12} {t('fa4', 'fwd_eff_tflops'):>6} "
+              f"{t('flex', 'fwd_eff_tflops'):>6} {t('sdpa_dense', 'fwd_eff_tflops'):>7} {own:>6} "
+              f"{ratio(r, 'fa4', 'fwd_ms'):>6} | {t('sparsek', 'bwd_step_eff_tflops'):>12} "
+              f"{t('fa4', 'bwd_step_eff_tflops'):>6} {t('flex', 'bwd_step_eff_tflops'):>6} "
+              f"{ratio(r, 'fa4', 'bwd_step'):>6} | {t('sparsek', 'bwd_eff_tflops'):>15} {t('fa4', 'bwd_eff_tflops'):>6} "
+              f"{t('flex', 'bwd_eff_tflops'):>6} {ratio(r, 'fa4', 'bwd_ms'):>6} | {ms3('sparsek'):>16} "
+              f"{ms3('fa4'):>7} {ms3('flex'):>7} {ratio(r, 'fa4', 'step_ms'):>6} {ratio(r, 'flex', 'step_ms'):>7}")
         for who, res in r.items():
-            for key in ("error", "bwd_error"):
-                if key in res:
-                    print(f"    {who}: {res[key]}")
-        if "error" in g:
-            print(f"    gate: {g['error']}")
+            for k in ("error", "bwd_error"):
+                if k in res:
+                    print(f"    {who}: {res[k]}")
+            for m in res.get("mismatch", []):
+                print(f"    {who}: DIFFERENT ANSWER: {m}")
+        fa = g("fa4")
+        d = lambda key: f"{fa[key]:.2e}" if key in fa else "n/a"  # noqa: E731
+        s = lambda res, key: f"{res[key]:.1f}" if key in res else "n/a"  # noqa: E731
+        gt = rec.get("gate", {})
+        gate_cols = (f"{gt['ms']:7.3f} {gt['vs_attention'] or 0:9.3f} {gt['read_qk_once_ms']:9.3f}" if "ms" in gt
+                     else f"{'n/a':>7} {'':>9} {'':>9}")
+        lines2.append(f"{rec['case']:>15} | {d('max_abs_diff_o'):>27} {d('max_abs_diff_dq'):>8} "
+                      f"{d('max_abs_diff_dk'):>8} {d('max_abs_diff_dv'):>8} | {s(fa, 'first_fwd_s'):>21} "
+                      f"{s(fa, 'first_step_s'):>6} {s(g('flex'), 'first_fwd_s'):>8} {s(g('flex'), 'first_step_s'):>6} | "
+                      f"{gate_cols} | {rec['case_s']:6.1f}")
+        if "error" in gt:
+            lines2.append(f"    gate: {gt['error']}")
+    print()
+    print("# FA4's answers against sparsek's (max |diff|, bf16); first calls (FA4: its CuTe DSL JIT compile; "
+          "flex: torch.compile), wall s, apart from the kernel times above; the gate; the case's wall time")
+    print(cols2)
+    print("-" * len(cols2))
+    for line in lines2:
+        print(line)
+    total = time.perf_counter() - t_all
+    header["attention_wall_s"] = total
+    print(f"# {len(cases)} cases in {total:.0f} s")
     return records
 
 
@@ -380,8 +526,19 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the records to this file")
     p.add_argument("--attention", action="store_true", help="the attention rows instead of the DSD table")
-    p.add_argument("--seq", type=int, default=16384, help="attention: sequence length")
+    p.add_argument("--seq", type=int, default=None, help="attention: sequence length of every case (default: the case's)")
+    p.add_argument("--cases", default="default",
+                   help="attention: comma-separated case keys (" + ", ".join(c[0] for c in ATTN_CASES + EXTRA_ATTN_CASES)
+                   + "), 'default' (the first four) or 'all'")
+    p.add_argument("--peers", default="fa4,flex,sdpa,gate",
+                   help="attention: who runs beside sparsek, comma-separated from fa4, flex, sdpa, gate (default: all)")
+    p.add_argument("--grad-tol", type=float, default=5e-2,
+                   help="attention: max rel diff of dq, dk, dv to the reference's to accept a backward")
     args = p.parse_args()
+    args.peers = {s.strip() for s in args.peers.split(",") if s.strip()}
+    if args.peers - {"fa4", "flex", "sdpa", "gate"}:
+        sys.exit(f"--peers: unknown {', '.join(sorted(args.peers - {'fa4', 'flex', 'sdpa', 'gate'}))} "
+                 "(known: fa4, flex, sdpa, gate)")
     if not torch.cuda.is_available():
         sys.exit("torch_peers.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     ops = ["dsd", "dds", "sdd"] if args.op == "all" else [args.op]

@@ -154,7 +154,7 @@ if want python; then
       > "$OUT/torch_peers.txt" 2>&1
     note torch-peers "rc=$? (torch_peers.txt)"
     # Attention forward + backward vs FlexAttention and SDPA, and the gate, in one run.
-    PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --attention \
+    PYTHONPATH=$PWD/$BUILD/python:$PWD/python python3 bench/torch_peers.py --attention --cases all \
       --json "$OUT/torch_peers_attention.json" > "$OUT/torch_peers_attention.txt" 2>&1
     note torch-peers-attention "rc=$? (torch_peers_attention.txt)"
   fi
