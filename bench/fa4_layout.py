@@ -37,9 +37,11 @@ class Fa4Lists(NamedTuple):
 
 def lists_from_dense(m):
     """(counts, indices) of a boolean [B, H, rows, cols] mask: each row's True columns, ascending,
-    packed left; width = the largest count (at least 1: FA4 allows lists narrower than cols)."""
+    packed left, zeros after; width = cols (at least 1). FA4 expects index lists as wide as the
+    block count: narrower ones are broadcast when they are one wide, and its Hopper backward then
+    refuses them (a stride-0 last dimension), so every list is given at full width."""
     cnt = m.sum(-1, dtype=torch.int32)
-    width = max(1, int(cnt.max()) if cnt.numel() else 1)
+    width = max(1, m.shape[-1])
     # A stable descending sort of 0/1 keys puts the True columns first in their original order.
     idx = torch.argsort(m.to(torch.int8), dim=-1, descending=True, stable=True)[..., :width]
     valid = torch.arange(idx.shape[-1], device=m.device) < cnt[..., None]

@@ -54,6 +54,7 @@ import json
 import math
 import statistics
 import sys
+import traceback
 import time
 
 import torch
@@ -370,6 +371,8 @@ def run_attention_case(case, args, fa4):
                 res["bwd_step_eff_tflops"] = 2.5 * fwd_flops / (res["step_ms"] - res["fwd_ms"]) / 1e9
         except Exception as e:  # noqa: BLE001
             res["bwd_error"] = f"backward: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            # where it failed (a peer's internals): the last frames, for the log
+            print("".join(traceback.format_exc().splitlines(keepends=True)[-12:]), file=sys.stderr)
         finally:
             torch.cuda.empty_cache()
     del outs, grads
