@@ -48,7 +48,10 @@ def lists_from_dense(m):
     idx = torch.where(valid, idx, torch.zeros_like(idx)).to(torch.int32)
     if idx.shape[-1] < width:  # (fewer columns than the width of 1: a 0-column mask)
         idx = torch.nn.functional.pad(idx, (0, width - idx.shape[-1]))
-    return cnt.contiguous(), idx.contiguous()
+    # Fresh row-major strides: `.contiguous()` keeps a view whose odd stride sits on a size-1
+    # dimension (a column of the transposed mask), and FA4 checks that stride.
+    return (torch.empty(cnt.shape, dtype=torch.int32, device=m.device).copy_(cnt),
+            torch.empty(idx.shape, dtype=torch.int32, device=m.device).copy_(idx))
 
 
 def fa4_lists(partial, full=None, *, q_len, kv_len, block=128, causal=False, q_heads=None):

@@ -48,6 +48,8 @@ def dense_of(cnt, idx, cols):
 def check_shapes(lists, B, H, nq, nk):
     for name, x in lists._asdict().items():
         assert x.dtype == torch.int32 and x.is_contiguous(), name
+        # row-major strides on every dimension, size-1 ones included (FA4 checks the last one)
+        assert x.stride() == torch.empty(x.shape).stride(), name
         rows = nk if name.startswith("bwd") else nq
         assert tuple(x.shape[:3]) == (B, H, rows), name
         if name.endswith("idx"):
