@@ -49,6 +49,9 @@ void check_dtype(const char* name, DType t, Memory m) {
 void check_cheap(const DecodeArgs& a) {
   const TokensView &q = a.q, &o = a.o;
   const PagedCacheView &k = a.k, &v = a.v;
+  for (auto [m, name] : {std::pair{q.memory, "q"}, std::pair{a.index_memory, "index_memory"}})
+    if (m != Memory::host && m != Memory::device)
+      bad(std::string(name) + " memory = " + num(int(m)) + " is neither host (0) nor device (1)");
   if (q.t < 1) bad("q.t (new tokens) = " + num(q.t) + " must be >= 1");
   if (q.h < 1) bad("q.h = " + num(q.h) + " must be >= 1");
   if (q.d != 64 && q.d != 128) bad("q.d = " + num(q.d) + " is not supported (64 or 128)");

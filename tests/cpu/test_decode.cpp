@@ -9,6 +9,7 @@
 #include <string>
 
 #include "decode_util.hpp"
+#include "sparsek/sparsek.h"
 
 namespace sparsek::test {
 namespace {
@@ -289,6 +290,73 @@ TEST_F(DecodeErrors, MalformedContentsThroughRun) {
   c.bind();
   run(p, c.args);
   SUCCEED();
+}
+
+
+// ---- the C API ----
+
+sparsek_decode_args to_c(const DecodeArgs& a) {
+  sparsek_decode_args c{};
+  auto tok = [](const TokensView& t) {
+    sparsek_tokens x{};
+    x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
+    x.t = t.t, x.h = t.h, x.d = t.d, x.stride_t = t.stride_t, x.stride_h = t.stride_h;
+    return x;
+  };
+  auto cache = [](const PagedCacheView& t) {
+    sparsek_paged_cache x{};
+    x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
+    x.pages = t.pages, x.page_size = t.page_size, x.h = t.h, x.d = t.d;
+    x.stride_page = t.stride_page, x.stride_slot = t.stride_slot, x.stride_h = t.stride_h;
+    return x;
+  };
+  c.q = tok(a.q), c.o = tok(a.o), c.k = cache(a.k), c.v = cache(a.v), c.lse = a.lse;
+  c.page_table = a.page_table, c.seq_lens = a.seq_lens, c.cu_seqlens_q = a.cu_seqlens_q;
+  c.sel_indices = a.sel_indices, c.sel_counts = a.sel_counts;
+  c.batch = a.batch, c.max_pages = a.max_pages, c.sel_kmax = a.sel_kmax;
+  c.index_memory = sparsek_memory(int(a.index_memory));
+  c.causal_new = a.causal_new ? 1 : 0;
+  c.scale = a.scale;
+  return c;
+}
+
+TEST(DecodeCApi, OneShotPlanAndErrors) {
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.hq = 8, s.hkv = 2, s.sel_frac = 0.5;
+  DecodeCase c = make_decode_case(s);
+  const DecodeReference ref = decode_oracle(c.args);
+  sparsek_decode_args a = to_c(c.args);
+  ASSERT_EQ(sparsek_decode_attention(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  expect_decode_matches(c, ref, decode_tol_o(s.dtype), 1e-4);
+
+  c.poison_outputs();
+  sparsek_decode_plan p = nullptr;
+  ASSERT_EQ(sparsek_decode_plan_create(&p, &a, 0), SPARSEK_OK) << sparsek_last_error();
+  int32_t splits = -1;
+  uint64_t ws = 1;
+  ASSERT_EQ(sparsek_decode_plan_info(p, &splits, &ws), SPARSEK_OK);
+  EXPECT_EQ(splits, 1);
+  EXPECT_EQ(ws, 0u);
+  ASSERT_EQ(sparsek_decode_plan_run(p, &a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  expect_decode_matches(c, ref, decode_tol_o(s.dtype), 1e-4);
+  EXPECT_EQ(sparsek_decode_plan_destroy(p), SPARSEK_OK);
+  EXPECT_EQ(sparsek_decode_plan_run(p, &a, nullptr), SPARSEK_INVALID_ARGUMENT);  // destroyed
+  EXPECT_NE(std::string(sparsek_last_error()).find("not a live plan"), std::string::npos) << sparsek_last_error();
+
+  EXPECT_EQ(sparsek_decode_attention(nullptr, nullptr), SPARSEK_INVALID_ARGUMENT);
+  sparsek_decode_args b = a;
+  b.causal_new = 2;
+  EXPECT_EQ(sparsek_decode_attention(&b, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("causal_new = 2"), std::string::npos) << sparsek_last_error();
+  b = a;
+  b.index_memory = sparsek_memory(7);
+  EXPECT_EQ(sparsek_decode_attention(&b, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("index_memory memory = 7"), std::string::npos) << sparsek_last_error();
+  c.page_table[0] = -3;
+  EXPECT_EQ(sparsek_decode_attention(&a, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("page_table[0, 0] = -3"), std::string::npos) << sparsek_last_error();
+  EXPECT_EQ(sparsek_decode_plan_create(&p, &a, 65), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
 }
 
 }  // namespace

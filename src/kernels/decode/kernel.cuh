@@ -65,6 +65,23 @@ __device__ __forceinline__ Request request_of(const Params& p, int b) {
   return r;
 }
 
+// q . k over D: k a row of 16-bit elements in shared memory, q (pre-scaled) floats.
+template <int D, class T>
+__device__ __forceinline__ float dot_row(const T* k, const float* q) {
+  float s = 0.f;
+#pragma unroll 4
+  for (int c = 0; c < D / 8; ++c) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(k + c * 8);
+    const T* e = reinterpret_cast<const T*>(&raw);
+    const float4 a0 = *reinterpret_cast<const float4*>(q + c * 8);
+    const float4 a1 = *reinterpret_cast<const float4*>(q + c * 8 + 4);
+    s += a0.x * dev::to_float(e[0]) + a0.y * dev::to_float(e[1]) + a0.z * dev::to_float(e[2]) +
+         a0.w * dev::to_float(e[3]) + a1.x * dev::to_float(e[4]) + a1.y * dev::to_float(e[5]) +
+         a1.z * dev::to_float(e[6]) + a1.w * dev::to_float(e[7]);
+  }
+  return s;
+}
+
 template <int D, class T>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) {
   constexpr int kPitch = D + 8;  // halves per smem K/V row: 16-byte aligned, spreads the banks
@@ -167,27 +184,14 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     ptx::cp_async_commit();
     const int st = t % kStages;
 
-    // Scores.
+    // Scores (rows past the request's are skipped: with one new token and G = 4 only 4 of the
+    // 16 rows live, and the warps that own none of them do nothing).
     {
       const int pos = tile_pos[st] + sk;
       const bool live = sk < tile_keys[st];
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll 4
-      for (int c = 0; c < kChunks; ++c) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(&ks[st][sk][c * 8]);
-        const T* e = reinterpret_cast<const T*>(&raw);
-        const float4 a0 = *reinterpret_cast<const float4*>(&qs[sr][c * 8]);
-        const float4 a1 = *reinterpret_cast<const float4*>(&qs[sr][c * 8 + 4]);
-        const float4 b0 = *reinterpret_cast<const float4*>(&qs[sr + 8][c * 8]);
-        const float4 b1 = *reinterpret_cast<const float4*>(&qs[sr + 8][c * 8 + 4]);
-        float kf[8];
-#pragma unroll
-        for (int x = 0; x < 8; ++x) kf[x] = dev::to_float(e[x]);
-        s0 += a0.x * kf[0] + a0.y * kf[1] + a0.z * kf[2] + a0.w * kf[3] + a1.x * kf[4] + a1.y * kf[5] + a1.z * kf[6] +
-              a1.w * kf[7];
-        s1 += b0.x * kf[0] + b0.y * kf[1] + b0.z * kf[2] + b0.w * kf[3] + b1.x * kf[4] + b1.y * kf[5] + b1.z * kf[6] +
-              b1.w * kf[7];
-      }
+      float s0 = -INFINITY, s1 = -INFINITY;
+      if (lim0 >= 0) s0 = dot_row<D, T>(&ks[st][sk][0], &qs[sr][0]);
+      if (lim1 >= 0) s1 = dot_row<D, T>(&ks[st][sk][0], &qs[sr + 8][0]);
       ps_[sr][sk] = live && pos < lim0 ? s0 : -INFINITY;
       ps_[sr + 8][sk] = live && pos < lim1 ? s1 : -INFINITY;
     }
@@ -217,8 +221,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     }
     __syncthreads();
 
-    // acc = acc * alpha + P V.
-    {
+    // acc = acc * alpha + P V (rows past the request's skipped).
+    if (r_base + pr < rows_all) {
       const float a = alpha_s[pr];
 #pragma unroll
       for (int x = 0; x < kDimsPerThread; ++x) acc[x] *= a;
