@@ -1,7 +1,7 @@
 // Paged decode attention on its target workload: 32 requests x 32k tokens of context, Hq 32 /
 // Hkv 8, D 128, bf16, pages of 64 tokens in shuffled physical order, 12.5% of each KV head's pages
 // selected (the newest always), 1 and 4 new tokens per request. For each: the time of run() (the
-// split kernel and the combine; median of timed runs, the stream held), the bytes of the selected
+// split kernel and the combine, for each GPU variant: CUDA cores and mma.sync; median of timed runs, the stream held), the bytes of the selected
 // K and V pages, the read floor = those bytes / the HBM read bandwidth that a streaming read kernel
 // measures in this process (not the data-sheet peak), and the ratio. The same over the whole
 // context (no selection) is printed beside it. Outputs are checked finite (correctness is the GPU
@@ -133,19 +133,31 @@ int timer_main(int argc, char** argv) {
       DecodeArgs x = a;
       if (selected) x.sel_indices = d_sel, x.sel_counts = d_cnt, x.sel_kmax = kmax;
       validate(x, true);
-      const DecodePlan p = plan(x);
-      const double us = median_us([&](int) { run(p, x); });
-      // Finite outputs (every row sees keys here).
-      std::vector<float> l(size_t(T) * Hq);
-      SPARSEK_CHECK_CUDA(cudaMemcpy(l.data(), lse, l.size() * 4, cudaMemcpyDeviceToHost));
-      const bool finite = std::all_of(l.begin(), l.end(), [](float f) { return std::isfinite(f); });
-      const double kv_bytes =
-          double(B) * Hkv * (selected ? kmax : pages_per) * ps * D * 2.0 /*bytes*/ * 2.0 /*K and V*/;
-      const double floor_us = kv_bytes / bw * 1e6;
-      std::printf("new tokens %d, %s: %.1f us; K/V read %.1f MB, read floor %.1f us; ratio %.2fx; %d KV chunks, "
-                  "workspace %.1f MB; LSE %s\n",
-                  n, selected ? "12.5% of pages selected" : "whole context (no selection)", us, kv_bytes / 1e6,
-                  floor_us, us / floor_us, p.kv_splits(), p.workspace_bytes() / 1e6, finite ? "finite" : "NOT FINITE");
+      std::vector<uint16_t> first_o;  // the first variant's O, to compare the second's with
+      for (const char* variant : {"cuda", "cuda_mma"}) {
+        Options opt;
+        opt.variant = variant;
+        const DecodePlan p = plan(x, opt);
+        const double us = median_us([&](int) { run(p, x); });
+        // Finite outputs (every row sees keys here).
+        std::vector<float> l(size_t(T) * Hq);
+        SPARSEK_CHECK_CUDA(cudaMemcpy(l.data(), lse, l.size() * 4, cudaMemcpyDeviceToHost));
+        const bool finite = std::all_of(l.begin(), l.end(), [](float f) { return std::isfinite(f); });
+        std::vector<uint16_t> ob(size_t(T) * Hq * D);
+        SPARSEK_CHECK_CUDA(cudaMemcpy(ob.data(), o, ob.size() * 2, cudaMemcpyDeviceToHost));
+        double diff = 0;  // max |O - the first variant's O|
+        if (first_o.empty()) first_o = ob;
+        for (size_t i = 0; i < ob.size(); ++i)
+          diff = std::max(diff, double(std::fabs(bench::to_f(ob[i], true) - bench::to_f(first_o[i], true))));
+        const double kv_bytes =
+            double(B) * Hkv * (selected ? kmax : pages_per) * ps * D * 2.0 /*bytes*/ * 2.0 /*K and V*/;
+        const double floor_us = kv_bytes / bw * 1e6;
+        std::printf("%-8s new tokens %d, %s: %.1f us; K/V read %.1f MB, read floor %.1f us; ratio %.2fx; %d KV "
+                    "chunks, workspace %.1f MB; LSE %s; max |O - cuda's O| %.3g\n",
+                    variant, n, selected ? "12.5% of pages selected" : "whole context (no selection)", us,
+                    kv_bytes / 1e6, floor_us, us / floor_us, p.kv_splits(), p.workspace_bytes() / 1e6,
+                    finite ? "finite" : "NOT FINITE", diff);
+      }
     }
     SPARSEK_CHECK_CUDA(cudaFree(q));
     SPARSEK_CHECK_CUDA(cudaFree(o));

@@ -143,7 +143,8 @@ class DecodePlan {
 };
 
 // Options::backend picks the backend (automatic: by q's memory); Options::threads the CPU threads;
-// the GPU reads Options::variant "" or "cuda", and kv_splits below.
+// Options::variant: "cpu" on the host; "cuda" (CUDA cores; the default) or "cuda_mma" (mma.sync
+// tensor cores) on the GPU (sm_80+).
 DecodePlan plan(const DecodeArgs& problem, const Options& options = {});
 // The same with the number of KV chunks forced (0: the heuristic; GPU only; clamped to [1, 64]).
 DecodePlan plan(const DecodeArgs& problem, const Options& options, int kv_splits);

@@ -23,6 +23,7 @@ struct DecodePlan::Impl {
   int threads = 0;
   int device = -1;
   int splits = 1;
+  decode_gpu::Flavor flavor = decode_gpu::Flavor::cuda_cores;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   ~Impl() {
@@ -97,7 +98,7 @@ void launch(const DecodePlan::Impl& im, const DecodeArgs& args, void* stream) {
                                               ", the plan was made on device " + num(im.device));
   const std::string why = decode_gpu::why_not(args);  // pointers may be less aligned than planned
   if (!why.empty()) throw Error(Status::unsupported, "decode run: " + why);
-  decode_gpu::launch(args, im.splits, im.workspace, stream);
+  decode_gpu::launch(args, im.splits, im.workspace, stream, im.flavor);
 }
 }  // namespace
 
@@ -127,15 +128,25 @@ DecodePlan plan(const DecodeArgs& problem, const Options& options, int kv_splits
   impl->problem = problem;
   impl->backend = be;
   impl->threads = options.threads;
-  const std::string want = be == Backend::cpu ? "cpu" : "cuda";
-  if (!options.variant.empty() && options.variant != want)
-    throw Error(Status::unsupported, "decode plan: variant '" + options.variant + "' does not exist for the " + want +
-                                         " backend (its only variant is '" + want + "')");
-  impl->variant_name = want;
+  // The variants: "cpu" on the host; "cuda" (CUDA cores, the default) and "cuda_mma" (mma.sync) on the GPU.
+  const std::string& v = options.variant;
+  if (be == Backend::cpu) {
+    if (!v.empty() && v != "cpu")
+      throw Error(Status::unsupported, "decode plan: variant '" + v + "' does not exist for the cpu backend (its only "
+                                       "variant is 'cpu')");
+    impl->variant_name = "cpu";
+  } else {
+    if (!v.empty() && v != "cuda" && v != "cuda_mma")
+      throw Error(Status::unsupported, "decode plan: variant '" + v + "' does not exist for the cuda backend "
+                                       "('cuda' or 'cuda_mma')");
+    impl->variant_name = v.empty() ? "cuda" : v;
+    impl->flavor = impl->variant_name == "cuda_mma" ? decode_gpu::Flavor::mma : decode_gpu::Flavor::cuda_cores;
+  }
   if (be == Backend::cuda) {
     check_cuda(cudaGetDevice(&impl->device), "cudaGetDevice");
     const std::string why = decode_gpu::why_not(problem);
     if (!why.empty()) throw Error(Status::unsupported, "decode plan: " + why);
+    decode_gpu::prepare(problem, impl->flavor);
     impl->splits = kv_splits > 0 ? std::min(kv_splits, 64) : decode_gpu::default_splits(problem, device_info().sm_count);
     impl->workspace_bytes = decode_gpu::workspace_bytes(problem, impl->splits);
     if (impl->workspace_bytes) {

@@ -2,7 +2,7 @@
 // 16-token requests), selections (empty ones too), a request of one page, last pages not full,
 // shuffled physical pages, GQA 1/4/8, D 64/128, page sizes 16..128 (48 too), bf16/f16, strided q
 // and o, one KV chunk and several (the combine), NaN-poisoned outputs and poisoned cache slots;
-// bit-identical repeats; run() captured in a CUDA graph and replayed with a new page table,
+// both variants (CUDA cores, mma.sync); bit-identical repeats; run() captured in a CUDA graph and replayed with a new page table,
 // lengths and selection; malformed contents through run() (no error, no out-of-bounds read: the
 // suite also runs under compute-sanitizer memcheck); device index arrays checked by validate().
 #include <cuda_runtime.h>
@@ -89,19 +89,32 @@ struct DeviceDecode {
 
 const double kTolLse = 2e-3;
 
-// One case on the GPU with `splits` KV chunks (0: the plan's choice), against the oracle.
+// Both GPU variants: CUDA cores and mma.sync.
+const char* const kVariants[] = {"cuda", "cuda_mma"};
+Options variant(const char* name) {
+  Options o;
+  o.variant = name;
+  return o;
+}
+
+// One case on the GPU, each variant, with `splits` KV chunks (0: the plan's choice), against the
+// oracle.
 void check(const DecodeSpec& s, int splits = 0) {
-  SCOPED_TRACE(s.name() + " splits=" + std::to_string(splits));
   DecodeCase c = make_decode_case(s);
   const DecodeReference ref = decode_oracle(c.args);
   DeviceDecode d(c);
   validate(d.args, true);  // the device index arrays read back and checked
-  const DecodePlan p = plan(d.args, Options{}, splits);
-  EXPECT_EQ(p.backend(), Backend::cuda);
-  if (splits > 0) EXPECT_EQ(p.kv_splits(), std::min(splits, 64));
-  run(p, d.args);
-  d.download(c);
-  expect_decode_matches(c, ref, decode_tol_o(s.dtype), kTolLse);
+  for (const char* v : kVariants) {
+    SCOPED_TRACE(s.name() + " splits=" + std::to_string(splits) + " variant=" + v);
+    d.poison();
+    const DecodePlan p = plan(d.args, variant(v), splits);
+    EXPECT_EQ(p.backend(), Backend::cuda);
+    EXPECT_EQ(p.variant(), v);
+    if (splits > 0) EXPECT_EQ(p.kv_splits(), std::min(splits, 64));
+    run(p, d.args);
+    d.download(c);
+    expect_decode_matches(c, ref, decode_tol_o(s.dtype), kTolLse);
+  }
 }
 
 TEST(GpuDecode, RaggedBatchesOverShapes) {
@@ -186,24 +199,28 @@ TEST(GpuDecode, BitIdenticalRepeats) {
   s.sel_frac = 0.5;
   DecodeCase c = make_decode_case(s);
   DeviceDecode d(c);
-  const DecodePlan p = plan(d.args, Options{}, 6);
-  run(p, d.args);
-  d.download(c);
-  const std::vector<uint8_t> o1 = c.o;
-  const std::vector<float> l1 = c.lse;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (const char* v : kVariants) {
+    SCOPED_TRACE(v);
+    const DecodePlan p = plan(d.args, variant(v), 6);
     d.poison();
     run(p, d.args);
     d.download(c);
-    EXPECT_EQ(c.o, o1) << "repeat " << rep;
-    EXPECT_EQ(0, std::memcmp(c.lse.data(), l1.data(), l1.size() * 4)) << "repeat " << rep;
+    const std::vector<uint8_t> o1 = c.o;
+    const std::vector<float> l1 = c.lse;
+    for (int rep = 0; rep < 3; ++rep) {
+      d.poison();
+      run(p, d.args);
+      d.download(c);
+      EXPECT_EQ(c.o, o1) << "repeat " << rep;
+      EXPECT_EQ(0, std::memcmp(c.lse.data(), l1.data(), l1.size() * 4)) << "repeat " << rep;
+    }
   }
 }
 
 // run() captured once, replayed with the index arrays of another step (new page table, lengths,
 // new tokens per request, selection) uploaded into the same buffers.
-TEST(GpuDecode, GraphReplayWithNewPageTable) {
-  SPARSEK_REQUIRE_SM80();
+void graph_replay(const char* v) {
+  SCOPED_TRACE(v);
   DecodeSpec s;
   s.dtype = DType::bf16, s.d = 64, s.hq = 4, s.hkv = 2, s.page_size = 32;
   s.new_tokens = {1, 4, 2};
@@ -211,7 +228,7 @@ TEST(GpuDecode, GraphReplayWithNewPageTable) {
   s.sel_frac = 0.4;
   DecodeCase c = make_decode_case(s);
   DeviceDecode d(c);
-  const DecodePlan p = plan(d.args);
+  const DecodePlan p = plan(d.args, variant(v));
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaGraph_t graph;
@@ -248,6 +265,11 @@ TEST(GpuDecode, GraphReplayWithNewPageTable) {
   cudaStreamDestroy(stream);
 }
 
+TEST(GpuDecode, GraphReplayWithNewPageTable) {
+  SPARSEK_REQUIRE_SM80();
+  for (const char* v : kVariants) graph_replay(v);
+}
+
 // Malformed contents through run() (which does not check them): no error, no read outside the
 // arrays (compute-sanitizer memcheck), and validate() names the first bad entry.
 TEST(GpuDecode, MalformedContents) {
@@ -257,6 +279,7 @@ TEST(GpuDecode, MalformedContents) {
   DecodeCase c = make_decode_case(s);
   DeviceDecode d(c);
   const DecodePlan p = plan(d.args, Options{}, 2);
+  const DecodePlan pm = plan(d.args, variant("cuda_mma"), 2);
   c.page_table[0] = 1 << 30;
   c.seq_lens[0] = 1 << 30;
   c.sel_cnt[1] = 1 << 30;
@@ -264,6 +287,7 @@ TEST(GpuDecode, MalformedContents) {
   c.cu = {0, 30, 2};
   d.upload_indices(c);
   run(p, d.args);
+  run(pm, d.args);
   check_cuda(cudaDeviceSynchronize(), "malformed run");
   try {
     validate(d.args, true);

@@ -8,6 +8,7 @@
 
 #include "core/device.hpp"
 #include "kernels/decode/kernel.cuh"
+#include "kernels/decode/kernel_mma.cuh"
 #include "kernels/decode/launch.hpp"
 
 namespace sparsek::decode_gpu {
@@ -47,10 +48,15 @@ size_t workspace_bytes(const DecodeArgs& a, int splits) {
 
 namespace {
 template <int D, class T>
-void launch_typed(const Params& p, int batch, cudaStream_t stream) {
+void launch_typed(const Params& p, int batch, cudaStream_t stream, Flavor flavor) {
   const dim3 grid(unsigned(batch * p.hkv), unsigned(p.splits), unsigned((p.group * kMaxNew + kRows - 1) / kRows));
-  decode_split_kernel<D, T><<<grid, kThreads, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "decode_split_kernel launch");
+  if (flavor == Flavor::mma) {
+    decode_split_mma_kernel<D, T><<<grid, kThreads, mma_smem_bytes<D>(), stream>>>(p);
+    check_cuda(cudaGetLastError(), "decode_split_mma_kernel launch");
+  } else {
+    decode_split_kernel<D, T><<<grid, kThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "decode_split_kernel launch");
+  }
   if (p.splits > 1) {
     decode_combine_kernel<D, T><<<dim3(unsigned(batch * p.hkv), unsigned(p.group * kMaxNew)), D, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_combine_kernel launch");
@@ -58,7 +64,21 @@ void launch_typed(const Params& p, int batch, cudaStream_t stream) {
 }
 }  // namespace
 
-void launch(const DecodeArgs& a, int splits, void* workspace, void* stream) {
+template <int D, class T>
+void set_smem() {
+  check_cuda(cudaFuncSetAttribute(decode_split_mma_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  mma_smem_bytes<D>()),
+             "cudaFuncSetAttribute(decode_split_mma_kernel)");
+}
+
+void prepare(const DecodeArgs& a, Flavor flavor) {
+  if (flavor != Flavor::mma) return;
+  const bool bf16 = a.q.dtype == DType::bf16;
+  if (a.q.d == 64) bf16 ? set_smem<64, __nv_bfloat16>() : set_smem<64, __half>();
+  else bf16 ? set_smem<128, __nv_bfloat16>() : set_smem<128, __half>();
+}
+
+void launch(const DecodeArgs& a, int splits, void* workspace, void* stream, Flavor flavor) {
   Params p{};
   p.q = a.q.data, p.o = a.o.data, p.lse = a.lse, p.k = a.k.data, p.v = a.v.data;
   p.page_table = a.page_table, p.seq_lens = a.seq_lens, p.cu_seqlens_q = a.cu_seqlens_q;
@@ -82,11 +102,11 @@ void launch(const DecodeArgs& a, int splits, void* workspace, void* stream) {
   const bool bf16 = a.q.dtype == DType::bf16;
   const int B = int(a.batch);
   if (a.q.d == 64) {
-    if (bf16) launch_typed<64, __nv_bfloat16>(p, B, s);
-    else launch_typed<64, __half>(p, B, s);
+    if (bf16) launch_typed<64, __nv_bfloat16>(p, B, s, flavor);
+    else launch_typed<64, __half>(p, B, s, flavor);
   } else {
-    if (bf16) launch_typed<128, __nv_bfloat16>(p, B, s);
-    else launch_typed<128, __half>(p, B, s);
+    if (bf16) launch_typed<128, __nv_bfloat16>(p, B, s, flavor);
+    else launch_typed<128, __half>(p, B, s, flavor);
   }
 }
 

@@ -19,8 +19,14 @@ int64_t max_entries(const DecodeArgs& args);
 int default_splits(const DecodeArgs& args, int sm_count);
 // Workspace the partials of `splits` chunks need (0 for one chunk).
 size_t workspace_bytes(const DecodeArgs& args, int splits);
+// The split kernel's flavours: CUDA cores (variant "cuda", kernel.cuh) or mma.sync tensor cores
+// (variant "cuda_mma", kernel_mma.cuh). Same results up to rounding; each bit-identical run to run.
+enum class Flavor { cuda_cores, mma };
+// Once per plan, outside any graph capture: the kernel attributes a launch needs (the mma
+// kernel's dynamic shared memory above 48 KB).
+void prepare(const DecodeArgs& args, Flavor flavor);
 // Enqueues the kernels on `stream` (a cudaStream_t): the split kernel, and with splits > 1 the
 // combine. Allocates nothing.
-void launch(const DecodeArgs& args, int splits, void* workspace, void* stream);
+void launch(const DecodeArgs& args, int splits, void* workspace, void* stream, Flavor flavor);
 
 }  // namespace sparsek::decode_gpu
