@@ -26,6 +26,7 @@ std::string why_not(const DecodeArgs& a) {
   const int64_t span = (a.k.pages - 1) * a.k.stride_page + (a.k.page_size - 1) * a.k.stride_slot +
                        (a.k.h - 1) * a.k.stride_h + a.k.d;
   if (span > (int64_t(1) << 40)) return "the cache is too large";
+  if (a.q.h / a.k.h > 4096) return "more than 4096 query heads per key/value head";
   if (a.q.t > (int64_t(1) << 30) || a.batch * a.k.h > (int64_t(1) << 30))
     return "too many tokens or (request, head) pairs for one launch";
   return "";
