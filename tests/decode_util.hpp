@@ -35,6 +35,7 @@ struct DecodeSpec {
   std::vector<int> empty_heads;
   int extra_pages = 5;   // physical pages no request owns (poisoned)
   int64_t q_pad = 0;     // extra elements per token row of q and o (strided views)
+  bool kv_combined = false;  // one buffer [pages, 2, page_size, Hkv, D]: K then V of each page
   bool lse = true;
   uint64_t seed = 1;
 
@@ -46,19 +47,21 @@ struct DecodeSpec {
     return s + "} Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " D=" + std::to_string(d) +
            " page=" + std::to_string(page_size) + " " + to_string(dtype) + (causal ? " causal" : "") +
            " sel=" + std::to_string(sel_frac) + " empty=" + std::to_string(empty_heads.size()) +
-           " pad=" + std::to_string(q_pad) + " seed=" + std::to_string(seed);
+           " pad=" + std::to_string(q_pad) + (kv_combined ? " kv_combined" : "") + " seed=" + std::to_string(seed);
   }
 };
 
 struct DecodeCase {
-  std::vector<uint8_t> q, k, v, o;
+  std::vector<uint8_t> q, k, v, o;  // v empty: V lives in k's buffer, v_offset elements on
   std::vector<float> lse;
   std::vector<int32_t> page_table, seq_lens, cu, sel_idx, sel_cnt;
   DecodeArgs args;
+  int64_t v_offset = 0;
 
   // Points args at this case's host storage (after a copy or a move).
   void bind() {
-    args.q.data = q.data(), args.o.data = o.data(), args.k.data = k.data(), args.v.data = v.data();
+    args.q.data = q.data(), args.o.data = o.data(), args.k.data = k.data();
+    args.v.data = v.empty() ? static_cast<void*>(k.data() + size_t(v_offset) * dtype_size(args.k.dtype)) : v.data();
     args.lse = lse.empty() ? nullptr : lse.data();
     args.page_table = page_table.data(), args.seq_lens = seq_lens.data(), args.cu_seqlens_q = cu.data();
     args.sel_indices = sel_cnt.empty() ? nullptr : sel_idx.data();
@@ -93,12 +96,18 @@ inline DecodeCase make_decode_case(const DecodeSpec& s) {
   c.page_table.assign(size_t(B * max_pages), int32_t(pages + 1000));  // out of range: must not be read
   int64_t next = 0;
   const size_t es = dtype_size(s.dtype);
-  c.k.assign(size_t(pages * ps * s.hkv * D) * es, 0);
-  c.v.assign(c.k.size(), 0);
+  // Element index of (page, slot, head, 0) in K's and in V's storage.
+  const int64_t page_elems = ps * s.hkv * D;
+  const int64_t cache_elems = pages * page_elems * (s.kv_combined ? 2 : 1);
+  c.k.assign(size_t(cache_elems) * es, 0);
+  if (!s.kv_combined) c.v.assign(c.k.size(), 0);
+  c.v_offset = s.kv_combined ? page_elems : 0;
+  const int64_t page_stride = s.kv_combined ? 2 * page_elems : page_elems;
+  uint8_t* vbuf = s.kv_combined ? c.k.data() : c.v.data();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < pages * ps * s.hkv * D; ++i) {  // all NaN; the live slots overwritten below
+  for (int64_t i = 0; i < cache_elems; ++i) {  // all NaN; the live slots overwritten below
     store_from_float(c.k.data(), s.dtype, i, nan);
-    store_from_float(c.v.data(), s.dtype, i, nan);
+    if (!s.kv_combined) store_from_float(c.v.data(), s.dtype, i, nan);
   }
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = s.seq_lens[size_t(b)];
@@ -108,9 +117,9 @@ inline DecodeCase make_decode_case(const DecodeSpec& s) {
       for (int64_t slot = 0; slot < std::min(ps, len - p * ps); ++slot)
         for (int64_t h = 0; h < s.hkv; ++h)
           for (int64_t d = 0; d < D; ++d) {
-            const int64_t i = ((pp * ps + slot) * s.hkv + h) * D + d;
+            const int64_t i = pp * page_stride + (slot * s.hkv + h) * D + d;
             store_from_float(c.k.data(), s.dtype, i, uni());
-            store_from_float(c.v.data(), s.dtype, i, uni());
+            store_from_float(vbuf, s.dtype, i + c.v_offset, uni());
           }
     }
   }
@@ -139,6 +148,7 @@ inline DecodeCase make_decode_case(const DecodeSpec& s) {
   a.q.stride_t = qrow;
   a.o = a.q;
   a.k = PagedCacheView::packed(nullptr, s.dtype, Memory::host, pages, ps, s.hkv, D);
+  a.k.stride_page = page_stride;
   a.v = a.k;
   a.batch = B, a.max_pages = max_pages, a.sel_kmax = s.sel_frac >= 0 ? max_pages : 0;
   a.index_memory = Memory::host;

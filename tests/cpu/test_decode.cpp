@@ -110,6 +110,20 @@ TEST(Decode, NotCausalAndScaleAndStrides) {
   check(s);
 }
 
+// K and V interleaved per page in one buffer ([pages, 2, page_size, Hkv, D]).
+TEST(Decode, CombinedKvBuffer) {
+  for (double frac : {-1.0, 0.5}) {
+    DecodeSpec s;
+    s.kv_combined = true;
+    s.hq = 8, s.hkv = 2, s.d = 128, s.page_size = 16;
+    s.new_tokens = {1, 16, 4};
+    s.seq_lens = {200, 100, 33};
+    s.sel_frac = frac;
+    s.dtype = DType::f16;
+    check(s);
+  }
+}
+
 // The selection of every page gives the bits of no selection; any thread count gives the same bits.
 TEST(Decode, BitIdentical) {
   DecodeSpec s;

@@ -55,7 +55,9 @@ struct DeviceDecode {
     q = up(c.q), k = up(c.k), v = up(c.v), o = up(c.o), lse = up(c.lse);
     pt = up(c.page_table), lens = up(c.seq_lens), cu = up(c.cu), sidx = up(c.sel_idx), scnt = up(c.sel_cnt);
     args = c.args;
-    args.q.data = q->p, args.k.data = k->p, args.v.data = v->p, args.o.data = o->p;
+    args.q.data = q->p, args.k.data = k->p, args.o.data = o->p;
+    args.v.data = c.v.empty() ? static_cast<void*>(static_cast<char*>(k->p) + c.v_offset * int64_t(dtype_size(c.args.k.dtype)))
+                              : v->p;
     for (auto* t : {&args.q, &args.o}) t->memory = Memory::device;
     for (auto* t : {&args.k, &args.v}) t->memory = Memory::device;
     args.lse = c.lse.empty() ? nullptr : static_cast<float*>(lse->p);
@@ -188,6 +190,18 @@ TEST(GpuDecode, MqaLongContextStridesNotCausal) {
       s.scale = causal ? 0.f : 0.05f;
       check(s, splits);
     }
+}
+
+// K and V interleaved per page in one buffer ([pages, 2, page_size, Hkv, D]): page strides of
+// twice a page.
+TEST(GpuDecode, CombinedKvBuffer) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 128, s.hq = 8, s.hkv = 2, s.page_size = 32, s.kv_combined = true;
+  s.new_tokens = {1, 16, 4};
+  s.seq_lens = {200, 100, 33};
+  s.sel_frac = 0.5;
+  for (int splits : {1, 3}) check(s, splits);
 }
 
 TEST(GpuDecode, BitIdenticalRepeats) {
