@@ -59,7 +59,7 @@ void launch_typed(const Params& p, int batch, cudaStream_t stream, Flavor flavor
     check_cuda(cudaGetLastError(), "decode_split_kernel launch");
   }
   if (p.splits > 1) {
-    decode_combine_kernel<D, T><<<dim3(unsigned(batch * p.hkv), unsigned(p.group * kMaxNew)), D, 0, stream>>>(p);
+    decode_combine_kernel<D, T><<<unsigned(batch * p.hkv), dim3(D, kCombineRows), 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_combine_kernel launch");
   }
 }

@@ -270,30 +270,34 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   }
 }
 
-// One CTA of D threads per (request b, key/value head hk, row): merges the chunks' partials in
-// chunk order. Empty chunks carry m = -inf, l = 0 (weight 0).
+// One CTA of D x kCombineRows threads per (request b, key/value head hk): thread (d, y) merges
+// element d of rows y, y + kCombineRows, ... of the request's G * n rows, the chunks in chunk order
+// (fixed). Empty chunks carry m = -inf, l = 0 (weight 0). One CTA per (request, head) rather than
+// one per row: with one new token most rows do not exist, and empty CTAs still cost launch slots.
+constexpr int kCombineRows = 4;
 template <int D, class T>
-__global__ void __launch_bounds__(D) decode_combine_kernel(const Params p) {
-  const int bh = blockIdx.x, rr = blockIdx.y, d = threadIdx.x;
+__global__ void __launch_bounds__(D * kCombineRows) decode_combine_kernel(const Params p) {
+  const int bh = blockIdx.x, d = threadIdx.x;
   const int b = bh / p.hkv, hk = bh % p.hkv;
   const Request rq = request_of(p, b);
-  if (rr >= p.group * rq.n) return;
-  const int64_t row0 = int64_t(bh) * p.splits * (p.group * kMaxNew) + rr;
   const int64_t step = p.group * kMaxNew;
-  float mx = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.ws_ml[row0 + s * step].x);
-  float l = 0.f, o = 0.f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) {
-      const float2 ml = p.ws_ml[row0 + s * step];
-      const float w = exp2f(ml.x - mx);  // an empty chunk: exp2(-inf) = 0
-      l += ml.y * w;
-      o += p.ws_o[(row0 + s * step) * D + d] * w;
+  for (int rr = threadIdx.y; rr < p.group * rq.n; rr += kCombineRows) {
+    const int64_t row0 = int64_t(bh) * p.splits * step + rr;
+    float mx = -INFINITY;
+    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.ws_ml[row0 + s * step].x);
+    float l = 0.f, o = 0.f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < p.splits; ++s) {
+        const float2 ml = p.ws_ml[row0 + s * step];
+        const float w = exp2f(ml.x - mx);  // an empty chunk: exp2(-inf) = 0
+        l += ml.y * w;
+        o += p.ws_o[(row0 + s * step) * D + d] * w;
+      }
     }
+    const int j = rr / p.group, h = hk * p.group + rr % p.group, tok = rq.q0 + j;
+    static_cast<T*>(p.o)[int64_t(tok) * p.o_st + int64_t(h) * p.o_sh + d] = dev::from_float<T>(l > 0.f ? o / l : 0.f);
+    if (p.lse && d == 0) p.lse[int64_t(tok) * p.hq + h] = l > 0.f ? (mx + log2f(l)) * 0.69314718055994531f : -INFINITY;
   }
-  const int j = rr / p.group, h = hk * p.group + rr % p.group, tok = rq.q0 + j;
-  static_cast<T*>(p.o)[int64_t(tok) * p.o_st + int64_t(h) * p.o_sh + d] = dev::from_float<T>(l > 0.f ? o / l : 0.f);
-  if (p.lse && d == 0) p.lse[int64_t(tok) * p.hq + h] = l > 0.f ? (mx + log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
 
 }  // namespace sparsek::decode_gpu
