@@ -118,7 +118,9 @@ void validate(const DecodeArgs& args, bool check_contents = true, void* stream =
 // those extents. The GPU plan allocates its workspace (the split-KV partials) here; run()
 // allocates nothing, launches in `stream` and may be captured in a CUDA graph. run() does not
 // check the index contents: bad contents give wrong values but never a read outside the cache,
-// the page table or the selection (counts are clamped, out-of-range pages skipped).
+// the page table or the selection (counts are clamped, out-of-range pages skipped). The workspace
+// is used in one stream's order: runs that may overlap on two streams need a plan each. Copies of
+// a plan share its workspace.
 class DecodePlan {
  public:
   DecodePlan();
