@@ -41,16 +41,21 @@ int default_splits(const DecodeArgs& a, int sm_count) {
   return int(std::clamp<int64_t>(std::min(want, most), 1, 64));
 }
 
+namespace {
+// New tokens one request can have: T - (B - 1) at most, as every other request has one or more.
+int max_new_tokens(const DecodeArgs& a) { return int(std::clamp<int64_t>(a.q.t - a.batch + 1, 1, kMaxNew)); }
+}  // namespace
+
 size_t workspace_bytes(const DecodeArgs& a, int splits) {
   if (splits <= 1) return 0;
-  const int64_t rows = a.batch * a.k.h * splits * (a.q.h / a.k.h) * kMaxNew;
+  const int64_t rows = a.batch * a.k.h * splits * (a.q.h / a.k.h) * max_new_tokens(a);
   return size_t(rows) * (size_t(a.q.d) * sizeof(float) + sizeof(float2));
 }
 
 namespace {
 template <int D, class T>
 void launch_typed(const Params& p, int batch, cudaStream_t stream, Flavor flavor) {
-  const dim3 grid(unsigned(batch * p.hkv), unsigned(p.splits), unsigned((p.group * kMaxNew + kRows - 1) / kRows));
+  const dim3 grid(unsigned(batch * p.hkv), unsigned(p.splits), unsigned((p.group * p.max_new + kRows - 1) / kRows));
   if (flavor == Flavor::mma) {
     decode_split_mma_kernel<D, T><<<grid, kThreads, mma_smem_bytes<D>(), stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_split_mma_kernel launch");
@@ -93,9 +98,10 @@ void launch(const DecodeArgs& a, int splits, void* workspace, void* stream, Flav
   p.splits = std::max(splits, 1);
   p.chunk = std::max(1, (p.entries_max + p.splits - 1) / p.splits);
   p.causal = a.causal_new ? 1 : 0;
+  p.max_new = max_new_tokens(a);
   p.scale_log2 = a.softmax_scale() * 1.4426950408889634f;
   if (p.splits > 1) {
-    const int64_t rows = a.batch * a.k.h * p.splits * p.group * kMaxNew;
+    const int64_t rows = a.batch * a.k.h * p.splits * p.group * p.max_new;
     p.ws_o = static_cast<float*>(workspace);
     p.ws_ml = reinterpret_cast<float2*>(static_cast<float*>(workspace) + rows * a.q.d);
   }

@@ -47,20 +47,21 @@ struct Params {
   int entries_max;   // sel_kmax or max_pages: the chunks split [0, entries_max)
   int splits, chunk;  // chunk = ceil(entries_max / splits) entries
   int causal;
+  int max_new;       // new tokens a request can have: min(16, T - B + 1) (the others have >= 1 each)
   float scale_log2;  // softmax scale * log2(e)
-  float* ws_o;       // [B * Hkv, splits, group * 16, D] unnormalized acc
-  float2* ws_ml;     // [B * Hkv, splits, group * 16] (m, l), log2 domain
+  float* ws_o;       // [B * Hkv, splits, group * max_new, D] unnormalized acc
+  float2* ws_ml;     // [B * Hkv, splits, group * max_new] (m, l), log2 domain
 };
 
 // The request's new tokens and length, clamped so that malformed arrays cannot send a read or a
-// write out of bounds.
+// write out of bounds (n to max_new: the grid and the workspace hold group * max_new rows).
 struct Request {
   int q0, n, len;
 };
 __device__ __forceinline__ Request request_of(const Params& p, int b) {
   Request r;
   r.q0 = min(max(p.cu_seqlens_q[b], 0), p.tokens);
-  r.n = min(max(p.cu_seqlens_q[b + 1] - r.q0, 0), min(kMaxNew, p.tokens - r.q0));
+  r.n = min(max(p.cu_seqlens_q[b + 1] - r.q0, 0), min(p.max_new, p.tokens - r.q0));
   r.len = int(min(max(int64_t(p.seq_lens[b]), int64_t(0)), int64_t(p.max_pages) * p.page_size));
   return r;
 }
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     if (p.lse && tid % 8 == 0)
       p.lse[int64_t(tok) * p.hq + h] = ml.y > 0.f ? (ml.x + log2f(ml.y)) * 0.69314718055994531f : -INFINITY;
   } else {
-    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * kMaxNew) + rr;
+    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * p.max_new) + rr;
     float* w = p.ws_o + row * D + pd;
 #pragma unroll
     for (int c = 0; c < kDimsPerThread; c += 4)
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(D * kCombineRows) decode_combine_kernel(const 
   const int bh = blockIdx.x, d = threadIdx.x;
   const int b = bh / p.hkv, hk = bh % p.hkv;
   const Request rq = request_of(p, b);
-  const int64_t step = p.group * kMaxNew;
+  const int64_t step = p.group * p.max_new;
   for (int rr = threadIdx.y; rr < p.group * rq.n; rr += kCombineRows) {
     const int64_t row0 = int64_t(bh) * p.splits * step + rr;
     float mx = -INFINITY;

@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_mma_kernel(const Params
     if (p.lse && tid % 8 == 0)
       p.lse[int64_t(tok) * p.hq + h] = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : -INFINITY;
   } else {
-    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * kMaxNew) + rr;
+    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * p.max_new) + rr;
     float* w = p.ws_o + row * D + pd;
 #pragma unroll
     for (int c = 0; c < kDimsPerThread; c += 4) *reinterpret_cast<float4*>(w + c) = make_float4(o[c], o[c + 1], o[c + 2], o[c + 3]);
