@@ -192,6 +192,21 @@ TEST(GpuDecode, MqaLongContextStridesNotCausal) {
     }
 }
 
+// Few new tokens in all (T - B + 1 < 16): the grid and workspace shrink to that many rows.
+TEST(GpuDecode, FewNewTokens) {
+  SPARSEK_REQUIRE_SM80();
+  for (auto nt : {std::vector<int>{1, 1, 1, 1}, std::vector<int>{2, 2, 1}, std::vector<int>{1, 3}})
+    for (int splits : {1, 4}) {
+      DecodeSpec s;
+      s.dtype = DType::f16, s.d = 128, s.hq = 8, s.hkv = 2, s.page_size = 16;
+      s.new_tokens = nt;
+      s.seq_lens.assign(nt.size(), 0);
+      for (size_t i = 0; i < nt.size(); ++i) s.seq_lens[i] = int(50 + 97 * i);
+      s.sel_frac = splits == 4 ? 0.5 : -1;
+      check(s, splits);
+    }
+}
+
 // K and V interleaved per page in one buffer ([pages, 2, page_size, Hkv, D]): page strides of
 // twice a page.
 TEST(GpuDecode, CombinedKvBuffer) {
