@@ -222,6 +222,66 @@ const char* sparsek_attention_plan_variant(sparsek_attention_plan plan);
 /* Scratch memory the plan holds, in bytes (0 when none). */
 sparsek_status sparsek_attention_plan_workspace_bytes(sparsek_attention_plan plan, uint64_t* bytes);
 
+/* ---- Decode attention over a paged KV cache ----
+ * A batch of requests, each with 1..16 new tokens (the last of its seq_lens tokens), attending its
+ * cache pages or only selected pages per key/value head. The semantics are those of
+ * sparsek/decode.hpp: new token j of n sees the positions < seq_len - n + j + 1 (causal_new); a
+ * row that sees no key gets O = 0 and LSE = -inf; query head h reads key/value head h / (Hq / Hkv). */
+
+/* A [t, h, d] tensor of tokens; strides in elements, d contiguous. */
+typedef struct {
+  void* data;
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+  int64_t t, h, d;
+  int64_t stride_t, stride_h;
+} sparsek_tokens;
+
+/* A paged cache [pages, page_size, h, d]; strides in elements, d contiguous. */
+typedef struct {
+  void* data;
+  sparsek_dtype dtype;
+  sparsek_memory memory;
+  int64_t pages, page_size, h, d;
+  int64_t stride_page, stride_slot, stride_h;
+} sparsek_paged_cache;
+
+typedef struct {
+  sparsek_tokens q;          /* [T, Hq, D], D 64 or 128; f16 or bf16 (f32 too in host memory) */
+  sparsek_paged_cache k, v;  /* [num_pages, page_size, Hkv, D], page_size a multiple of 16 in [16, 128] */
+  sparsek_tokens o;          /* output [T, Hq, D], q's dtype; must not overlap an input */
+  float* lse;                /* output [T, Hq] f32 contiguous, or NULL */
+  const int32_t* page_table;   /* [batch, max_pages]: physical page of each logical page */
+  const int32_t* seq_lens;     /* [batch] */
+  const int32_t* cu_seqlens_q; /* [batch + 1] */
+  const int32_t* sel_indices;  /* [batch, Hkv, sel_kmax] sorted unique logical pages, or NULL */
+  const int32_t* sel_counts;   /* [batch, Hkv], or NULL (both or neither) */
+  int64_t batch, max_pages, sel_kmax;
+  sparsek_memory index_memory; /* where the int32 arrays live: q's memory */
+  int32_t causal_new;          /* 0 or 1 */
+  float scale;                 /* 0: 1 / sqrt(D) */
+} sparsek_decode_args;
+
+/* One shot: checks everything, the index arrays' contents included (device arrays are copied to
+ * the host after waiting for `stream`), plans and runs (on the GPU it allocates and frees a
+ * workspace: keep a plan for serving). */
+sparsek_status sparsek_decode_attention(const sparsek_decode_args* args, void* stream);
+
+typedef struct sparsek_decode_plan_s* sparsek_decode_plan;
+/* Makes a plan for the problem's shapes, strides, dtypes, memory, batch, max_pages, sel_kmax,
+ * causal_new and scale (the index arrays' contents are not read). kv_splits: 0 = the heuristic,
+ * else the number of KV chunks on the GPU (1..64). On failure *plan is set to NULL. */
+sparsek_status sparsek_decode_plan_create(sparsek_decode_plan* plan, const sparsek_decode_args* problem,
+                                          int32_t kv_splits);
+/* Runs the plan on args that match the problem but for the pointers and the index contents (not
+ * checked: malformed ones give wrong values, never an out-of-bounds read). Allocates nothing;
+ * device work goes on `stream`, unsynchronized, and may be captured in a CUDA graph. */
+sparsek_status sparsek_decode_plan_run(sparsek_decode_plan plan, const sparsek_decode_args* args, void* stream);
+/* Frees the plan (NULL is accepted); a destroyed or foreign handle gives SPARSEK_INVALID_ARGUMENT. */
+sparsek_status sparsek_decode_plan_destroy(sparsek_decode_plan plan);
+/* The plan's KV chunks and workspace bytes (either pointer may be NULL). */
+sparsek_status sparsek_decode_plan_info(sparsek_decode_plan plan, int32_t* kv_splits, uint64_t* workspace_bytes);
+
 /* ---- The attention backward ----
  * Gradients of sparsek_attention for an upstream gradient dout of o (the semantics of
  * attention_backward in sparsek/attention.hpp): dv = P^T dout, dq = scale dS k, dk = scale dS^T q

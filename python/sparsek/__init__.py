@@ -16,6 +16,10 @@ Block-sparse attention: ``O, LSE = sparsek.attention(q, k, v, layout, causal=Fal
 ``sparsek.BlockLayout`` or a FlexAttention ``BlockMask``; ``sparsek.gate(q, k, topk)`` chooses a
 layout from the content (``sparsek.nn.TopKGate`` learns the scores).
 
+Serving: ``O, LSE = sparsek.decode_attention(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q,
+selection=None)`` attends a batch of requests' new tokens over a paged KV cache, optionally only
+selected pages per key/value head.
+
 fp8 (e4m3): ``W8 = W.quantize()`` (one scale per stored block), ``x8, xs = sparsek.quantize_e4m3(x)``
 (one per row), ``sparsek.dense_bsr_mm(x8, W8.T, a_scales=xs)``; ``BlockSparseLinear.to_fp8()``.
 """
@@ -23,6 +27,7 @@ from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the ext
 from . import _arrays, _sparsek
 from ._attention import BlockLayout, attention, block_mask_from_layout, gate, layout_from_block_mask
 from ._bsr import BSRMatrix, BSRTranspose
+from ._decode import decode_attention, plan_decode
 from ._fp8 import dequantize_e4m3, quantize_e4m3
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
 
@@ -31,5 +36,6 @@ _arrays.torch_loaded()  # registers torch.ops.sparsek.* now if the caller alread
 __version__ = _sparsek.version()
 
 __all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "BlockLayout", "attention",
-           "gate", "layout_from_block_mask", "block_mask_from_layout", "quantize_e4m3", "dequantize_e4m3",
+           "gate", "layout_from_block_mask", "block_mask_from_layout", "decode_attention", "plan_decode",
+           "quantize_e4m3", "dequantize_e4m3",
            "__version__"]

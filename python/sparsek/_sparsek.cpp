@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "sparsek/attention.hpp"
+#include "sparsek/decode.hpp"
 #include "sparsek/distributed.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
@@ -514,6 +515,98 @@ Options options_for(uintptr_t stream, bool check_indices) {
   return o;
 }
 
+// ---- decode attention over a paged KV cache ----
+
+// A [T, H, D] array with a unit stride along D.
+template <class A>
+TokensView tokens_view(const A& a, const std::string& name) {
+  if (a.ndim() != 3) bad(name + " must be a 3-D array [T, H, D], got shape " + shape_str(a));
+  TokensView t;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.dtype = value_dtype(a.dtype(), name);
+  t.memory = place_of(a, name).memory;
+  t.t = int64_t(a.shape(0)), t.h = int64_t(a.shape(1)), t.d = int64_t(a.shape(2));
+  if (t.d > 1 && a.stride(2) != 1)
+    bad(name + " must have a unit stride along D (its last dimension), got stride " + std::to_string(a.stride(2)));
+  t.stride_t = a.stride(0), t.stride_h = a.stride(1);
+  return t;
+}
+// A [pages, page_size, H, D] array with a unit stride along D.
+template <class A>
+PagedCacheView cache_view(const A& a, const std::string& name) {
+  if (a.ndim() != 4) bad(name + " must be a 4-D array [pages, page_size, H, D], got shape " + shape_str(a));
+  PagedCacheView c;
+  c.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  c.dtype = value_dtype(a.dtype(), name);
+  c.memory = place_of(a, name).memory;
+  c.pages = int64_t(a.shape(0)), c.page_size = int64_t(a.shape(1)), c.h = int64_t(a.shape(2)), c.d = int64_t(a.shape(3));
+  if (c.d > 1 && a.stride(3) != 1)
+    bad(name + " must have a unit stride along D (its last dimension), got stride " + std::to_string(a.stride(3)));
+  c.stride_page = a.stride(0), c.stride_slot = a.stride(1), c.stride_h = a.stride(2);
+  return c;
+}
+
+DecodeArgs decode_args(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse, const In& page_table,
+                       const In& seq_lens, const In& cu, const OptIn& sel_idx, const OptIn& sel_cnt, bool causal_new,
+                       float scale, std::vector<Place>& places) {
+  DecodeArgs a;
+  a.q = tokens_view(q, "q");
+  a.o = tokens_view(o, "o");
+  a.k = cache_view(k, "k_cache");
+  a.v = cache_view(v, "v_cache");
+  for (const auto& [arr, name] : {std::pair{&q, "q"}, std::pair{&k, "k_cache"}, std::pair{&v, "v_cache"}})
+    places.push_back(place_of(*arr, name));
+  places.push_back(place_of(o, "o"));
+  if (lse) {
+    check_array(*lse, "lse", 2, false);
+    if (int64_t(lse->shape(0)) != a.q.t || int64_t(lse->shape(1)) != a.q.h)
+      bad("lse has shape " + shape_str(*lse) + ", expected [T, Hq]");
+    places.push_back(place_of(*lse, "lse"));
+    a.lse = static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse->data())));
+  }
+  check_array(page_table, "page_table", 2, true);
+  check_array(seq_lens, "seq_lens", 1, true);
+  check_array(cu, "cu_seqlens_q", 1, true);
+  a.batch = int64_t(page_table.shape(0));
+  a.max_pages = int64_t(page_table.shape(1));
+  if (int64_t(seq_lens.shape(0)) != a.batch)
+    bad("seq_lens has shape " + shape_str(seq_lens) + ", page_table " + shape_str(page_table) + ": one length per request");
+  if (int64_t(cu.shape(0)) != a.batch + 1)
+    bad("cu_seqlens_q has shape " + shape_str(cu) + ", expected (batch + 1,) = (" + std::to_string(a.batch + 1) + ",)");
+  a.page_table = static_cast<const int32_t*>(page_table.data());
+  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a.cu_seqlens_q = static_cast<const int32_t*>(cu.data());
+  Place ip = place_of(page_table, "page_table");
+  for (const auto& [arr, name] : {std::pair{&seq_lens, "seq_lens"}, std::pair{&cu, "cu_seqlens_q"}})
+    places.push_back(place_of(*arr, name));
+  places.push_back(ip);
+  if (sel_idx.has_value() != sel_cnt.has_value()) bad("sel_indices and sel_counts must be given both or neither");
+  if (sel_idx) {
+    check_array(*sel_idx, "sel_indices", 3, true);
+    check_array(*sel_cnt, "sel_counts", 2, true);
+    if (int64_t(sel_idx->shape(0)) != a.batch || int64_t(sel_idx->shape(1)) != a.k.h ||
+        int64_t(sel_cnt->shape(0)) != a.batch || int64_t(sel_cnt->shape(1)) != a.k.h)
+      bad("sel_indices " + shape_str(*sel_idx) + " and sel_counts " + shape_str(*sel_cnt) +
+          " must be [batch, Hkv, kmax] and [batch, Hkv]");
+    a.sel_indices = static_cast<const int32_t*>(sel_idx->data());
+    a.sel_counts = static_cast<const int32_t*>(sel_cnt->data());
+    a.sel_kmax = int64_t(sel_idx->shape(2));
+    places.push_back(place_of(*sel_idx, "sel_indices"));
+    places.push_back(place_of(*sel_cnt, "sel_counts"));
+  }
+  a.index_memory = ip.memory;
+  a.causal_new = causal_new;
+  a.scale = scale;
+  return a;
+}
+
+struct PyDecodePlan {
+  DecodePlan plan;
+  DecodeArgs problem;
+  int device = -1;
+};
+
+
 struct PyAttentionPlan {
   AttentionPlan plan;
   AttentionArgs problem;
@@ -967,6 +1060,62 @@ NB_MODULE(_sparsek, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
       nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream"));
+
+  // ---- decode attention over a paged KV cache ----
+  // One shot: validate (the index arrays' contents too with check_indices), plan, run on `stream`.
+  m.def(
+      "decode_attention",
+      [](In q, In k, In v, Out o, OptOut lse, In page_table, In seq_lens, In cu, OptIn sel_idx, OptIn sel_cnt,
+         bool causal_new, float scale, uintptr_t stream, bool check_indices) {
+        std::vector<Place> places;
+        DecodeArgs a = decode_args(q, k, v, o, lse, page_table, seq_lens, cu, sel_idx, sel_cnt, causal_new, scale, places);
+        DeviceGuard guard(places);
+        Options opt = options_for(stream, check_indices);
+        nb::gil_scoped_release release;
+        decode_attention(a, opt);
+      },
+      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("o"), nb::arg("lse").none(),
+      nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"), nb::arg("sel_indices").none(),
+      nb::arg("sel_counts").none(), nb::arg("causal_new"), nb::arg("scale"), nb::arg("stream") = 0,
+      nb::arg("check_indices") = true);
+
+  // A plan for the arrays' shapes; run() takes the same arrays again (their data may change, the
+  // shapes, strides, dtypes and devices must not: run() checks them) and allocates nothing.
+  nb::class_<PyDecodePlan>(m, "DecodePlan")
+      .def_prop_ro("kv_splits", [](const PyDecodePlan& p) { return p.plan.kv_splits(); })
+      .def_prop_ro("workspace_bytes", [](const PyDecodePlan& p) { return p.plan.workspace_bytes(); })
+      .def(
+          "run",
+          [](const PyDecodePlan& p, In q, In k, In v, Out o, OptOut lse, In page_table, In seq_lens, In cu,
+             OptIn sel_idx, OptIn sel_cnt, uintptr_t stream) {
+            std::vector<Place> places;
+            DecodeArgs a = decode_args(q, k, v, o, lse, page_table, seq_lens, cu, sel_idx, sel_cnt,
+                                       p.problem.causal_new, p.problem.scale, places);
+            PlanDevice guard(p.device);
+            nb::gil_scoped_release release;
+            run(p.plan, a, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("o"), nb::arg("lse").none(),
+          nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"), nb::arg("sel_indices").none(),
+          nb::arg("sel_counts").none(), nb::arg("stream") = 0);
+  m.def(
+      "plan_decode",
+      [](In q, In k, In v, Out o, OptOut lse, In page_table, In seq_lens, In cu, OptIn sel_idx, OptIn sel_cnt,
+         bool causal_new, float scale, int kv_splits) {
+        std::vector<Place> places;
+        DecodeArgs a = decode_args(q, k, v, o, lse, page_table, seq_lens, cu, sel_idx, sel_cnt, causal_new, scale, places);
+        DeviceGuard guard(places);
+        PyDecodePlan p;
+        p.problem = a;
+        for (const Place& x : places)
+          if (x.memory == Memory::device) p.device = x.device;
+        nb::gil_scoped_release release;
+        p.plan = plan(a, Options{}, kv_splits);
+        return p;
+      },
+      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("o"), nb::arg("lse").none(),
+      nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"), nb::arg("sel_indices").none(),
+      nb::arg("sel_counts").none(), nb::arg("causal_new"), nb::arg("scale"), nb::arg("kv_splits") = 0);
 
   // dq, dk, dv of attention for the upstream gradient dout (o and lse: the forward's outputs): the
   // problem is made once from the arrays, each run passes data pointers.

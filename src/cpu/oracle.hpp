@@ -66,3 +66,16 @@ void attention_backward_oracle_key_block(const AttentionArgs& forward, const Ten
                                          double* mag_dv);
 
 }  // namespace sparsek
+
+// Decode attention (sparsek/decode.hpp) in double precision, from the definition: for every new
+// token and query head, the visible key positions (its request's pages or selected pages, up to
+// its own position with causal_new), their scores, the softmax, the weighted sum of V.
+#include "sparsek/decode.hpp"
+namespace sparsek {
+struct DecodeReference {
+  std::vector<double> o;    // [T, Hq, D] packed
+  std::vector<double> lse;  // [T, Hq]; -inf for a row that sees no key
+};
+// Validates args (contents included; host memory only), then every row.
+DecodeReference decode_oracle(const DecodeArgs& args);
+}  // namespace sparsek

@@ -1,0 +1,176 @@
+// Paged decode attention on its target workload: 32 requests x 32k tokens of context, Hq 32 /
+// Hkv 8, D 128, bf16, pages of 64 tokens in shuffled physical order, 12.5% of each KV head's pages
+// selected (the newest always), 1 and 4 new tokens per request. For each: the time of run() (the
+// split kernel and the combine, for each GPU variant: CUDA cores and mma.sync; median of timed runs, the stream held), the bytes of the selected
+// K and V pages, the read floor = those bytes / the HBM read bandwidth that a streaming read kernel
+// measures in this process (not the data-sheet peak), and the ratio. The same over the whole
+// context (no selection) is printed beside it. Outputs are checked finite (correctness is the GPU
+// tests' job: tests/gpu/test_decode.cpp).
+//   cmake --build build --target decode_timer && build/decode_timer [requests] [context]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "sparsek/decode.hpp"
+#include "timer.cuh"
+
+using namespace sparsek;
+
+namespace {
+
+// Reads `words` 16-byte words once (streaming loads, 4 in flight per thread); the xor keeps them.
+__global__ void read_kernel(const uint4* __restrict__ p, size_t words, unsigned* out) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < words; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < words; i += stride) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+double median_us(const std::function<void(int)>& call) {
+  return 1000.0 * timing::median(timing::time_gpu(call, 5, 50, 1));
+}
+
+template <class T>
+T* dev_alloc(size_t n) {
+  T* p = nullptr;
+  SPARSEK_CHECK_CUDA(cudaMalloc(&p, n * sizeof(T)));
+  return p;
+}
+
+int timer_main(int argc, char** argv) {
+  const int B = argc > 1 ? std::atoi(argv[1]) : 32;
+  const int context = argc > 2 ? std::atoi(argv[2]) : 32768;
+  const int Hq = 32, Hkv = 8, D = 128, ps = 64;
+  const double frac = 0.125;
+  cudaDeviceProp prop{};
+  SPARSEK_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("%s, %d SMs; decode: %d requests x %d tokens, Hq %d / Hkv %d, D %d, bf16, page %d\n", prop.name, sms, B,
+              context, Hq, Hkv, D, ps);
+
+  // The HBM read bandwidth: 1 GB read once (20x the L2), best of a few grid sizes.
+  const size_t rbytes = size_t(1) << 30;
+  uint4* rbuf = dev_alloc<uint4>(rbytes / 16);
+  unsigned* rout = dev_alloc<unsigned>(1);
+  SPARSEK_CHECK_CUDA(cudaMemset(rbuf, 1, rbytes));
+  double best_read = 1e30;
+  for (int bps : {2, 4, 8}) {
+    const double us = median_us([&](int) { read_kernel<<<sms * bps, 256>>>(rbuf, rbytes / 16, rout); });
+    best_read = std::min(best_read, us);
+  }
+  const double bw = double(rbytes) / (best_read * 1e-6);  // bytes / s
+  std::printf("HBM read bandwidth (measured, 1 GB streaming read): %.2f TB/s\n", bw / 1e12);
+  SPARSEK_CHECK_CUDA(cudaFree(rbuf));
+
+  // The cache: every request's pages, shuffled over the physical pages.
+  const int pages_per = (context + ps - 1) / ps, max_pages = pages_per, pages = B * pages_per;
+  const size_t cache_elems = size_t(pages) * ps * Hkv * D;
+  void* k = dev_alloc<uint16_t>(cache_elems);
+  void* v = dev_alloc<uint16_t>(cache_elems);
+  bench::fill_uniform(k, DType::bf16, int64_t(cache_elems), 1);
+  bench::fill_uniform(v, DType::bf16, int64_t(cache_elems), 2);
+  std::mt19937_64 rng(7);
+  std::vector<int32_t> perm(static_cast<size_t>(pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> seq(static_cast<size_t>(B), context);
+  // Selection: kmax = 12.5% of the pages; the newest page and kmax - 1 others, sorted.
+  const int kmax = std::max(1, int(std::lround(frac * pages_per)));
+  std::vector<int32_t> sel(size_t(B) * Hkv * kmax), cnt(size_t(B) * Hkv, kmax);
+  for (int r = 0; r < B * Hkv; ++r) {
+    std::vector<int32_t> all(static_cast<size_t>(pages_per - 1));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(size_t(kmax - 1));
+    all.push_back(pages_per - 1);
+    std::sort(all.begin(), all.end());
+    std::copy(all.begin(), all.end(), sel.begin() + size_t(r) * kmax);
+  }
+  auto upload = [](const std::vector<int32_t>& h) {
+    int32_t* d = dev_alloc<int32_t>(h.size());
+    SPARSEK_CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  int32_t *d_pt = upload(perm), *d_seq = upload(seq), *d_sel = upload(sel), *d_cnt = upload(cnt);
+
+  for (int n : {1, 4}) {
+    const int T = B * n;
+    std::vector<int32_t> cu(size_t(B) + 1);
+    for (int b = 0; b <= B; ++b) cu[size_t(b)] = b * n;
+    int32_t* d_cu = upload(cu);
+    void* q = dev_alloc<uint16_t>(size_t(T) * Hq * D);
+    void* o = dev_alloc<uint16_t>(size_t(T) * Hq * D);
+    float* lse = dev_alloc<float>(size_t(T) * Hq);
+    bench::fill_uniform(q, DType::bf16, int64_t(T) * Hq * D, 3);
+    DecodeArgs a;
+    a.q = TokensView::packed(q, DType::bf16, Memory::device, T, Hq, D);
+    a.o = TokensView::packed(o, DType::bf16, Memory::device, T, Hq, D);
+    a.k = PagedCacheView::packed(k, DType::bf16, Memory::device, pages, ps, Hkv, D);
+    a.v = PagedCacheView::packed(v, DType::bf16, Memory::device, pages, ps, Hkv, D);
+    a.lse = lse;
+    a.page_table = d_pt, a.seq_lens = d_seq, a.cu_seqlens_q = d_cu;
+    a.batch = B, a.max_pages = max_pages;
+    a.index_memory = Memory::device;
+    for (bool selected : {true, false}) {
+      DecodeArgs x = a;
+      if (selected) x.sel_indices = d_sel, x.sel_counts = d_cnt, x.sel_kmax = kmax;
+      validate(x, true);
+      std::vector<uint16_t> first_o;  // the first variant's O, to compare the second's with
+      for (const char* variant : {"cuda", "cuda_mma"}) {
+        Options opt;
+        opt.variant = variant;
+        const DecodePlan p = plan(x, opt);
+        const double us = median_us([&](int) { run(p, x); });
+        // Finite outputs (every row sees keys here).
+        std::vector<float> l(size_t(T) * Hq);
+        SPARSEK_CHECK_CUDA(cudaMemcpy(l.data(), lse, l.size() * 4, cudaMemcpyDeviceToHost));
+        const bool finite = std::all_of(l.begin(), l.end(), [](float f) { return std::isfinite(f); });
+        std::vector<uint16_t> ob(size_t(T) * Hq * D);
+        SPARSEK_CHECK_CUDA(cudaMemcpy(ob.data(), o, ob.size() * 2, cudaMemcpyDeviceToHost));
+        double diff = 0;  // max |O - the first variant's O|
+        if (first_o.empty()) first_o = ob;
+        for (size_t i = 0; i < ob.size(); ++i)
+          diff = std::max(diff, double(std::fabs(bench::to_f(ob[i], true) - bench::to_f(first_o[i], true))));
+        const double kv_bytes =
+            double(B) * Hkv * (selected ? kmax : pages_per) * ps * D * 2.0 /*bytes*/ * 2.0 /*K and V*/;
+        const double floor_us = kv_bytes / bw * 1e6;
+        std::printf("%-8s new tokens %d, %s: %.1f us; K/V read %.1f MB, read floor %.1f us; ratio %.2fx; %d KV "
+                    "chunks, workspace %.1f MB; LSE %s; max |O - cuda's O| %.3g\n",
+                    variant, n, selected ? "12.5% of pages selected" : "whole context (no selection)", us,
+                    kv_bytes / 1e6, floor_us, us / floor_us, p.kv_splits(), p.workspace_bytes() / 1e6,
+                    finite ? "finite" : "NOT FINITE", diff);
+      }
+    }
+    SPARSEK_CHECK_CUDA(cudaFree(q));
+    SPARSEK_CHECK_CUDA(cudaFree(o));
+    SPARSEK_CHECK_CUDA(cudaFree(lse));
+    SPARSEK_CHECK_CUDA(cudaFree(d_cu));
+  }
+  for (void* ptr : {k, v, (void*)d_pt, (void*)d_seq, (void*)d_sel, (void*)d_cnt, (void*)rout})
+    SPARSEK_CHECK_CUDA(cudaFree(ptr));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::run_timer("decode_timer", [&] { return timer_main(argc, argv); });
+}
