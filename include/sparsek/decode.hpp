@@ -145,8 +145,8 @@ class DecodePlan {
 };
 
 // Options::backend picks the backend (automatic: by q's memory); Options::threads the CPU threads;
-// Options::variant: "cpu" on the host; "cuda" (CUDA cores; the default) or "cuda_mma" (mma.sync
-// tensor cores) on the GPU (sm_80+).
+// Options::variant: "cpu" on the host; "cuda_mma" (mma.sync tensor cores; the default) or "cuda"
+// (CUDA cores) on the GPU (sm_80+).
 DecodePlan plan(const DecodeArgs& problem, const Options& options = {});
 // The same with the number of KV chunks forced (0: the heuristic; GPU only; clamped to [1, 64]).
 DecodePlan plan(const DecodeArgs& problem, const Options& options, int kv_splits);

@@ -41,9 +41,9 @@ struct Config {
   static constexpr bool SPLIT_M = BM == 128;
   static constexpr int WN = SPLIT_M ? BN : BN / 2;  // wgmma N of a consumer
   static constexpr int ACC = WN / 2;                // fp32 registers of one accumulator
-  // Promotion overlapped with the next block's wgmmas (two partial accumulators): measured 11-12%
-  // faster with 64-wide warpgroup tiles (64-row blocks) and 4-5% slower with the 128-wide ones
-  // (H200, docs/design/dsd_fp8_sm90.md), so only the former use it.
+  // Promotion overlapped with the next block's wgmmas (two partial accumulators): 5% slower with
+  // 128-wide warpgroup tiles (128-row blocks), within run-to-run spread with 64-wide ones (H200,
+  // docs/design/dsd_fp8_sm90.md), so only the latter use it.
   static constexpr bool PIPELINED = ACC <= 32;
   using ATile = kit::TileLayout<BM, BK, true, 64, 1>;  // A's block: BM rows of BK bytes, K-major
   using BTile = kit::TileLayout<BN, BK, true, 64, 1>;  // B's panel: BN rows (of B^T) of BK bytes, K-major
