@@ -5,6 +5,7 @@
 // GPU suites and compute-sanitizer cover the kernels.
 #include "plan/backends.hpp"
 #include "plan/gate_internal.hpp"
+#include "kernels/decode/launch.hpp"
 #include "kernels/quant/quant.hpp"
 
 namespace sparsek {
@@ -21,6 +22,16 @@ std::string gate_cuda_why_not(const GateArgs&, const GateShape&) { return "the f
 void gate_cuda(const GateArgs&, const GateShape&, void*) {
   throw Error(Status::unsupported, "gate: the fuzz build has no CUDA code");
 }
+
+namespace decode_gpu {
+std::string why_not(const DecodeArgs&) { return "the fuzz build has no CUDA code"; }
+int default_splits(const DecodeArgs&, int) { return 1; }
+size_t workspace_bytes(const DecodeArgs&, int) { return 0; }
+void prepare(const DecodeArgs&, Flavor) {}
+void launch(const DecodeArgs&, int, void*, void*, Flavor) {
+  throw Error(Status::unsupported, "decode: the fuzz build has no CUDA code");
+}
+}  // namespace decode_gpu
 
 namespace quant {
 void quantize_gpu(const void*, DType, const GroupMap&, uint8_t*, float*, void*) {
