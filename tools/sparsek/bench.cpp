@@ -654,12 +654,14 @@ int bench_main(const std::vector<std::string>& argv) {
   const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
   if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
   if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
+  if (args.has("--threshold") && !args.has("--compare")) args.bad("--threshold", "only goes with --compare BASELINE");
   const double threshold = args.real("--threshold", 5.0, 0.0, 1000.0);
   JsonOutput json(args);
   // The performance gate: these results (bench's JSON) against the baseline; its report joins them.
   auto gate = [&](Json& results) {
     Json report;
-    const int rc = bench_gate(results, baseline, threshold, &report);
+    const int rc = bench_gate(results, from.empty() ? std::string("these results") : "--from " + printable(from),
+                              baseline, threshold, &report);
     results["gate"] = report;
     return rc;
   };
