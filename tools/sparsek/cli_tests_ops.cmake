@@ -78,3 +78,76 @@ sparsek_cli_test(profile_no_ncu 1 "ncu \\(Nsight Compute\\) not found \\(looked 
 sparsek_cli_test(profile_from_csv 0
                  "# kernel 1 of 1: void sparsek::hopper_kernel.*\nduration_us +227.3\nsm_clock_mhz +1510\n.*tensor_pipe_wgmma_active_pct +70.12\n.*dram_read_mb +403.2\n.*stall_barrier +1.532"
                  "profile|--from-csv|${data}/ncu_details.csv")
+
+# ---- the gate on corrupt or malformed documents: an error naming the file and the field, never
+# "not slower" (a -1 ms baseline used to make every row look faster) and never a raw JSON-library
+# message. Each case edits one field of a good document (sed, at test time): `which` is the edited
+# side (baseline: --compare FILE, results: --from FILE).
+function(sparsek_gate_bad name which expr regex)
+  set(src ${data}/gate/baseline.json)
+  if(which STREQUAL "results")
+    set(src ${data}/gate/within.json)
+  endif()
+  set(f ${bin}/cli_gate_${name}.json)
+  if(which STREQUAL "results")
+    set(args "bench|--compare|${data}/gate/baseline.json|--from|${f}")
+  else()
+    set(args "bench|--compare|${f}|--from|${data}/gate/within.json")
+  endif()
+  sparsek_cli_test(gate_bad_${name} 1 "${regex}" "${args}" "-DPRE=sed -e '${expr}' ${src} > ${f}"
+                   "-DNOT_REGEX=PASSED|json\\.exception|not slower")
+endfunction()
+set(row0 "workloads\\[0\\]\\.variants\\[0\\] \\(8192\\^3 128x128 12\\.50% fixed_k f16 / hopper\\)")
+set(bad_ms "a measured row's time must be a positive, finite number of milliseconds")
+set(first_ms "0,/\"median_ms\": [0-9.]*/s//\"median_ms\": ")
+# Timings that are not a positive, finite number, on either side (the peer row too).
+sparsek_gate_bad(base_negative baseline "${first_ms}-1/" "--compare ${bin}/cli_gate_base_negative.json: ${row0}: \"median_ms\" is -1: ${bad_ms}")
+sparsek_gate_bad(base_zero baseline "${first_ms}0/" "${row0}: \"median_ms\" is 0: ${bad_ms}")
+sparsek_gate_bad(base_null baseline "${first_ms}null/" "${row0}: \"median_ms\" is null: ${bad_ms}")
+sparsek_gate_bad(base_string baseline "${first_ms}\"fast\"/" "${row0}: \"median_ms\" is \"fast\": ${bad_ms}")
+sparsek_gate_bad(base_peer_negative baseline "s/\"median_ms\": 1.2316/\"median_ms\": -1e-9/"
+                 "workloads\\[0\\]\\.variants\\[2\\] \\([^)]*/ cublas_dense_gemm\\): \"median_ms\" is -1e-09: ${bad_ms}")
+sparsek_gate_bad(results_zero results "${first_ms}0/" "--from ${bin}/cli_gate_results_zero.json: ${row0}: \"median_ms\" is 0: ${bad_ms}")
+sparsek_gate_bad(results_negative results "${first_ms}-0.5/" "--from .*: ${row0}: \"median_ms\" is -0.5: ${bad_ms}")
+sparsek_gate_bad(results_null results "${first_ms}null/" "--from .*: ${row0}: \"median_ms\" is null: ${bad_ms}")
+# Infinity overflows JSON's numbers and NaN is no JSON: "not JSON", naming the file.
+sparsek_gate_bad(base_inf baseline "${first_ms}1e999/" "--compare ${bin}/cli_gate_base_inf.json is not JSON: number overflow parsing '1e999'")
+sparsek_gate_bad(results_nan results "${first_ms}NaN/" "--from ${bin}/cli_gate_results_nan.json is not JSON: parse error at line 28, column 19")
+# Wrong types and missing fields: the file, the field and what it holds.
+sparsek_gate_bad(base_workloads_type baseline "s/\"workloads\": /\"workloads\": 3, \"x\": /"
+                 "--compare ${bin}/cli_gate_base_workloads_type.json: \"workloads\" is number, not an array")
+sparsek_gate_bad(base_no_workloads baseline "s/\"workloads\"/\"work\"/" "\"workloads\" is missing")
+sparsek_gate_bad(base_device_name baseline "s/\"name\": \"Test GPU\"/\"name\": 7/" "device\\.\"name\" is 7 \\(number\\), not a string")
+sparsek_gate_bad(base_device_type baseline "s/\"device\": {/\"device\": 1, \"d\": {/" "\"device\" is 1 \\(number\\), not an object")
+sparsek_gate_bad(base_status_type baseline "0,/\"status\": \"ok\"/s//\"status\": 1/" "${row0}: \"status\" is 1 \\(number\\), not a string")
+sparsek_gate_bad(base_no_label baseline "0,/\"label\"/s//\"labelx\"/" "workloads\\[0\\]\\.\"label\" is missing")
+sparsek_gate_bad(base_no_name baseline "0,/\"name\": \"hopper\"/s//\"nam\": \"hopper\"/" "workloads\\[0\\]\\.variants\\[0\\]\\.\"name\" is missing")
+sparsek_gate_bad(base_peer_type baseline "0,/\"peer\": false/s//\"peer\": \"no\"/" "${row0}: \"peer\" is \"no\", not true or false")
+sparsek_gate_bad(results_variants_type results "0,/\"variants\": /s//\"variants\": {}, \"v\": /"
+                 "--from .*: workloads\\[0\\]\\.\"variants\" \\(8192\\^3 128x128 12\\.50% fixed_k f16\\) is object, not an array")
+sparsek_gate_bad(results_no_median results "0,/\"median_ms\"/s//\"median\"/" "${row0}: \"median_ms\" is missing from a measured")
+sparsek_gate_bad(results_array results "1,$c [1, 2]" "--from .*: the document is array, not a bench --json object")
+
+# ---- input files: regular files only, with a size bound (a FIFO must not hang the gate, a device
+# must not be read without end) ----
+sparsek_cli_test(gate_dev_zero 1 "cannot read --compare /dev/zero: not a regular file"
+                 "bench|--compare|/dev/zero|--from|${data}/gate/within.json")
+sparsek_cli_test(gate_from_dev_zero 1 "cannot read --from /dev/zero: not a regular file"
+                 "bench|--compare|${data}/gate/baseline.json|--from|/dev/zero")
+sparsek_cli_test(gate_fifo 1 "cannot read --compare ${bin}/cli_gate_fifo.json: not a regular file"
+                 "bench|--compare|${bin}/cli_gate_fifo.json|--from|${data}/gate/within.json"
+                 "-DPRE=rm -f ${bin}/cli_gate_fifo.json && mkfifo ${bin}/cli_gate_fifo.json")
+# In a directory, a FIFO named *.json is skipped (and listed), the machine's baseline still found.
+set(fifo_dir ${bin}/cli_gate_fifo_dir)
+set(make_fifo_dir "rm -rf ${fifo_dir} && mkdir ${fifo_dir} && mkfifo ${fifo_dir}/a.json && cp ${data}/gate/baselines/other-gpu.json ${data}/gate/baselines/test-gpu.json ${fifo_dir}/")
+sparsek_cli_test(gate_dir_fifo 0 "against ${fifo_dir}/other-gpu.json .*gate: PASSED"
+                 "bench|--compare|${fifo_dir}|--from|${data}/gate/other_gpu.json" "-DPRE=${make_fifo_dir}")
+sparsek_cli_test(gate_dir_fifo_listed 1 "no baseline for cpu: .* \\(it holds: a.json \\(skipped: cannot read --compare ${fifo_dir}/a.json: not a regular file"
+                 "bench|${tiny}|--compare|${fifo_dir}" "-DPRE=${make_fifo_dir}")
+sparsek_cli_test(gate_huge 1 "cannot read --compare ${bin}/cli_gate_huge.json: larger than 256 MiB"
+                 "bench|--compare|${bin}/cli_gate_huge.json|--from|${data}/gate/within.json"
+                 "-DPRE=rm -f ${bin}/cli_gate_huge.json && truncate -s 300M ${bin}/cli_gate_huge.json")
+set_tests_properties(cli_gate_dev_zero cli_gate_from_dev_zero cli_gate_fifo cli_gate_dir_fifo cli_gate_dir_fifo_listed
+                     cli_gate_huge PROPERTIES TIMEOUT 30)
+set_tests_properties(cli_gate_dir_fifo_listed PROPERTIES RUN_SERIAL ON)  # shares the directory with cli_gate_dir_fifo
+sparsek_cli_test(gate_threshold_needs_compare 2 "--threshold 3: only goes with --compare BASELINE" "bench|--threshold|3")

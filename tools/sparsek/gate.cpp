@@ -27,7 +27,11 @@ Json parse_json(const std::string& text, const std::string& path, const char* fl
   try {
     return Json::parse(text);
   } catch (const std::exception& e) {
-    io_fail(std::string(flag) + " " + printable(path) + " is not JSON: " + e.what());
+    // nlohmann's "[json.exception.parse_error.101] parse error at line 3, column 7: ...": the
+    // position and the reason, without the library's tag.
+    std::string why = e.what();
+    if (why.rfind("[json.exception.", 0) == 0 && why.find("] ") != std::string::npos) why.erase(0, why.find("] ") + 2);
+    io_fail(std::string(flag) + " " + printable(path) + " is not JSON: " + printable(why));
   }
 }
 
