@@ -151,3 +151,19 @@ set_tests_properties(cli_gate_dev_zero cli_gate_from_dev_zero cli_gate_fifo cli_
                      cli_gate_huge PROPERTIES TIMEOUT 30)
 set_tests_properties(cli_gate_dir_fifo_listed PROPERTIES RUN_SERIAL ON)  # shares the directory with cli_gate_dir_fifo
 sparsek_cli_test(gate_threshold_needs_compare 2 "--threshold 3: only goes with --compare BASELINE" "bench|--threshold|3")
+
+# ---- text printed from files is made printable: escape sequences, bells, carriage returns and C1
+# controls in a tuning cache or a baseline are shown as \xNN, never sent to the terminal raw ----
+string(ASCII 27 esc)
+string(ASCII 7 bel)
+sparsek_cli_test(cache_show_escapes 0
+                 "cpu: \\\\x1b.2Jevil\\\\x07 .*-> \\\\x1b.0.title\\\\x07cpu 0.0665 ms \\(default x\\\\xc2\\\\x9by .*tuned \\\\x1b.31mred\\\\x1b.0m café.*candidates \\(ms\\): a\\\\rb\\\\x1b.K 0.5000"
+                 "cache|show" "-DNOT_REGEX=${esc}|${bel}")
+sparsek_cli_test(cache_show_escapes_json 0 "\"variant\": \"\\\\u001b.0.title\\\\u0007cpu\"" "cache|show|--json|-"
+                 "-DNOT_REGEX=${esc}|${bel}")
+set_tests_properties(cli_cache_show_escapes cli_cache_show_escapes_json PROPERTIES
+                     ENVIRONMENT "SPARSEK_CACHE=${data}/cache/escapes.json;SPARSEK_TUNE=")
+sparsek_cli_test(gate_escapes 0 "Test GPU, sparsek 0.1.0, \\\\x1bc\\\\x07\\).*gate: PASSED"
+                 "bench|--compare|${bin}/cli_gate_escapes.json|--from|${data}/gate/within.json"
+                 "-DPRE=sed -e 's/\"date\": \"2026-01-01T00:00:00Z\"/\"date\": \"\\\\u001bc\\\\u0007\"/' ${data}/gate/baseline.json > ${bin}/cli_gate_escapes.json"
+                 "-DNOT_REGEX=${esc}|${bel}")
