@@ -167,3 +167,49 @@ sparsek_cli_test(gate_escapes 0 "Test GPU, sparsek 0.1.0, \\\\x1bc\\\\x07\\).*ga
                  "bench|--compare|${bin}/cli_gate_escapes.json|--from|${data}/gate/within.json"
                  "-DPRE=sed -e 's/\"date\": \"2026-01-01T00:00:00Z\"/\"date\": \"\\\\u001bc\\\\u0007\"/' ${data}/gate/baseline.json > ${bin}/cli_gate_escapes.json"
                  "-DNOT_REGEX=${esc}|${bel}")
+
+# ---- mistakes found before any work: an unwritable --json on every subcommand that takes it (exit
+# 1 naming the path; nothing ran), profile's workload flags checked in the parent (exit 2 naming the
+# flag, before it looks for ncu: the missing ncu below would otherwise answer first) ----
+set(nowhere ${bin}/no-such-dir)
+foreach(case
+    "verify|verify|--backend|cpu|--cases|3|failure"
+    "tune|tune|--backend|cpu|--no-store|--m|128|--block|32x32|--budget|0.02|winner"
+    "tune_plan_time|tune|--backend|cpu|--plan-time|--m|128|--block|32x32|plan\\(\\) time"
+    "doctor|doctor|driver"
+    "cache_show|cache|show|tuning cache "
+    "cache_clear|cache|clear|removed"
+    "bench_attention|bench|--op|attention|--backend|cpu|--heads|4|--seq|128|--dim|64|--block|64|--reps|1|median"
+    "bench_gate_op|bench|--op|gate|--backend|cpu|--seq|1024|--block|64|--reps|1|median"
+    "profile|profile|--from-csv|${data}/ncu_details.csv|duration_us")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 name)
+  list(GET parts -1 work)
+  list(REMOVE_AT parts 0 -1)
+  string(REPLACE ";" "|" cmd "${parts}")
+  sparsek_cli_test(json_unwritable_${name} 1 "I/O error: cannot write --json ${nowhere}/x.json: No such file or directory"
+                   "${cmd}|--json|${nowhere}/x.json" "-DNOT_REGEX=${work}")
+  set_tests_properties(cli_json_unwritable_${name} PROPERTIES ENVIRONMENT "SPARSEK_CACHE=${bin}/cli_json_unwritable_cache.json")
+endforeach()
+sparsek_cli_test(profile_out_unwritable 1 "cannot write --out ${nowhere}/p.txt: No such file or directory"
+                 "profile|--from-csv|${data}/ncu_details.csv|--out|${nowhere}/p.txt" "-DNOT_REGEX=duration_us")
+sparsek_cli_test(profile_raw_unwritable 1 "cannot write --raw ${nowhere}/p.csv: No such file or directory"
+                 "profile|--from-csv|${data}/ncu_details.csv|--raw|${nowhere}/p.csv" "-DNOT_REGEX=duration_us")
+sparsek_cli_test(profile_from_csv_fifo 1 "cannot read --from-csv ${bin}/cli_profile_fifo.csv: not a regular file"
+                 "profile|--from-csv|${bin}/cli_profile_fifo.csv"
+                 "-DPRE=rm -f ${bin}/cli_profile_fifo.csv && mkfifo ${bin}/cli_profile_fifo.csv")
+set_tests_properties(cli_profile_from_csv_fifo PROPERTIES TIMEOUT 30)
+set(no_ncu "--ncu|${bin}/no-such-ncu")
+sparsek_cli_test(profile_bad_m 2 "--m 0: must be in \\[1, 1048576\\]" "profile|${no_ncu}|--m|0" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_n 2 "--n x: " "profile|${no_ncu}|--n|x" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_block 2 "--block 7x7: " "profile|${no_ncu}|--block|7x7" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_density 2 "--density 2: must be in \\(0, 1\\]" "profile|${no_ncu}|--density|2" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_pattern 2 "--pattern zig: must be one of" "profile|${no_ncu}|--pattern|zig" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_dtype 2 "--dtype f8: must be one of" "profile|${no_ncu}|--dtype|f8" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_seed 2 "--seed -1: " "profile|${no_ncu}|--seed|-1" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_warmup 2 "--warmup -1: must be in \\[0, 1000\\]" "profile|${no_ncu}|--warmup|-1" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_m_not_blocks 2 "--m 100: must be a multiple of the block's rows \\(128\\)" "profile|${no_ncu}|--m|100" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_k_not_blocks 2 "--k 96: must be a multiple of the block's columns \\(64\\)"
+                 "profile|${no_ncu}|--block|64x64|--k|96" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_bad_variant 2 "--variant nope: unknown variant \\(GPU variants: .*hopper" "profile|${no_ncu}|--variant|nope" "-DNOT_REGEX=ncu")
+sparsek_cli_test(profile_cpu_variant 2 "--variant cpu: not a sparsek GPU variant" "profile|${no_ncu}|--variant|cpu" "-DNOT_REGEX=ncu")
