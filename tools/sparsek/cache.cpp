@@ -39,17 +39,22 @@ std::string mode_text() {
   }
 }
 
-const char* kUsage = "sparsek cache show|clear [--json FILE]";
+const char* kUsage = "sparsek cache show|clear [--json FILE] [--lock-wait SEC | --no-wait]";
 const char* kAbout =
     "show: the tuning cache's path, state and entries (entries for another GPU, driver or sparsek\n"
     "build are listed but not used here). clear: removes the cache file (when the path is a\n"
-    "symbolic link, the file it names; the link stays).\n"
+    "symbolic link, the file it names; the link stays). clear takes the cache's lock: when another\n"
+    "process holds it, clear waits --lock-wait seconds, then fails (exit 1) naming that process.\n"
     "The cache is $SPARSEK_CACHE, else ~/.cache/sparsek/tune.json.";
 
 }  // namespace
 
 int cache_main(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> specs = {{"--json", "FILE", "also write the result (show: the state and entries) as JSON (- for stdout)"}};
+  const std::vector<FlagSpec> specs = {
+      {"--json", "FILE", "also write the result (show: the state and entries) as JSON (- for stdout)"},
+      {kLockWaitFlag.name, kLockWaitFlag.value, "clear: how long to wait when another process holds the cache's lock "
+                                                "(default 30; then exit 1 naming the holder)"},
+      {kNoWaitFlag.name, kNoWaitFlag.value, "clear: fail at once (exit 1) when another process holds the cache's lock"}};
   std::string action = argv.empty() ? "" : argv[0];
   std::vector<std::string> rest(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
   if (action == "--help" || action == "-h") {
@@ -63,6 +68,9 @@ int cache_main(const std::vector<std::string>& argv) {
   }
   if (action != "show" && action != "clear")
     throw UsageError(action.empty() ? "needs an action: show or clear" : "unknown action '" + action + "' (show or clear)");
+  for (const char* f : {"--lock-wait", "--no-wait"})
+    if (action != "clear" && args.has(f)) args.bad(f, "only goes with clear (show takes no lock)");
+  const double lock_wait = lock_wait_seconds(args);
   JsonOutput json(args);
   Json doc = json_header("cache", argv);
   doc["action"] = action;
@@ -75,6 +83,7 @@ int cache_main(const std::vector<std::string>& argv) {
   }
   TuneCache cache(path);
   if (action == "clear") {
+    cache.set_lock_wait(lock_wait);  // a held lock: Error(io_error) naming the holder, exit 1
     size_t n = cache.clear();
     std::printf("removed %s (%zu entr%s)\n", printable(path).c_str(), n, n == 1 ? "y" : "ies");
     doc["path"] = path;

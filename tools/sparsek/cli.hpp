@@ -65,6 +65,15 @@ inline const FlagSpec kBackendFlag = {"--backend", "B", "auto | cpu | cuda (defa
 inline const FlagSpec kThreadsFlag = {"--threads", "T",
                                       "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"};
 
+// How long tune and cache clear wait for another process's lock on the tuning cache: --lock-wait
+// SEC (default 30) or --no-wait (0: one try). The library then fails naming the holder (exit 1).
+inline const FlagSpec kLockWaitFlag = {"--lock-wait", "SEC",
+                                       "how long to wait when another process holds the tuning cache's lock "
+                                       "(default 30; then exit 1 naming the holder)"};
+inline const FlagSpec kNoWaitFlag = {"--no-wait", nullptr, "fail at once (exit 1) when another process holds the "
+                                                           "tuning cache's lock"};
+double lock_wait_seconds(const Args& args);
+
 // Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
 // auto with a GPU.
 bool use_gpu(Backend requested);

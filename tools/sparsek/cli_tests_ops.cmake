@@ -213,3 +213,34 @@ sparsek_cli_test(profile_k_not_blocks 2 "--k 96: must be a multiple of the block
                  "profile|${no_ncu}|--block|64x64|--k|96" "-DNOT_REGEX=ncu")
 sparsek_cli_test(profile_bad_variant 2 "--variant nope: unknown variant \\(GPU variants: .*hopper" "profile|${no_ncu}|--variant|nope" "-DNOT_REGEX=ncu")
 sparsek_cli_test(profile_cpu_variant 2 "--variant cpu: not a sparsek GPU variant" "profile|${no_ncu}|--variant|cpu" "-DNOT_REGEX=ncu")
+
+# ---- another process holds the tuning cache's lock (flock(1) holds it while sparsek runs): tune
+# and cache clear wait at most --lock-wait seconds (--no-wait: not at all), then exit 1 naming the
+# holder ----
+find_program(SPARSEK_FLOCK flock)
+if(SPARSEK_FLOCK)
+  set(lock_cache ${bin}/cli_lock_cache.json)
+  function(sparsek_cli_locked_test name rc regex args)
+    add_test(NAME cli_${name} COMMAND ${CMAKE_COMMAND} -DCLI=${SPARSEK_FLOCK}
+             "-DARGS=-o|${lock_cache}.lock|$<TARGET_FILE:sparsek_cli>|${args}" -DEXPECT_RC=${rc} "-DREGEX=${regex}"
+             ${ARGN} -P ${cli_driver})
+    set_tests_properties(cli_${name} PROPERTIES LABELS cpu TIMEOUT 60 RESOURCE_LOCK cli_lock_cache
+                         ENVIRONMENT "SPARSEK_CACHE=${lock_cache}")
+  endfunction()
+  set(held "cannot lock the tuning cache: ${lock_cache}.lock: it is held by process [0-9]+")
+  sparsek_cli_locked_test(cache_clear_locked_no_wait 1 "${held} \\(waited 0.0 s\\)" "cache|clear|--no-wait"
+                          -DNOT_REGEX=removed)
+  sparsek_cli_locked_test(cache_clear_locked_wait 1 "${held} \\(waited 1.[0-9] s\\)" "cache|clear|--lock-wait|1"
+                          -DNOT_REGEX=removed)
+  sparsek_cli_locked_test(tune_locked_no_wait 1 "winner: cpu.*NOT stored: ${held} \\(waited 0.0 s\\)"
+                          "tune|--backend|cpu|--m|128|--block|32x32|--budget|0.02|--no-wait" "-DNOT_REGEX=stored in")
+  sparsek_cli_locked_test(tune_locked_wait 1 "NOT stored: ${held} \\(waited 1.[0-9] s\\)"
+                          "tune|--backend|cpu|--m|128|--block|32x32|--budget|0.02|--lock-wait|1")
+endif()
+sparsek_cli_test(cache_show_no_wait 2 "--no-wait *: only goes with clear" "cache|show|--no-wait")
+sparsek_cli_test(cache_clear_bad_wait 2 "--lock-wait -1: must be a number of seconds in \\[0, 86400\\]" "cache|clear|--lock-wait|-1")
+sparsek_cli_test(cache_clear_nan_wait 2 "--lock-wait nan: must be a number of seconds" "cache|clear|--lock-wait|nan")
+sparsek_cli_test(cache_clear_both_waits 2 "--no-wait *: choose --no-wait or --lock-wait, not both" "cache|clear|--no-wait|--lock-wait|3")
+sparsek_cli_test(tune_no_store_no_wait 2 "--no-wait *: not with --no-store" "tune|--backend|cpu|--no-store|--no-wait")
+set_tests_properties(cli_cache_clear_bad_wait cli_cache_clear_nan_wait cli_cache_clear_both_waits PROPERTIES
+                     ENVIRONMENT "SPARSEK_CACHE=${bin}/cli_lock_cache.json")

@@ -352,6 +352,18 @@ std::string fmt_sci(double v) {
 
 Json num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
+double lock_wait_seconds(const Args& args) {
+  if (args.has("--no-wait") && args.has("--lock-wait")) args.bad("--no-wait", "choose --no-wait or --lock-wait, not both");
+  if (args.has("--no-wait")) return 0;
+  if (!args.has("--lock-wait")) return 30.0;
+  const std::string v = args.str("--lock-wait", "");
+  char* end = nullptr;
+  const double s = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(s >= 0 && s <= 86400))
+    args.bad("--lock-wait", "must be a number of seconds in [0, 86400]");
+  return s;
+}
+
 std::string printable(const std::string& s) {
   std::string out;
   out.reserve(s.size());
