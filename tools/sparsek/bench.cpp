@@ -66,7 +66,8 @@ const std::vector<FlagSpec> kSpecs = {
     {"--seed", "S", "random seed of patterns and values (default 1)"},
     {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
     {"--compare", "BASELINE", "the performance gate: exit 1 when a sparsek row is more than 5% slower than in "
-                              "BASELINE (a bench --json file of the same GPU, or a directory of them)"},
+                              "BASELINE (a bench --json file of the same GPU, or a directory of them); a row "
+                              "whose time is not a positive, finite number, in either file, fails it too"},
     {"--threshold", "PCT", "--compare: how much slower a row may be, in percent (default 5)"},
     {"--from", "RESULTS", "--compare: take the results from RESULTS (a bench --json file) instead of running"},
 };
