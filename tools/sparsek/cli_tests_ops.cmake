@@ -137,12 +137,13 @@ sparsek_cli_test(gate_from_dev_zero 1 "cannot read --from /dev/zero: not a regul
 sparsek_cli_test(gate_fifo 1 "cannot read --compare ${bin}/cli_gate_fifo.json: not a regular file"
                  "bench|--compare|${bin}/cli_gate_fifo.json|--from|${data}/gate/within.json"
                  "-DPRE=rm -f ${bin}/cli_gate_fifo.json && mkfifo ${bin}/cli_gate_fifo.json")
-# In a directory, a FIFO named *.json is skipped (and listed), the machine's baseline still found.
+# In a directory, a FIFO, a link to a device and a directory named *.json are skipped (and listed),
+# the machine's baseline still found.
 set(fifo_dir ${bin}/cli_gate_fifo_dir)
-set(make_fifo_dir "rm -rf ${fifo_dir} && mkdir ${fifo_dir} && mkfifo ${fifo_dir}/a.json && cp ${data}/gate/baselines/other-gpu.json ${data}/gate/baselines/test-gpu.json ${fifo_dir}/")
+set(make_fifo_dir "rm -rf ${fifo_dir} && mkdir ${fifo_dir} && mkfifo ${fifo_dir}/a.json && ln -s /dev/zero ${fifo_dir}/b.json && mkdir ${fifo_dir}/c.json && cp ${data}/gate/baselines/other-gpu.json ${data}/gate/baselines/test-gpu.json ${fifo_dir}/")
 sparsek_cli_test(gate_dir_fifo 0 "against ${fifo_dir}/other-gpu.json .*gate: PASSED"
                  "bench|--compare|${fifo_dir}|--from|${data}/gate/other_gpu.json" "-DPRE=${make_fifo_dir}")
-sparsek_cli_test(gate_dir_fifo_listed 1 "no baseline for cpu: .* \\(it holds: a.json \\(skipped: cannot read --compare ${fifo_dir}/a.json: not a regular file"
+sparsek_cli_test(gate_dir_fifo_listed 1 "no baseline for cpu: .* \\(it holds: a.json \\(skipped: cannot read --compare ${fifo_dir}/a.json: not a regular file[^)]*\\)\\), b.json \\(skipped: [^)]*not a regular file[^)]*\\)\\), c.json \\(skipped: [^)]*: it is a directory\\), other-gpu.json \\(Other GPU\\)"
                  "bench|${tiny}|--compare|${fifo_dir}" "-DPRE=${make_fifo_dir}")
 sparsek_cli_test(gate_huge 1 "cannot read --compare ${bin}/cli_gate_huge.json: larger than 256 MiB"
                  "bench|--compare|${bin}/cli_gate_huge.json|--from|${data}/gate/within.json"
