@@ -66,7 +66,8 @@ const std::vector<FlagSpec> kSpecs = {
     {"--seed", "S", "random seed of patterns and values (default 1)"},
     {"--suite", "NAME", "spec (default: the workload table) | serving (decode, MoE, structured and skewed rows)"},
     {"--compare", "BASELINE", "the performance gate: exit 1 when a sparsek row is more than 5% slower than in "
-                              "BASELINE (a bench --json file of the same GPU, or a directory of them)"},
+                              "BASELINE (a bench --json file of the same GPU, or a directory of them); a row "
+                              "whose time is not a positive, finite number, in either file, fails it too"},
     {"--threshold", "PCT", "--compare: how much slower a row may be, in percent (default 5)"},
     {"--from", "RESULTS", "--compare: take the results from RESULTS (a bench --json file) instead of running"},
 };
@@ -654,12 +655,14 @@ int bench_main(const std::vector<std::string>& argv) {
   const std::string baseline = args.str("--compare", ""), from = args.str("--from", "");
   if (args.has("--compare") && baseline.empty()) args.bad("--compare", "needs a baseline file or directory");
   if (args.has("--from") && !args.has("--compare")) args.bad("--from", "only goes with --compare BASELINE");
+  if (args.has("--threshold") && !args.has("--compare")) args.bad("--threshold", "only goes with --compare BASELINE");
   const double threshold = args.real("--threshold", 5.0, 0.0, 1000.0);
   JsonOutput json(args);
   // The performance gate: these results (bench's JSON) against the baseline; its report joins them.
   auto gate = [&](Json& results) {
     Json report;
-    const int rc = bench_gate(results, baseline, threshold, &report);
+    const int rc = bench_gate(results, from.empty() ? std::string("these results") : "--from " + printable(from),
+                              baseline, threshold, &report);
     results["gate"] = report;
     return rc;
   };

@@ -65,6 +65,15 @@ inline const FlagSpec kBackendFlag = {"--backend", "B", "auto | cpu | cuda (defa
 inline const FlagSpec kThreadsFlag = {"--threads", "T",
                                       "CPU backend threads (default: OMP_NUM_THREADS, else every hardware thread)"};
 
+// How long tune and cache clear wait for another process's lock on the tuning cache: --lock-wait
+// SEC (default 30) or --no-wait (0: one try). The library then fails naming the holder (exit 1).
+inline const FlagSpec kLockWaitFlag = {"--lock-wait", "SEC",
+                                       "how long to wait when another process holds the tuning cache's lock "
+                                       "(default 30; then exit 1 naming the holder)"};
+inline const FlagSpec kNoWaitFlag = {"--no-wait", nullptr, "fail at once (exit 1) when another process holds the "
+                                                           "tuning cache's lock"};
+double lock_wait_seconds(const Args& args);
+
 // Whether the work runs on the GPU: --backend cuda (throws Error(no_device) when none answers) or
 // auto with a GPU.
 bool use_gpu(Backend requested);
@@ -81,14 +90,32 @@ struct SpecWorkload {
 };
 const std::vector<SpecWorkload>& spec_workloads();
 
-// A JSON file read whole (Error(io_error) naming `flag`, the path and the reason, or the parse
+// The most bytes an input file of the CLI (a baseline, --from results, an ncu CSV) may hold.
+constexpr size_t kMaxInputBytes = size_t(256) << 20;
+// A regular file read whole, at most max_bytes: Error(io_error) naming `flag`, the path and the
+// reason (missing, not a regular file -- a FIFO or a device is never opened for blocking reads --,
+// larger than the bound).
+std::string read_input_file(const std::string& path, const char* flag, size_t max_bytes = kMaxInputBytes);
+// A JSON file read that way (Error(io_error) naming `flag`, the path and the reason, or the parse
 // error with its position).
 Json read_json_file(const std::string& path, const char* flag);
 
-// `bench --compare`: results (bench's JSON) against the baseline at `baseline` (a bench JSON
-// file, or a directory holding one per machine: the one of the results' machine is used). Prints
-// the comparison; fills *report; returns 0 (no sparsek row more than threshold_pct slower), else 1.
-int bench_gate(const Json& results, const std::string& baseline, double threshold_pct, Json* report);
+// Text from a file made safe to print on a terminal: control characters (escape sequences among
+// them), C1 controls and bytes that are not UTF-8 are shown as \xNN; \n, \r and \t as such.
+std::string printable(const std::string& s);
+
+// Fails now (Error(io_error) naming `flag`, the path and the reason) unless `path` can be opened
+// for writing; a file this call made is removed again. For output written after the work.
+void check_writable(const std::string& path, const char* flag);
+
+// `bench --compare`: results (bench's JSON; `results_name` says where they came from) against the
+// baseline at `baseline` (a bench JSON file, or a directory holding one per machine: the one of the
+// results' machine is used). Both documents are checked first: a field of the wrong type, a missing
+// one, or a measured row whose median_ms is not a positive finite number is Error(invalid_argument)
+// naming the file and the field. Prints the comparison; fills *report; returns 0 (no sparsek row more
+// than threshold_pct slower), else 1.
+int bench_gate(const Json& results, const std::string& results_name, const std::string& baseline,
+               double threshold_pct, Json* report);
 
 // ---- subcommands (one file each) ----
 int bench_main(const std::vector<std::string>& argv);

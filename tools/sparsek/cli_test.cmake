@@ -1,7 +1,7 @@
 # CTest driver for the `sparsek` CLI (cmake -P, so the tests need nothing but CMake).
 #
 #   -DCLI=<sparsek binary> -DARGS=<args separated by |> [-DEXPECT_RC=<code>] [-DREGEX=<regex>]
-#   [-DNOT_REGEX=<regex>] [-DABSENT=<path>]
+#   [-DNOT_REGEX=<regex>] [-DABSENT=<path>] [-DPRE=<shell command run first, e.g. to make input files>]
 #   [-DJSON=<file written by `bench --json`>: parsed and checked]
 #
 # Fails unless the exit code equals EXPECT_RC (default 0), the combined stdout+stderr matches
@@ -14,6 +14,12 @@ if(NOT DEFINED EXPECT_RC)
 endif()
 if(JSON)
   file(REMOVE "${JSON}")
+endif()
+if(DEFINED PRE)
+  execute_process(COMMAND sh -c "${PRE}" RESULT_VARIABLE pre_rc)
+  if(NOT pre_rc EQUAL 0)
+    message(FATAL_ERROR "the setup command failed (${pre_rc}): ${PRE}")
+  endif()
 endif()
 execute_process(COMMAND ${CLI} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")

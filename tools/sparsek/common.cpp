@@ -352,6 +352,105 @@ std::string fmt_sci(double v) {
 
 Json num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
+double lock_wait_seconds(const Args& args) {
+  if (args.has("--no-wait") && args.has("--lock-wait")) args.bad("--no-wait", "choose --no-wait or --lock-wait, not both");
+  if (args.has("--no-wait")) return 0;
+  if (!args.has("--lock-wait")) return 30.0;
+  const std::string v = args.str("--lock-wait", "");
+  char* end = nullptr;
+  const double s = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(s >= 0 && s <= 86400))
+    args.bad("--lock-wait", "must be a number of seconds in [0, 86400]");
+  return s;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [&](unsigned char c) {
+    char b[8];
+    std::snprintf(b, sizeof b, "\\x%02x", c);
+    out += b;
+  };
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+      ++i;
+    } else if (c < 0x20 || c == 0x7f) {
+      hex(c);
+      ++i;
+    } else if (c < 0x80) {
+      out += char(c);
+      ++i;
+    } else {
+      // A whole UTF-8 sequence (shortest form, no surrogates, no C1 control U+0080..U+009F) passes.
+      const size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      bool ok = len != 0 && i + len <= s.size();
+      uint32_t cp = len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+      for (size_t j = 1; ok && j < len; ++j) {
+        const unsigned char d = static_cast<unsigned char>(s[i + j]);
+        ok = (d & 0xc0) == 0x80;
+        cp = (cp << 6) | (d & 0x3f);
+      }
+      ok = ok && cp >= 0xa0 && !(cp >= 0xd800 && cp <= 0xdfff) && cp <= 0x10ffff &&
+           !(len == 3 && cp < 0x800) && !(len == 4 && cp < 0x10000);
+      if (ok) {
+        out.append(s, i, len);
+        i += len;
+      } else {
+        hex(c);
+        ++i;
+      }
+    }
+  }
+  return out;
+}
+
+std::string read_input_file(const std::string& path, const char* flag, size_t max_bytes) {
+  auto fail = [&](const std::string& why) {
+    throw Error(Status::io_error, std::string("cannot read ") + flag + " " + printable(path) + ": " + why);
+  };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) fail("it is a directory");
+  if (!S_ISREG(st.st_mode)) fail("not a regular file (a FIFO, socket or device is not read)");
+  auto too_big = [&] {
+    fail("larger than " + std::to_string(max_bytes >> 20) + " MiB (the most an input file may hold)");
+  };
+  if (uint64_t(st.st_size) > max_bytes) too_big();
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(std::strerror(errno));
+    if (n == 0) break;
+    if (text.size() + size_t(n) > max_bytes) too_big();  // a file that grows while read
+    text.append(buf, size_t(n));
+  }
+  return text;
+}
+
+void check_writable(const std::string& path, const char* flag) {
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed && S_ISDIR(st.st_mode))
+    throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path + ": it is a directory");
+  // Open for writing without truncating, and remove the file again if this made it.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path + ": " + std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+}
+
 JsonOutput::JsonOutput(const Args& args, const char* flag) {
   if (!args.has(flag)) return;
   path_ = args.str(flag, "");
@@ -364,20 +463,13 @@ JsonOutput::JsonOutput(const Args& args, const char* flag) {
       throw Error(Status::io_error, std::string(flag) + " -: cannot redirect stdout: " + std::strerror(errno));
     return;
   }
-  // Fail now, not after the work: open for writing without truncating, and remove the file again
-  // if this made it.
-  struct stat st {};
-  const bool existed = ::stat(path_.c_str(), &st) == 0;
-  if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path_ + ": it is a directory");
-  int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(Status::io_error, std::string("cannot write ") + flag + " " + path_ + ": " + std::strerror(errno));
-  ::close(fd);
-  if (!existed) ::unlink(path_.c_str());
+  check_writable(path_, flag);  // fail now, not after the work
 }
 
 void JsonOutput::write(const Json& doc) {
   if (!enabled()) return;
-  const std::string text = doc.dump(2) + "\n";
+  // replace: a string read from a file that is not UTF-8 is written with U+FFFD, not a throw.
+  const std::string text = doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   int fd = fd_ >= 0 ? fd_ : ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(Status::io_error, "cannot write --json " + path_ + ": " + std::strerror(errno));
   size_t off = 0;

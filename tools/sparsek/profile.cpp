@@ -246,7 +246,7 @@ std::string normalize(const std::vector<Kernel>& ks, const std::string& header, 
   Json kj = Json::array();
   for (size_t i = 0; i < ks.size(); ++i) {
     const Kernel& k = ks[i];
-    out += "# kernel " + std::to_string(i + 1) + " of " + std::to_string(ks.size()) + ": " + k.name + "\n";
+    out += "# kernel " + std::to_string(i + 1) + " of " + std::to_string(ks.size()) + ": " + printable(k.name) + "\n";
     Json m = Json::object();
     auto line = [&](const std::string& key, double v) {
       char b[128];
@@ -272,19 +272,56 @@ std::string normalize(const std::vector<Kernel>& ks, const std::string& header, 
 
 // ---- the profiled run (child mode) ----
 
-int child(const Args& args) {
-  if (!device_info().available) throw Error(Status::no_device, "profile: no GPU: " + device_info().why_not);
-  const int64_t big = int64_t(1) << 20;
-  const int64_t m = args.integer("--m", 8192, 1, big), n = args.integer("--n", 8192, 1, big),
-                k = args.integer("--k", 8192, 1, big);
+// The workload flags, parsed and checked (UsageError naming the flag: exit 2). The parent checks
+// them before it looks for ncu or a GPU, so a mistake fails at once, not inside the profiled child.
+struct Workload {
+  int64_t m, n, k;
   int bm = 128, bk = 128;
-  args.block("--block", &bm, &bk);
-  const double density = args.real("--density", 0.125, 0.0, 1.0);
-  const PatternKind kind = args.pattern("--pattern", PatternKind::fixed_k);
-  const DType dtype = args.dtype("--dtype", DType::f16);
-  const uint64_t seed = args.seed("--seed", 1);
-  const int warmup = int(args.integer("--warmup", 3, 0, 1000));
-  if (m % bm || k % bk) args.bad("--m", "M and K must be multiples of the block shape");
+  double density;
+  PatternKind kind;
+  DType dtype;
+  uint64_t seed;
+  int warmup;
+  std::string variant;
+};
+Workload parse_workload(const Args& args) {
+  Workload w;
+  const int64_t big = int64_t(1) << 20;
+  w.m = args.integer("--m", 8192, 1, big);
+  w.n = args.integer("--n", 8192, 1, big);
+  w.k = args.integer("--k", 8192, 1, big);
+  args.block("--block", &w.bm, &w.bk);
+  w.density = args.real("--density", 0.125, 0.0, 1.0);
+  w.kind = args.pattern("--pattern", PatternKind::fixed_k);
+  w.dtype = args.dtype("--dtype", DType::f16);
+  w.seed = args.seed("--seed", 1);
+  w.warmup = int(args.integer("--warmup", 3, 0, 1000));
+  if (w.m % w.bm) args.bad("--m", "must be a multiple of the block's rows (" + std::to_string(w.bm) + ")");
+  if (w.k % w.bk) args.bad("--k", "must be a multiple of the block's columns (" + std::to_string(w.bk) + ")");
+  w.variant = args.str("--variant", "");
+  if (args.has("--variant")) {
+    const Variant* v = find_variant(w.variant);
+    if (!v) {
+      std::string known;
+      for (const Variant& x : variants())
+        if (x.backend == Backend::cuda && !x.peer) known += (known.empty() ? "" : ", ") + std::string(x.name);
+      args.bad("--variant", "unknown variant (GPU variants: " + known + ")");
+    }
+    if (v->backend != Backend::cuda || v->peer) args.bad("--variant", "not a sparsek GPU variant");
+  }
+  return w;
+}
+
+int child(const Args& args) {
+  const Workload w = parse_workload(args);
+  if (!device_info().available) throw Error(Status::no_device, "profile: no GPU: " + device_info().why_not);
+  const int64_t m = w.m, n = w.n, k = w.k;
+  const int bm = w.bm, bk = w.bk;
+  const double density = w.density;
+  const PatternKind kind = w.kind;
+  const DType dtype = w.dtype;
+  const uint64_t seed = w.seed;
+  const int warmup = w.warmup;
   const double es = double(dtype_size(dtype)),
                bytes = (std::min(1.0, density * 1.01) * double(m) * double(k) + double(k) * double(n)) * es;
   const std::string what = "the workload --m " + std::to_string(m) + " --n " + std::to_string(n) + " --k " +
@@ -313,7 +350,7 @@ int child(const Args& args) {
   g.c = {dc.p, m, n, n, Layout::row_major, dtype, Memory::device};
   Options o;
   o.backend = Backend::cuda;
-  o.variant = args.str("--variant", "");
+  o.variant = w.variant;
   const Plan p = plan(g, o);
   std::fprintf(stderr, "sparsek profile: variant %s (%s)\n", p.variant().c_str(), p.chosen_by().c_str());
   for (int i = 0; i < warmup; ++i) run(p, g);
@@ -361,15 +398,21 @@ int profile_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (args.has("--child")) return child(args);
+  // Every flag and output path is checked before anything runs (exit 2 for a flag, 1 for a path).
+  const Workload w = parse_workload(args);
   JsonOutput json(args);
   const std::string out_path = args.str("--out", ""), raw_path = args.str("--raw", "");
+  if (args.has("--out") && out_path.empty()) args.bad("--out", "needs a file name");
+  if (args.has("--raw") && raw_path.empty()) args.bad("--raw", "needs a file name");
+  if (!out_path.empty()) check_writable(out_path, "--out");
+  if (!raw_path.empty()) check_writable(raw_path, "--raw");
   std::string csv, header;
 
   if (args.has("--from-csv")) {
     const std::string f = args.str("--from-csv", "");
-    csv = read_file(f);
-    if (csv.empty()) throw Error(Status::io_error, "cannot read --from-csv " + f + " (missing or empty)");
-    header = "# sparsek profile of " + f + "\n";
+    csv = read_input_file(f, "--from-csv");  // a regular file, bounded: never a FIFO's endless wait
+    if (csv.empty()) throw Error(Status::io_error, "cannot read --from-csv " + printable(f) + ": it is empty");
+    header = "# sparsek profile of " + printable(f) + "\n";
   } else {
     std::string tried;
     const std::string ncu = find_ncu(args, &tried);
@@ -422,11 +465,10 @@ int profile_main(const std::vector<std::string>& argv) {
     }
     csv = log;
     const DeviceInfo& d = device_info();
-    header = "# sparsek profile: dsd " + args.str("--dtype", "f16") + " " + std::to_string(args.integer("--m", 8192, 1, 1 << 20)) +
-             "x" + std::to_string(args.integer("--n", 8192, 1, 1 << 20)) + "x" +
-             std::to_string(args.integer("--k", 8192, 1, 1 << 20)) + " block " + args.str("--block", "128x128") + " " +
-             args.str("--pattern", "fixed_k") + " density " + args.str("--density", "0.125") + " variant " +
-             args.str("--variant", "(plan's choice)") + "\n# on " + d.name + " (cc " + std::to_string(d.cc_major) + "." +
+    header = "# sparsek profile: dsd " + std::string(to_string(w.dtype)) + " " + std::to_string(w.m) + "x" +
+             std::to_string(w.n) + "x" + std::to_string(w.k) + " block " + block_str(w.bm, w.bk) + " " +
+             to_string(w.kind) + " density " + args.str("--density", "0.125") + " variant " +
+             (w.variant.empty() ? std::string("(plan's choice)") : w.variant) + "\n# on " + d.name + " (cc " + std::to_string(d.cc_major) + "." +
              std::to_string(d.cc_minor) + ", " + std::to_string(d.sm_count) + " SMs), sparsek " + version() + "\n";
     std::string chosen;
     {

@@ -38,6 +38,8 @@ const std::vector<FlagSpec> kSpecs = {
     {"--reps", "R", "most timed runs per candidate; the median counts (default 100, at least 5)"},
     {"--budget", "SEC", "seconds of timed runs per candidate (default 0.3)"},
     {"--no-store", nullptr, "tune but do not write the cache"},
+    kLockWaitFlag,
+    kNoWaitFlag,
     {"--plan-time", nullptr, "measure plan() on this workload (median of --reps calls) instead of tuning"},
     {"--run-overhead", nullptr, "measure the host time of run(plan) against the bare variant launch and gemm()"},
     {"--calls", "N", "timed calls of each kind for --run-overhead (default 2000)"},
@@ -138,7 +140,7 @@ Json workload_json(const Workload& w) {
 // Tunes w, prints the candidate table and the winner. *ok = false when storing was asked for and
 // failed. *out gets the same as JSON.
 TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneOptions to, uint64_t seed,
-                          const std::string& where, bool* ok, Json* out) {
+                          const std::string& where, double lock_wait_s, bool* ok, Json* out) {
   auto prob = make_problem(w.m, w.n, w.k, w.bm, w.bk, w.density, w.kind, w.dtype, gpu, seed, false);
   std::printf("sparsek %s tune: %s (nnzb=%lld) on %s\n", version(), describe(w).c_str(),
               static_cast<long long>(prob->g.sparse.nnzb), where.c_str());
@@ -146,8 +148,25 @@ TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneO
   to.progress = [&](size_t done, size_t total, const std::string& name) {
     progress.step(done, total, name.empty() ? "" : "timing " + name);
   };
-  TuneReport r = tune(prob->g, opt, to);
+  TuneOptions run_opts = to;
+  run_opts.store = false;  // stored here, with the lock wait of --lock-wait / --no-wait
+  TuneReport r = tune(prob->g, opt, run_opts);
   progress.clear();
+  if (to.store) {
+    const std::string path = tune_cache_path();
+    if (path.empty()) {
+      r.store_error = "no cache path: set SPARSEK_CACHE or HOME";
+    } else {
+      try {
+        TuneCache cache(path);
+        cache.set_lock_wait(lock_wait_s);
+        cache.store(r.entry);  // another process's lock held past the wait: Error naming it
+        r.stored = true;
+      } catch (const Error& e) {
+        r.store_error = e.what();
+      }
+    }
+  }
 
   const double flops = prob->g.effective_flops();
   std::printf("reference: %s; each candidate's median of timed runs after %d warm-up run(s)\n\n",
@@ -200,7 +219,7 @@ TuneReport tune_and_print(const Workload& w, bool gpu, const Options& opt, TuneO
   if (!to.store) {
     std::printf("not stored (--no-store)\n");
   } else if (!r.stored) {
-    std::printf("NOT stored: %s\n", r.store_error.c_str());
+    std::printf("NOT stored: %s\n", printable(r.store_error).c_str());
     *ok = false;
   } else {
     std::printf("stored in %s\n", tune_cache_path().c_str());
@@ -353,6 +372,8 @@ int tune_main(const std::vector<std::string>& argv) {
                "stores the winner (it must beat the default by more than 2%) in the tuning cache\n"
                "($SPARSEK_CACHE or ~/.cache/sparsek/tune.json), where plan() finds it when\n"
                "SPARSEK_TUNE is cached (the default) or on. Without a GPU it tunes the CPU backend.\n"
+               "When another process holds the cache's lock, storing waits --lock-wait seconds (default\n"
+               "30; --no-wait: none), then fails with exit code 1 naming that process.\n"
                "--compare times the candidates again and prints 'tuner pick: ...; best: ...; pick\n"
                "within X% of best'; --run-overhead measures run(plan)'s host cost over the bare launch.",
                kSpecs);
@@ -392,6 +413,9 @@ int tune_main(const std::vector<std::string>& argv) {
   to.min_reps = std::min(to.min_reps, to.max_reps);
   to.seconds_per_candidate = args.real("--budget", 0.3, 0.0, 3600.0);
   to.store = !args.has("--no-store");
+  const double lock_wait = lock_wait_seconds(args);
+  if (!to.store && (args.has("--lock-wait") || args.has("--no-wait")))
+    args.bad(args.has("--no-wait") ? "--no-wait" : "--lock-wait", "not with --no-store (nothing is stored, no lock taken)");
   to.seed = seed;
   Options opt;
   opt.backend = gpu ? Backend::cuda : Backend::cpu;
@@ -464,7 +488,7 @@ int tune_main(const std::vector<std::string>& argv) {
     if (i) std::printf("\n");
     bool ok = true;
     Json tj;
-    TuneReport r = tune_and_print(table[i], gpu, opt, to, seed, where, &ok, &tj);
+    TuneReport r = tune_and_print(table[i], gpu, opt, to, seed, where, lock_wait, &ok, &tj);
     if (!ok) rc = 1;
     if (!compare) {
       doc["tuned"].push_back(tj);
