@@ -31,15 +31,36 @@ bool cpu_blas_available() {
   return ok;
 }
 
+// The OPENBLAS_CORETYPE that selects OpenBLAS's vector kernels for this CPU when OpenBLAS fell
+// back to its generic SSE3 ones ("Prescott": what an OpenBLAS older than the CPU model picks,
+// e.g. Debian 12's 0.3.21 on a 5th-generation Xeon), else "".
+std::string coretype_hint() {
+  if (std::string(openblas_get_corename()) != "Prescott") return "";
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return "";
+}
+
 std::string cpu_blas_description() {
   std::string s = openblas_get_config();
   while (!s.empty() && s.back() == ' ') s.pop_back();
+  s += std::string(", core ") + openblas_get_corename();
   switch (openblas_get_parallel()) {
     case OPENBLAS_SEQUENTIAL:
-      return s + " (single-threaded variant, not safe to call from several threads: the backend's own loops run)";
-    case OPENBLAS_THREAD: return s + " (pthreads, one thread per call)";
-    default: return s + " (OpenMP, one thread per call)";
+      s += " (single-threaded variant, not safe to call from several threads: the backend's own loops run)";
+      break;
+    case OPENBLAS_THREAD: s += " (pthreads, one thread per call)"; break;
+    default: s += " (OpenMP, one thread per call)"; break;
   }
+  const std::string hint = coretype_hint();
+  if (!hint.empty())
+    s += "; this OpenBLAS does not know the CPU and runs generic kernels: OPENBLAS_CORETYPE=" + hint +
+         " in the environment selects its vector kernels (several times faster)";
+  return s;
 }
 
 bool cpu_blas_fits(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {

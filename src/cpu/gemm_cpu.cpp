@@ -13,9 +13,16 @@
 //  * block product (SDD): each stored block of C = A[rows of the block, :] * B[:, cols of the
 //    block]; a work item is one stored block.
 //
+// Block products: through OpenBLAS's sgemm where the build has it (cpu/blas_cpu.hpp): one call of
+// p x cols x q per stored block of a row-product work item (256 columns wide), one of bm x bk x K
+// per SDD block; else the 4x16 loop below. Either way the work item accumulates in its own f32
+// scratch and write_tile applies alpha and beta, so every semantic is the same on both paths.
+//
 // Determinism: an output element is reduced by exactly one work item, over S's blocks in stored
-// order (k ascending inside a block), or over k ascending (SDD). The chunking depends only on the
-// problem, never on the thread count, so any thread count gives bit-identical results.
+// order (k ascending inside a block for the loop; one sgemm per block, on extents fixed by the
+// problem, for BLAS), or over k (SDD). The chunking depends only on the problem, never on the
+// thread count, and BLAS runs one thread per call (CpuBlasOneThread), so any thread count gives
+// bit-identical results.
 //
 // Threads: OpenMP (dynamic schedule: items differ in length). Options::threads, else
 // OMP_NUM_THREADS / omp_get_max_threads(). An output element that no stored block reaches (an
@@ -52,7 +59,9 @@ int cpu_threads(int requested) {
 namespace {
 
 constexpr int64_t kChunk = 128;  // D columns per row-product work item (multiple of 16)
-static int64_t kBlasChunk = getenv("SPARSEK_CPU_CHUNK") ? atoll(getenv("SPARSEK_CPU_CHUNK")) : 512;  // TUNING ONLY
+// D columns per work item when the block products go through BLAS: 256 measured faster than 512,
+// 1024 and the whole width at 1024-4096 (docs/design/cpu.md).
+constexpr int64_t kBlasChunk = 256;
 
 // ---------------------------------------------------------------- element access
 

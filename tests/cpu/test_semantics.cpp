@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/blas_cpu.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/plan.hpp"
 #include "test_util.hpp"
@@ -306,6 +307,48 @@ TEST(Semantics, DeterministicAcrossThreadCounts) {
         }
       }
     }
+}
+
+// The same on the tiles the block products are cut into when they run through BLAS (64 x 64 and
+// 128 x 32 blocks, a free extent of several column chunks with a partial last one, f16 inputs,
+// a column-major C); the one-thread run is also checked against the fp64 reference.
+TEST(Semantics, DeterministicAcrossThreadCountsOnBlasTiles) {
+  SCOPED_TRACE("CPU BLAS: " + cpu_blas_description());
+  for (OpKind kind : kKinds)
+    for (Op op : ops_for(kind))
+      for (int blk : {0, 1}) {
+        CaseSpec s = base(kind, op, 120 + uint64_t(blk));
+        s.integers = false;
+        s.in = blk ? DType::f32 : DType::f16;
+        s.bm = blk ? 128 : 64;
+        s.bk = blk ? 32 : 64;
+        s.rows = 512;
+        s.cols = 512;
+        s.free = kind == OpKind::sdd ? 200 : 600;
+        s.lc = blk ? Layout::col_major : Layout::row_major;
+        s.density = 0.25;
+        s.alpha = 1.5f;
+        s.beta = 0.25f;
+        std::vector<uint8_t> first;
+        for (int threads : {1, 2, 4}) {
+          SCOPED_TRACE(std::string(to_string(kind)) + " op=" + to_string(op) + " block " + std::to_string(s.bm) + "x" +
+                       std::to_string(s.bk) + " threads=" + std::to_string(threads));
+          auto gc = make_case(s);
+          Options o;
+          o.threads = threads;
+          if (threads == 1)
+            run_and_check(*gc, o);
+          else
+            gemm(gc->args, o);
+          const std::vector<uint8_t>& bytes = gc->c ? gc->c->bytes : gc->sparse.value_bytes();
+          if (first.empty()) {
+            first = bytes;
+          } else {
+            ASSERT_EQ(bytes.size(), first.size());
+            EXPECT_EQ(std::memcmp(bytes.data(), first.data(), bytes.size()), 0) << "differs from threads=1";
+          }
+        }
+      }
 }
 
 TEST(Semantics, NegativeThreadCountIsRejected) {
