@@ -56,7 +56,7 @@ std::string cpu_blas_description() {
     case OPENBLAS_THREAD: s += " (pthreads, one thread per call)"; break;
     default: s += " (OpenMP, one thread per call)"; break;
   }
-  const std::string hint = coretype_hint();
+  const std::string hint = cpu_blas_available() ? coretype_hint() : "";
   if (!hint.empty())
     s += "; this OpenBLAS does not know the CPU and runs generic kernels: OPENBLAS_CORETYPE=" + hint +
          " in the environment selects its vector kernels (several times faster)";
