@@ -8,14 +8,26 @@ round(density * S/b) blocks at random columns), B is S x S dense; it times spars
 (DSD on the CPU backend) and NumPy's dense A_dense @ B, alternating the two, and prints the medians
 and their ratio. Both use every core by default (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set them).
 The result of the sparse product is checked against the dense one.
+
+Idle threads: after a call, NumPy's OpenBLAS workers spin for a while before they sleep, and so do
+the CPU backend's OpenMP threads; alternating the two products then makes each run beside the
+other's spinning threads (on 2 cores this cost sparsek 30-50% of its time). Unless set already,
+OPENBLAS_THREAD_TIMEOUT=4 and OMP_WAIT_POLICY=passive make both sleep at once (set before NumPy and
+sparsek load; --spin keeps the defaults).
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
-import numpy as np
+if "--spin" not in sys.argv:
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import sparsek
+import numpy as np  # noqa: E402
+
+import sparsek  # noqa: E402
 
 
 def pattern(rng, mb, kb, per_row):
@@ -38,7 +50,10 @@ def main():
     ap.add_argument("--density", type=float, default=0.125)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32"])
+    ap.add_argument("--spin", action="store_true", help="leave the idle threads' spin-waits at their defaults")
     args = ap.parse_args()
+    print("OPENBLAS_THREAD_TIMEOUT=%s OMP_WAIT_POLICY=%s OMP_NUM_THREADS=%s" % tuple(
+        os.environ.get(v, "(unset)") for v in ("OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")))
     rng = np.random.default_rng(0)
     print(f"{'size':>6} {'block':>7} {'density':>8} {'sparsek ms':>11} {'numpy ms':>9} {'numpy/sparsek':>14}")
     for s in (int(x) for x in args.sizes.split(",")):
