@@ -43,3 +43,17 @@ def test_product_on_blas_tiles(rng):
     # The transposed view (the S^T traversal) on the same tiles.
     y = rng.standard_normal((mb * b, n)).astype(np.float32)
     np.testing.assert_allclose(sparsek.bsr_mm(ab.T, y), a.T.astype(np.float64) @ y, rtol=1e-4, atol=1e-3)
+
+
+def test_bench_script_runs():
+    # bench/cpu_vs_numpy.py on a tiny problem: it runs, checks its product and prints its table.
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "cpu_vs_numpy.py"
+    out = subprocess.run([sys.executable, str(script), "--sizes", "256", "--blocks", "32", "--reps", "1"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert "OPENBLAS_THREAD_TIMEOUT=" in out.stdout
+    assert "   256  32x32" in out.stdout
