@@ -4,6 +4,7 @@
 // count.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/blas_cpu.hpp"
 #include "plan/variant.hpp"
@@ -307,6 +308,35 @@ TEST(Semantics, DeterministicAcrossThreadCounts) {
         }
       }
     }
+}
+
+// A NaN in one block row stays in that row: the next work item on the same thread reuses the
+// scratch of a NaN row (the BLAS path does not zero it; its first call has beta = 0, which must
+// not read it). One thread, every block stored, so the rows run in order on one scratch.
+TEST(Semantics, ANaNInOneBlockRowStaysThere) {
+  CaseSpec s = base(OpKind::dsd, Op::none, 130);
+  s.bm = 64;
+  s.bk = 64;
+  s.rows = 256;
+  s.cols = 192;
+  s.free = 300;
+  s.density = 1.0;
+  auto clean = make_case(s), poisoned = make_case(s);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(poisoned->sparse.value_bytes().data(), &nan, sizeof nan);  // block row 0, element (0, 0)
+  Options o;
+  o.threads = 1;
+  gemm(clean->args, o);
+  gemm(poisoned->args, o);
+  const std::vector<uint8_t>&x = clean->c->bytes, &y = poisoned->c->bytes;
+  ASSERT_EQ(x.size(), y.size());
+  const size_t row0 = size_t(s.free) * sizeof(float);  // C's first row (row-major, no padding)
+  float first;
+  std::memcpy(&first, y.data(), sizeof first);
+  EXPECT_TRUE(std::isnan(first));
+  const size_t rows1 = size_t(s.bm) * row0;  // block row 0 ends here
+  EXPECT_EQ(std::memcmp(x.data() + rows1, y.data() + rows1, x.size() - rows1), 0)
+      << "the NaN of block row 0 reached another block row";
 }
 
 // The same on the tiles the block products are cut into when they run through BLAS (64 x 64 and
