@@ -2,14 +2,14 @@
 // build defines SPARSEK_HAVE_OPENBLAS and OpenBLAS's include directory for it alone.
 #include "cpu/blas_cpu.hpp"
 
-#include "sparsek/types.hpp"  // Error
-
 #include <climits>
 #include <mutex>
 #include <string>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "sparsek/types.hpp"  // Error
 
 #ifdef SPARSEK_HAVE_OPENBLAS
 #include <cblas.h>
@@ -34,7 +34,7 @@ bool cpu_blas_available() {
 // The OPENBLAS_CORETYPE that selects OpenBLAS's vector kernels for this CPU when OpenBLAS fell
 // back to its generic SSE3 ones ("Prescott": what an OpenBLAS older than the CPU model picks,
 // e.g. Debian 12's 0.3.21 on a 5th-generation Xeon), else "".
-std::string coretype_hint() {
+static std::string coretype_hint() {
   if (std::string(openblas_get_corename()) != "Prescott") return "";
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
