@@ -10,7 +10,7 @@ FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake ninja-build g++ make libgtest-dev pkg-config \
+ && apt-get install -y --no-install-recommends cmake ninja-build g++ make libgtest-dev pkg-config libopenblas-dev \
       cargo python3 python3-venv python3-dev \
  && rm -rf /var/lib/apt/lists/*
 # Python packages go into a venv (Ubuntu's system Python refuses pip installs).

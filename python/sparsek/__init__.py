@@ -24,7 +24,10 @@ fp8 (e4m3): ``W8 = W.quantize()`` (one scale per stored block), ``x8, xs = spars
 (one per row), ``sparsek.dense_bsr_mm(x8, W8.T, a_scales=xs)``; ``BlockSparseLinear.to_fp8()``.
 """
 from . import _cuda_libs  # noqa: F401  (first: finds the CUDA libraries the extension links)
-from . import _arrays, _sparsek
+from . import _arrays, _openblas
+
+with _openblas.hint():  # OpenBLAS picks its kernels when the extension loads it
+    from . import _sparsek
 from ._attention import BlockLayout, attention, block_mask_from_layout, gate, layout_from_block_mask
 from ._bsr import BSRMatrix, BSRTranspose
 from ._decode import decode_attention, plan_decode

@@ -13,9 +13,16 @@
 //  * block product (SDD): each stored block of C = A[rows of the block, :] * B[:, cols of the
 //    block]; a work item is one stored block.
 //
+// Block products: through OpenBLAS's sgemm where the build has it (cpu/blas_cpu.hpp): one call of
+// p x cols x q per stored block of a row-product work item (256 columns wide), one of bm x bk x K
+// per SDD block; else the 4x16 loop below. Either way the work item accumulates in its own f32
+// scratch and write_tile applies alpha and beta, so every semantic is the same on both paths.
+//
 // Determinism: an output element is reduced by exactly one work item, over S's blocks in stored
-// order (k ascending inside a block), or over k ascending (SDD). The chunking depends only on the
-// problem, never on the thread count, so any thread count gives bit-identical results.
+// order (k ascending inside a block for the loop; one sgemm per block, on extents fixed by the
+// problem, for BLAS), or over k (SDD). The chunking depends only on the problem, never on the
+// thread count, and BLAS runs one thread per call (CpuBlasOneThread), so any thread count gives
+// bit-identical results.
 //
 // Threads: OpenMP (dynamic schedule: items differ in length). Options::threads, else
 // OMP_NUM_THREADS / omp_get_max_threads(). An output element that no stored block reaches (an
@@ -32,6 +39,7 @@
 #include <omp.h>
 #endif
 
+#include "cpu/blas_cpu.hpp"
 #include "cpu/e4m3_cpu.hpp"
 #include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
@@ -51,6 +59,10 @@ int cpu_threads(int requested) {
 namespace {
 
 constexpr int64_t kChunk = 128;  // D columns per row-product work item (multiple of 16)
+// D columns per work item when the block products go through BLAS: a 64 x 256 x 64 sgemm ran at
+// 103 GFLOPS on one core against 71-76 at 512-4096 columns (docs/design/cpu.md). The accumulator
+// is not zeroed first: the first block's call has beta = 0, which BLAS defines as not reading C.
+constexpr int64_t kBlasChunk = 256;
 
 // ---------------------------------------------------------------- element access
 
@@ -277,28 +289,42 @@ void run_row_product(const GemmArgs& g, const Options& o, const CpuState& st) {
   make_panel(dense, /*pad16=*/true, threads, d);
 
   const int64_t s_mb = R / p;
-  const int64_t chunks = (d.width + kChunk - 1) / kChunk;
+  // Block products through BLAS where it is there: the chunks are wider (fewer, larger calls).
+  const bool blas = cpu_blas_available() && cpu_blas_fits(p, d.width, q, q, d.ld, d.width);
+  const int64_t chunk = blas ? kBlasChunk : kChunk;
+  const int64_t chunks = (d.width + chunk - 1) / chunk;
   const int workers = int(std::min<int64_t>(threads, s_mb * chunks));
   std::vector<std::vector<float>> accs(size_t(std::max(workers, 1)));
   int64_t rs, cs;
   strides(out, rs, cs);
 
+  std::unique_ptr<CpuBlasOneThread> one_thread;
+  if (blas) one_thread = std::make_unique<CpuBlasOneThread>();
   with_type(out.dtype, out.data, [&](auto* cdata) {
     parallel_for(s_mb * chunks, workers, [&](int64_t item, int w) {
       const int64_t i = st.order[size_t(item / chunks)];
-      const int64_t n0 = (item % chunks) * kChunk;
-      const int64_t nt = std::min(kChunk, d.width - n0);  // multiple of 16
-      std::vector<float>& acc = accs[size_t(w)];
-      acc.assign(size_t(p * nt), 0.f);
-      for (int64_t j = s_rp[i]; j < s_rp[i + 1]; ++j) {
-        const float* blk = s_vals + j * bsz;                        // (p, q)
-        const float* bp = d.data + int64_t(s_ci[j]) * q * d.ld + n0;  // (q, nt), stride d.ld
-        for (int r0 = 0; r0 < p; r0 += 4)
-          for (int64_t c0 = 0; c0 < nt; c0 += 16)
-            kernel_4x16(blk + int64_t(r0) * q, q, bp + c0, d.ld, q, acc.data() + r0 * nt + c0, nt);
-      }
+      const int64_t n0 = (item % chunks) * chunk;
+      const int64_t nt = std::min(chunk, d.width - n0);  // multiple of 16
       const int64_t cols = std::min(nt, Nc - n0);
       if (cols <= 0) return;
+      std::vector<float>& acc = accs[size_t(w)];
+      if (blas) {
+        // acc = sum over S's blocks in stored order of block (p x q) * D rows (q x cols): the
+        // same calls, on the same extents, whatever the thread count.
+        acc.resize(size_t(p * nt));
+        for (int64_t j = s_rp[i]; j < s_rp[i + 1]; ++j)
+          cpu_sgemm(p, cols, q, s_vals + j * bsz, q, d.data + int64_t(s_ci[j]) * q * d.ld + n0, d.ld,
+                    /*accumulate=*/j > s_rp[i], acc.data(), nt);
+      } else {
+        acc.assign(size_t(p * nt), 0.f);
+        for (int64_t j = s_rp[i]; j < s_rp[i + 1]; ++j) {
+          const float* blk = s_vals + j * bsz;                        // (p, q)
+          const float* bp = d.data + int64_t(s_ci[j]) * q * d.ld + n0;  // (q, nt), stride d.ld
+          for (int r0 = 0; r0 < p; r0 += 4)
+            for (int64_t c0 = 0; c0 < nt; c0 += 16)
+              kernel_4x16(blk + int64_t(r0) * q, q, bp + c0, d.ld, q, acc.data() + r0 * nt + c0, nt);
+        }
+      }
       write_tile(cdata + (i * p) * rs + n0 * cs, rs, cs, p, cols, acc.data(), nt, g.alpha, g.beta,
                  s_rp[i + 1] > s_rp[i]);
     });
@@ -319,6 +345,10 @@ void run_sdd(const GemmArgs& g, const Options& o, const CpuState& st) {
   const int64_t bsz = int64_t(bm) * bk;
   const int workers = int(std::min<int64_t>(threads, c.nnzb));
   std::vector<std::vector<float>> accs(size_t(std::max(workers, 1)));
+  // One BLAS call per stored block (bm x bk x K) where BLAS is there.
+  const bool blas = K > 0 && cpu_blas_available() && cpu_blas_fits(bm, bk, K, a.ld, b.ld, bk);
+  std::unique_ptr<CpuBlasOneThread> one_thread;
+  if (blas) one_thread = std::make_unique<CpuBlasOneThread>();
   with_type(c.dtype, c.values, [&](auto* vals) {
     parallel_for(c.nnzb, workers, [&](int64_t j, int w) {
       std::vector<float>& acc = accs[size_t(w)];
@@ -326,9 +356,13 @@ void run_sdd(const GemmArgs& g, const Options& o, const CpuState& st) {
       if (K > 0) {  // (with K = 0, A and B may have no storage at all: no pointer into them)
         const float* ap = a.data + int64_t(st.block_row[size_t(j)]) * bm * a.ld;  // (bm, K), stride a.ld
         const float* bp = b.data + int64_t(st.col_idx[size_t(j)]) * bk;           // (K, bk), stride b.ld
-        for (int r0 = 0; r0 < bm; r0 += 4)
-          for (int c0 = 0; c0 < bk; c0 += 16)
-            kernel_4x16(ap + int64_t(r0) * a.ld, a.ld, bp + c0, b.ld, K, acc.data() + r0 * bk + c0, bk);
+        if (blas) {
+          cpu_sgemm(bm, bk, K, ap, a.ld, bp, b.ld, /*accumulate=*/false, acc.data(), bk);
+        } else {
+          for (int r0 = 0; r0 < bm; r0 += 4)
+            for (int c0 = 0; c0 < bk; c0 += 16)
+              kernel_4x16(ap + int64_t(r0) * a.ld, a.ld, bp + c0, b.ld, K, acc.data() + r0 * bk + c0, bk);
+        }
       }
       write_tile(vals + j * bsz, bk, 1, bm, bk, acc.data(), bk, g.alpha, g.beta, K > 0);
     });

@@ -4,7 +4,9 @@
 // count.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "cpu/blas_cpu.hpp"
 #include "plan/variant.hpp"
 #include "sparsek/plan.hpp"
 #include "test_util.hpp"
@@ -306,6 +308,77 @@ TEST(Semantics, DeterministicAcrossThreadCounts) {
         }
       }
     }
+}
+
+// A NaN in one block row stays in that row: the next work item on the same thread reuses the
+// scratch of a NaN row (the BLAS path does not zero it; its first call has beta = 0, which must
+// not read it). One thread, every block stored, so the rows run in order on one scratch.
+TEST(Semantics, ANaNInOneBlockRowStaysThere) {
+  CaseSpec s = base(OpKind::dsd, Op::none, 130);
+  s.bm = 64;
+  s.bk = 64;
+  s.rows = 256;
+  s.cols = 192;
+  s.free = 300;
+  s.density = 1.0;
+  auto clean = make_case(s), poisoned = make_case(s);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(poisoned->sparse.value_bytes().data(), &nan, sizeof nan);  // block row 0, element (0, 0)
+  Options o;
+  o.threads = 1;
+  gemm(clean->args, o);
+  gemm(poisoned->args, o);
+  const std::vector<uint8_t>&x = clean->c->bytes, &y = poisoned->c->bytes;
+  ASSERT_EQ(x.size(), y.size());
+  const size_t row0 = size_t(s.free) * sizeof(float);  // C's first row (row-major, no padding)
+  float first;
+  std::memcpy(&first, y.data(), sizeof first);
+  EXPECT_TRUE(std::isnan(first));
+  const size_t rows1 = size_t(s.bm) * row0;  // block row 0 ends here
+  EXPECT_EQ(std::memcmp(x.data() + rows1, y.data() + rows1, x.size() - rows1), 0)
+      << "the NaN of block row 0 reached another block row";
+}
+
+// The same on the tiles the block products are cut into when they run through BLAS (64 x 64 and
+// 128 x 32 blocks, a free extent of several column chunks with a partial last one, f16 inputs,
+// a column-major C); the one-thread run is also checked against the fp64 reference.
+TEST(Semantics, DeterministicAcrossThreadCountsOnBlasTiles) {
+  SCOPED_TRACE("CPU BLAS: " + cpu_blas_description());
+  for (OpKind kind : kKinds)
+    for (Op op : ops_for(kind))
+      for (int blk : {0, 1}) {
+        CaseSpec s = base(kind, op, 120 + uint64_t(blk));
+        s.integers = false;
+        s.in = blk ? DType::f32 : DType::f16;
+        s.bm = blk ? 128 : 64;
+        s.bk = blk ? 32 : 64;
+        s.rows = 512;
+        s.cols = 512;
+        s.free = kind == OpKind::sdd ? 200 : 600;
+        s.lc = blk ? Layout::col_major : Layout::row_major;
+        s.density = 0.25;
+        s.alpha = 1.5f;
+        s.beta = 0.25f;
+        std::vector<uint8_t> first;
+        for (int threads : {1, 2, 4}) {
+          SCOPED_TRACE(std::string(to_string(kind)) + " op=" + to_string(op) + " block " + std::to_string(s.bm) + "x" +
+                       std::to_string(s.bk) + " threads=" + std::to_string(threads));
+          auto gc = make_case(s);
+          Options o;
+          o.threads = threads;
+          if (threads == 1)
+            run_and_check(*gc, o);
+          else
+            gemm(gc->args, o);
+          const std::vector<uint8_t>& bytes = gc->c ? gc->c->bytes : gc->sparse.value_bytes();
+          if (first.empty()) {
+            first = bytes;
+          } else {
+            ASSERT_EQ(bytes.size(), first.size());
+            EXPECT_EQ(std::memcmp(bytes.data(), first.data(), bytes.size()), 0) << "differs from threads=1";
+          }
+        }
+      }
 }
 
 TEST(Semantics, NegativeThreadCountIsRejected) {

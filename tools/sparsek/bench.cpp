@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench_case.hpp"
+#include "cpu/blas_cpu.hpp"
 #include "tools_internal.hpp"
 
 namespace sparsek::cli {
@@ -757,6 +758,7 @@ int bench_main(const std::vector<std::string>& argv) {
       std::printf("running the CPU backend (--backend cpu), %d thread(s)\n", threads);
     else
       std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), threads);
+    std::printf("block products through %s\n", cpu_blas_description().c_str());
     t.columns = {median_column(), rate_column(false), sci_column("rel err", "rel_error")};
   }
   BenchRun run;

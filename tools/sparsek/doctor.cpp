@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "cpu/blas_cpu.hpp"
 #include "tools_internal.hpp"
 
 #ifndef SPARSEK_CUDA_GENCODE_LIST
@@ -150,7 +151,10 @@ int doctor_main(const std::vector<std::string>& argv) {
                           : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
   std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
   std::printf("  compiled against CUDA  %s\n", cuda_version(CUDART_VERSION).c_str());
-  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(CUDART_VERSION)}};
+  const std::string blas = cpu_blas_description();
+  std::printf("  CPU backend BLAS       %s\n", blas.c_str());
+  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(CUDART_VERSION)},
+                  {"cpu_blas", blas}};
 
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
