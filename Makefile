@@ -20,7 +20,7 @@ build: configure
 # The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python,
 # then a short fuzzing run (fixed seed): 40 seconds for each of the two fuzz targets.
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS); rc=$$?; bash scripts/skip-reasons $(BUILD); exit $$rc
 	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=40 FUZZ_ARGS=-seed=1
 
