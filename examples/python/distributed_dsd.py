@@ -18,6 +18,12 @@ import sparsek.distributed
 
 def main():
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < world or local_rank >= gpus:
+        # Say what is missing instead of failing inside CUDA or NCCL.
+        raise SystemExit(f"this example needs {world} GPU{'s' if world > 1 else ''} (one per rank); this machine "
+                         f"has {gpus}. Run it as: torchrun --nproc_per_node=<GPUs> {__file__}")
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     rank, world = dist.get_rank(), dist.get_world_size()

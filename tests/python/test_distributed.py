@@ -45,3 +45,18 @@ def test_one_rank_group_matches_one_gpu(rng, tmp_path):
         assert torch.equal(C, sparsek.bsr_mm(A, B))
     finally:
         dist.destroy_process_group()
+
+
+def test_the_example_says_how_many_gpus_it_needs():
+    # Run where there are fewer GPUs than ranks: a clear message and exit status 1, no traceback.
+    torch = pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    world = (torch.cuda.device_count() if torch.cuda.is_available() else 0) + 1
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_RANK="0")
+    p = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "distributed_dsd.py")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert f"this example needs {world} GPU" in p.stderr and "Traceback" not in p.stderr, p.stderr
