@@ -274,7 +274,10 @@ class BSRMatrix:
             raise TypeError("to_torch needs a matrix whose arrays are torch tensors")
         if self.scales is not None:
             raise ValueError("to_torch: a torch sparse_bsr tensor holds no block scales; dequantize() first")
-        return A.torch.sparse_bsr_tensor(self.row_ptr, self.col_idx, self.values, size=self.shape)
+        # torch warns unless told whether to check the invariants: the pattern was validated when
+        # this matrix was made, so it is not checked again (and torch says nothing).
+        return A.torch.sparse_bsr_tensor(self.row_ptr, self.col_idx, self.values, size=self.shape,
+                                         check_invariants=False)
 
     @classmethod
     def from_scipy(cls, m, block=None, *, dtype=None):

@@ -3,6 +3,8 @@
 Runs on every device torch offers: "cpu" (the CPU backend) and "cuda" (skipped with the reason when
 no GPU answers). The whole file is skipped when torch is not installed.
 """
+import warnings
+
 import numpy as np
 import pytest
 
@@ -49,6 +51,9 @@ def test_round_trips_stay_in_torch(rng, device):
     Af = sparsek.BSRMatrix.from_torch(tb)
     assert Af.nnzb == tb.values().shape[0] and torch.equal(Af.to_dense(), At)
     assert torch.equal(Ab.to_torch().to_dense(), At)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # to_torch() raises no torch warning
+        Ab.to_torch()
     with pytest.raises(ValueError, match="layout torch.sparse_bsr"):
         sparsek.BSRMatrix.from_torch(At)
 
