@@ -14,6 +14,10 @@
 //     deterministic a row whose LSE is -inf gets dq = 0 and a row whose LSE is NaN a NaN dq row;
 //   - plans (forward and backward) run on a layout edited in place (any int32 values) neither
 //     crash nor read out of bounds;
+//   - paged decode attention (host memory, C++ API): every refusal names what it refuses and is
+//     not an internal error; an accepted call equals the fp64 decode oracle (O, and LSE; a row
+//     that sees nothing has O = 0, LSE = -inf); a plan run on index arrays edited after plan()
+//     (any int32 values) neither crashes nor reads out of bounds;
 //   - an accepted gate gives a well-formed layout: counts in [0, kmax], indices ascending, unique,
 //     in range and allowed (causal, candidates), the allowed sink and local blocks kept, at most
 //     topk others, zeros past the count; scores -inf where a block is not allowed; a broadcast key
@@ -36,6 +40,7 @@
 #include "fuzz_common.hpp"
 #include "plan/gate_internal.hpp"
 #include "sparsek/attention.hpp"
+#include "sparsek/decode.hpp"
 #include "sparsek/sparsek.h"
 
 namespace {
@@ -52,8 +57,10 @@ Count g_counts[] = {{"sparsek_attention"},
                     {"plan run on an edited layout"},
                     {"sparsek_attention_backward"},
                     {"backward plan on an edited layout"},
-                    {"sparsek_gate"}};
-enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate };
+                    {"sparsek_gate"},
+                    {"decode_attention (paged)"},
+                    {"decode plan run on edited indices"}};
+enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited };
 void count(int which, bool refused, bool checked = false) {
   Count& c = g_counts[which];
   ++c.calls;
@@ -558,6 +565,111 @@ void fuzz_gate(Reader& r) {
   }
 }
 
+// ---------------------------------------------------------------- paged decode attention
+
+// A refusal from the C++ API: a known status with a message, never an internal error.
+void check_error(const Error& e, const char* call) {
+  if (std::strlen(e.what()) == 0) finding(std::string(call) + ": a refusal without a message");
+  if (e.status() == Status::internal) finding(std::string(call) + ": an internal error: " + e.what());
+}
+
+void fuzz_decode(Reader& r) {
+  const int64_t B = 1 + r.u8() % 4, hkv = 1 + r.u8() % 2, g = 1 + r.u8() % 4, hq = hkv * g;
+  const uint8_t db = r.u8();
+  const int64_t D = db < 240 ? (db % 2 ? 64 : 128) : 8 * (db - 239);  // sometimes not 64/128
+  const uint8_t pb = r.u8();
+  const int64_t page = pb < 240 ? 16 * (1 + pb % 4) : pb - 236;  // sometimes not a multiple of 16
+  const int64_t num_pages = 1 + r.u8() % 12, max_pages = 1 + r.u8() % 6;
+  const DType dt = r.u8() % 3 == 0 ? DType::f32 : r.u8() % 2 ? DType::f16 : DType::bf16;
+  std::vector<int32_t> n(static_cast<size_t>(B)), cu(static_cast<size_t>(B) + 1, 0), seq(static_cast<size_t>(B));
+  std::vector<int32_t> table(static_cast<size_t>(B * max_pages));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t x = r.u8();
+    n[b] = x < 240 ? 1 + x % 4 : x % 18;  // 0 and 17 new tokens sometimes
+    cu[b + 1] = cu[b] + n[b];
+    seq[b] = int32_t(small_or_raw(r, max_pages * page));
+  }
+  if (r.u8() >= 250) cu[size_t(r.u8() % (B + 1))] = int32_t(r.u32());  // a broken cu_seqlens_q
+  for (auto& t : table) {
+    const uint8_t x = r.u8();
+    t = x < 240 ? x % num_pages : int32_t(r.u32());
+  }
+  const bool sel = r.u8() % 2;
+  const int64_t kmax = sel ? 1 + r.u8() % max_pages : 0;
+  std::vector<int32_t> sidx(static_cast<size_t>(B * hkv * kmax)), scnt(sel ? static_cast<size_t>(B * hkv) : 0);
+  for (auto& c : scnt) c = int32_t(small_or_raw(r, kmax));
+  for (size_t i = 0; i < sidx.size(); ++i) {  // mostly ascending runs, sometimes anything
+    const uint8_t x = r.u8();
+    sidx[i] = x < 240 ? int32_t(i % size_t(kmax) + x % 2) : int32_t(r.u32());
+  }
+  const int64_t T = std::max<int64_t>(cu[size_t(B)], 0);
+  if (T > 96 || D > 256) return;  // bounded work (and a broken total: the harness allocates T rows)
+  const size_t es = dtype_size(dt);
+  std::vector<uint8_t> q(size_t(std::max<int64_t>(T, 1) * hq * D) * es), o(q.size(), 0xFF);
+  std::vector<uint8_t> k(size_t(num_pages * page * hkv * D) * es), v(k.size());
+  std::vector<float> lse(size_t(std::max<int64_t>(T, 1) * hq), NAN);
+  uint32_t seed = r.u32() | 1u;
+  auto fill = [&](std::vector<uint8_t>& x) {
+    for (size_t i = 0; i < x.size() / es; ++i) {
+      seed = seed * 1664525u + 1013904223u;
+      store_from_float(x.data(), dt, int64_t(i), float(int((seed >> 24) % 9) - 4) * 0.25f);
+    }
+  };
+  fill(q), fill(k), fill(v);
+  DecodeArgs a;
+  a.q = TokensView::packed(q.data(), dt, Memory::host, T, hq, D);
+  a.o = TokensView::packed(o.data(), dt, Memory::host, T, hq, D);
+  a.k = PagedCacheView::packed(k.data(), dt, Memory::host, num_pages, page, hkv, D);
+  a.v = PagedCacheView::packed(v.data(), dt, Memory::host, num_pages, page, hkv, D);
+  a.lse = lse.data();
+  a.page_table = table.data(), a.seq_lens = seq.data(), a.cu_seqlens_q = cu.data();
+  if (sel) a.sel_indices = sidx.data(), a.sel_counts = scnt.data();
+  a.batch = B, a.max_pages = max_pages, a.sel_kmax = kmax;
+  a.index_memory = Memory::host;
+  a.causal_new = r.u8() % 4 != 0;
+  a.scale = r.u8() % 2 ? 0.f : 0.125f;
+
+  bool accepted = false;
+  try {
+    decode_attention(a);
+    accepted = true;
+  } catch (const Error& e) {
+    check_error(e, "decode_attention");
+  }
+  count(kDecode, !accepted, accepted);
+  if (accepted) {
+    const DecodeReference ref = decode_oracle(a);
+    const double tol = dt == DType::f32 ? 1e-4 : dt == DType::f16 ? 4e-3 : 3e-2;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < hq; ++h) {
+        const double rl = ref.lse[size_t(t * hq + h)], gl = lse[size_t(t * hq + h)];
+        const bool dead = std::isinf(rl) && rl < 0;
+        if (dead ? !(std::isinf(gl) && gl < 0) : !(std::abs(gl - rl) <= tol * (1 + std::abs(rl))))
+          finding("decode: lse[" + std::to_string(t) + ", " + std::to_string(h) + "] = " + num(gl) + ", want " + num(rl));
+        for (int64_t d = 0; d < D; ++d) {
+          const double want = dead ? 0.0 : ref.o[size_t((t * hq + h) * D + d)];
+          const double got = load_as_float(o.data(), dt, (t * hq + h) * D + d);
+          if (!(std::abs(got - want) <= tol * (1 + std::abs(want))))
+            finding("decode: o[" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(d) +
+                    "] = " + num(got) + ", want " + num(want));
+        }
+      }
+    // A plan, then a run on index arrays edited in place: any int32 values (the contract: wrong
+    // values, never a read outside the cache or the arrays).
+    try {
+      DecodePlan p = plan(a);
+      for (auto* arr : {&table, &seq, &cu, &sidx, &scnt})
+        for (auto& x : *arr)
+          if (r.u8() >= 200) x = int32_t(r.u32());
+      run(p, a);
+      count(kDecodeEdited, false, true);
+    } catch (const Error& e) {
+      check_error(e, "decode plan/run on edited indices");
+      count(kDecodeEdited, true);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -568,8 +680,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Reader r{data, size};
-  switch (r.u8() % 4) {
-    case 0: fuzz_forward(r, false); break;
+  const uint8_t which = r.u8();
+  switch (which % 4) {
+    case 0: which >= 128 ? fuzz_decode(r) : fuzz_forward(r, false); break;
     case 1: fuzz_forward(r, true); break;
     case 2: fuzz_backward(r); break;
     default: fuzz_gate(r); break;
