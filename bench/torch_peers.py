@@ -47,7 +47,8 @@ never enter the kernel times. Answers are checked before any ratio is shown: spa
 dv) against FlexAttention's, FA4's against sparsek's (max |diff| printed); a mismatch is marked '*'
 and gets no ratio. The gate row times sparsek.gate (top-k chosen so the layout has the case's
 density) against sparsek's forward, and against reading Q and K once at the copy bandwidth measured
-here. A contender that cannot run a case is reported as an error, not fatal.
+here: once as an eager Python call ("gate ms", host overhead included) and once replayed from a CUDA
+graph ("graph ms": the GPU's time, as inside a captured training step). A contender that cannot run a case is reported as an error, not fatal.
 """
 import argparse
 import json
@@ -383,12 +384,25 @@ def run_attention_case(case, args, fa4):
         try:
             sparsek.gate(q, k, topk, block=128, causal=causal)
             gms = time_ms(lambda i: sparsek.gate(q, k, topk, block=128, causal=causal), 1, args.warmup, args.reps)
+            # The same call captured in a CUDA graph: the GPU's time without the Python call's overhead
+            # (an eager call from Python costs more host time than the kernels take).
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                sparsek.gate(q, k, topk, block=128, causal=causal)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                sparsek.gate(q, k, topk, block=128, causal=causal)
+            graph_ms = time_ms(lambda i: graph.replay(), 1, args.warmup, args.reps)
+            del graph
             big = torch.empty((q.numel() + k.numel()) * 2, dtype=torch.uint8, device="cuda")
             copy_ms = time_ms(lambda i: big.clone(), 1, args.warmup, args.reps)
             read_once_ms = copy_ms / 2  # a clone reads and writes the bytes once each
             attn_ms = rec["results"]["sparsek"].get("fwd_ms")
-            rec["gate"] = {"topk": topk, "ms": gms, "read_qk_once_ms": read_once_ms,
-                           "vs_attention": gms / attn_ms if attn_ms else None}
+            rec["gate"] = {"topk": topk, "ms": gms, "graph_ms": graph_ms, "read_qk_once_ms": read_once_ms,
+                           "vs_attention": gms / attn_ms if attn_ms else None,
+                           "graph_vs_attention": graph_ms / attn_ms if attn_ms else None}
         except Exception as e:  # noqa: BLE001
             rec["gate"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     rec["case_s"] = time.perf_counter() - t_case
@@ -410,6 +424,7 @@ def attention_cases(spec):
 
 
 def attention_main(args, header):
+    header["dtype"] = "bfloat16"  # every attention case runs in bf16, whatever --dtype says
     # Every case compiles flex_attention anew (shapes, GQA, grad mode): past torch's default limit of
     # 8 recompilations it silently falls back to the unfused eager path (slow, and bf16 throughout, so
     # it no longer serves as the reference either).
@@ -454,7 +469,7 @@ def attention_main(args, header):
              f"{'sk/flex':>7}")
     cols2 = (f"{'case':>15} | {'FA4 vs sparsek max|diff|: O':>27} {'dq':>8} {'dk':>8} {'dv':>8} | "
              f"{'first call s: fa4 fwd':>21} {'step':>6} {'flex fwd':>8} {'step':>6} | {'gate ms':>7} "
-             f"{'gate/attn':>9} {'Q+K floor':>9} | {'case s':>6}")
+             f"{'gate/attn':>9} {'graph ms':>8} {'/attn':>6} {'Q+K floor':>9} | {'case s':>6}")
     records, lines2 = [], []
     print(cols1)
     print("-" * len(cols1))
@@ -488,8 +503,9 @@ def attention_main(args, header):
         d = lambda key: f"{fa[key]:.2e}" if key in fa else "n/a"  # noqa: E731
         s = lambda res, key: f"{res[key]:.1f}" if key in res else "n/a"  # noqa: E731
         gt = rec.get("gate", {})
-        gate_cols = (f"{gt['ms']:7.3f} {gt['vs_attention'] or 0:9.3f} {gt['read_qk_once_ms']:9.3f}" if "ms" in gt
-                     else f"{'n/a':>7} {'':>9} {'':>9}")
+        gate_cols = (f"{gt['ms']:7.3f} {gt['vs_attention'] or 0:9.3f} {gt['graph_ms']:8.3f} "
+                     f"{gt['graph_vs_attention'] or 0:6.3f} {gt['read_qk_once_ms']:9.3f}" if "ms" in gt
+                     else f"{'n/a':>7} {'':>9} {'':>8} {'':>6} {'':>9}")
         lines2.append(f"{rec['case']:>15} | {d('max_abs_diff_o'):>27} {d('max_abs_diff_dq'):>8} "
                       f"{d('max_abs_diff_dk'):>8} {d('max_abs_diff_dv'):>8} | {s(fa, 'first_fwd_s'):>21} "
                       f"{s(fa, 'first_step_s'):>6} {s(g('flex'), 'first_fwd_s'):>8} {s(g('flex'), 'first_step_s'):>6} | "
@@ -498,7 +514,8 @@ def attention_main(args, header):
             lines2.append(f"    gate: {gt['error']}")
     print()
     print("# FA4's answers against sparsek's (max |diff|, bf16); first calls (FA4: its CuTe DSL JIT compile; "
-          "flex: torch.compile), wall s, apart from the kernel times above; the gate; the case's wall time")
+          "flex: torch.compile), wall s, apart from the kernel times above; the gate (eager call, CUDA-graph "
+          "replay); the case's wall time")
     print(cols2)
     print("-" * len(cols2))
     for line in lines2:
