@@ -8,12 +8,8 @@
 //                        (pooled q . pooled k, f32 FMA over D in order) into shared memory, then one
 //                        warp per row picks sink + local + top-k and writes the layout row.
 //
-// Top-k without a sort: scores become order-preserving u32 keys (gate_order_key; 0 = not
-// pickable) and a warp finds T, the k-th largest key, MSB-first two bits per pass (count the keys
-// >= each of the three candidate prefixes; keep the largest prefix that still counts >= k). Keys
-// > T are taken, and of the keys == T the lowest indices, as many as k still needs: exactly the
-// reference's "ties -> lower index". A final pass in index order writes the chosen blocks
-// ascending. Everything is a fixed-order reduction: the same inputs give the same bits.
+// Top-k: src/kernels/topk.cuh (exact, ties -> the lower index, fixed-order reductions: the same
+// inputs give the same bits).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,13 +18,15 @@
 
 #include "core/device.hpp"
 #include "kernels/dtype.cuh"
+#include "kernels/topk.cuh"
 #include "plan/gate_internal.hpp"
 
 namespace sparsek {
 namespace {
 
 constexpr int kThreads = 256;  // both kernels: 8 warps
-constexpr int kMaxRows = 16;   // query blocks per select CTA (fewer when one row's scores are long)
+constexpr int kMaxRows = kThreads / 32;  // query blocks per select CTA: one warp's top-k each (fewer
+                                         // when one row's scores are long)
 constexpr int kKeyChunk = 128; // pooled k rows staged in shared memory at a time
 
 // ---------------------------------------------------------------- pooling
@@ -143,10 +141,8 @@ struct SelectSmem {
   int pk, pq, s, bits, words;
 };
 // Pooled k chunk [kKeyChunk][D + 4] (the +4 keeps the float4 reads of 8 consecutive keys on
-// distinct banks), pooled q [round_up4(R)][D], the scores / keys [R][Nk] and the candidate
-// bitmap [R][ceil(Nk / 32)].
-// Rows of pooled q in shared memory: whole groups of 4, as each scoring thread reads 4 rows.
-__host__ __device__ inline int round_up4(int r) { return (r + 3) / 4 * 4; }
+// distinct banks), pooled q [R][D], the scores / keys [R][Nk] and the candidate bitmap
+// [R][ceil(Nk / 32)].
 
 SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates) {
   auto up4 = [](int64_t w) { return (w + 3) / 4 * 4; };
@@ -155,7 +151,7 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   m.pk = int(off);
   if (computed) off += int64_t(kKeyChunk) * (D + 4);
   m.pq = int(off);
-  if (computed) off += int64_t(round_up4(R)) * D;
+  if (computed) off += int64_t(R) * D;
   m.s = int(off);
   off += up4(int64_t(R) * Nk);
   m.bits = int(off);
@@ -164,21 +160,19 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   return m;
 }
 
-// Query blocks per CTA: 16 while a CTA's scores fit in 32 KB, fewer for long rows.
+// Query blocks per CTA: 8 while a CTA's scores fit in 32 KB, fewer for long rows.
 int rows_per_cta(int64_t Nk) {
   int R = kMaxRows;
   while (R > 1 && int64_t(R) * Nk * 4 > 32768) R /= 2;
   return R;
 }
 
-__device__ __forceinline__ uint32_t warp_sum(uint32_t v) { return __reduce_add_sync(0xffffffffu, v); }
-
 template <int D>
 __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* pk = smem + p.sm_pk;                                // [kKeyChunk][D + 4]
-  float* pq = smem + p.sm_pq;                                // [round_up4(R)][D]
+  float* pq = smem + p.sm_pq;                                // [R][D]
   float* S = smem + p.sm_s;                                  // [R][Nk]: scores, then their keys' bits
   uint32_t* bits = reinterpret_cast<uint32_t*>(smem + p.sm_bits);  // [R][W]
   constexpr int PD = D + 4;
@@ -231,121 +225,65 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
     for (int r = 0; r < rows; ++r)
       for (int j = t; j < Nk; j += kThreads) put_score(r, j, p.given[(bg * p.Mq + i0 + r) * int64_t(Nk) + j]);
   } else if (Nk > 0) {
-    // pooled q rows i0 .. i0+R-1 (zeros past Mq and in the rows that round R up to 4)
-    for (int e = t; e < round_up4(p.R) * (D / 4); e += kThreads) {
+    // pooled q rows i0 .. i0+rows-1
+    for (int e = t; e < rows * (D / 4); e += kThreads) {
       const int r = e / (D / 4), d4 = e % (D / 4);
-      const float4 v = r < rows ? __ldg(reinterpret_cast<const float4*>(p.pooled_q + ((bg * p.Mq + i0 + r) * D + 4 * d4)))
-                                : make_float4(0.f, 0.f, 0.f, 0.f);
-      *reinterpret_cast<float4*>(pq + r * D + 4 * d4) = v;
+      *reinterpret_cast<float4*>(pq + r * D + 4 * d4) =
+          __ldg(reinterpret_cast<const float4*>(p.pooled_q + ((bg * p.Mq + i0 + r) * D + 4 * d4)));
     }
-    // Thread t: rows 4*rq .. 4*rq+3 against keys kt and kt + 64 of each chunk (one warp: 32
-    // consecutive keys, so its pooled-k reads hit distinct banks and its pooled-q reads broadcast).
-    const int kt = t % 64, rq = t / 64;
-    const bool active = 4 * rq < rows;
     for (int c0 = 0; c0 < Nk; c0 += kKeyChunk) {
       __syncthreads();  // the previous chunk is consumed (and pq is written, the first time)
-      // Eight loads in flight per thread before the first store.
-      constexpr int kBatch = 8, kPerThread = kKeyChunk * (D / 4) / kThreads;
-      static_assert(kPerThread % kBatch == 0, "chunk loads split into whole batches");
+      // Every load of the chunk in flight before the first store.
+      constexpr int kPerThread = kKeyChunk * (D / 4) / kThreads;
+      float4 v[kPerThread];
 #pragma unroll
-      for (int u0 = 0; u0 < kPerThread; u0 += kBatch) {
-        float4 v[kBatch];
+      for (int u = 0; u < kPerThread; ++u) {
+        const int e = t + u * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
+        v[u] = c0 + jj < Nk ? __ldg(reinterpret_cast<const float4*>(p.pooled_k + ((bg * Nk + c0 + jj) * D + 4 * d4)))
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int e = t + (u0 + u) * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
-          v[u] = c0 + jj < Nk ? __ldg(reinterpret_cast<const float4*>(p.pooled_k + ((bg * Nk + c0 + jj) * D + 4 * d4)))
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int e = t + (u0 + u) * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
-          *reinterpret_cast<float4*>(pk + jj * PD + 4 * d4) = v[u];
-        }
+      for (int u = 0; u < kPerThread; ++u) {
+        const int e = t + u * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
+        *reinterpret_cast<float4*>(pk + jj * PD + 4 * d4) = v[u];
       }
       __syncthreads();
-      if (active) {
-        float acc[4][2] = {};
+      // Task = (row, 32 consecutive keys of the chunk), spread over the warps: a lane scores one key
+      // (its pooled-k reads hit distinct banks, the row's pooled-q reads broadcast), so every warp
+      // has work whatever R is.
+      const int groups = (min(kKeyChunk, Nk - c0) + 31) / 32;
+      for (int task = warp; task < rows * groups; task += kThreads / 32) {
+        const int r = task / groups, jj = (task % groups) * 32 + lane, j = c0 + jj;
+        const float* qr = pq + r * D;
+        const float* kr = pk + jj * PD;
+        float acc = 0.f;
 #pragma unroll 8
         for (int d4 = 0; d4 < D / 4; ++d4) {
-          const float4 k0 = *reinterpret_cast<const float4*>(pk + kt * PD + 4 * d4);
-          const float4 k1 = *reinterpret_cast<const float4*>(pk + (kt + 64) * PD + 4 * d4);
-#pragma unroll
-          for (int rr = 0; rr < 4; ++rr) {
-            const float4 qv = *reinterpret_cast<const float4*>(pq + (4 * rq + rr) * D + 4 * d4);
-            acc[rr][0] = fmaf(qv.w, k0.w, fmaf(qv.z, k0.z, fmaf(qv.y, k0.y, fmaf(qv.x, k0.x, acc[rr][0]))));
-            acc[rr][1] = fmaf(qv.w, k1.w, fmaf(qv.z, k1.z, fmaf(qv.y, k1.y, fmaf(qv.x, k1.x, acc[rr][1]))));
-          }
+          const float4 kv = *reinterpret_cast<const float4*>(kr + 4 * d4);
+          const float4 qv = *reinterpret_cast<const float4*>(qr + 4 * d4);
+          acc = fmaf(qv.w, kv.w, fmaf(qv.z, kv.z, fmaf(qv.y, kv.y, fmaf(qv.x, kv.x, acc))));
         }
-#pragma unroll
-        for (int rr = 0; rr < 4; ++rr)
-#pragma unroll
-          for (int kk = 0; kk < 2; ++kk) {
-            const int r = 4 * rq + rr, j = c0 + kt + 64 * kk;
-            if (r < rows && j < Nk) put_score(r, j, p.scale * acc[rr][kk]);
-          }
+        if (j < Nk) put_score(r, j, p.scale * acc);
       }
     }
   }
   __syncthreads();
 
-  // 3. One warp per row: keys, the threshold, the ascending write.
-  const uint32_t lt = (1u << lane) - 1u;
+  // 3. One warp per row: keys, the threshold, the ascending write (src/kernels/topk.cuh).
   for (int r = warp; r < rows; r += kThreads / 32) {
     const int i = i0 + r;
     float* srow = S + r * Nk;
     auto key = [&](int j) { return __float_as_uint(srow[j]); };
+    auto on = [&](int j) { return allowed(r, j) && gate_always_on(i, j, p.sink, p.local); };
     // Every lane reads and rewrites only its own j = lane + 32m: no barrier needed below.
-    uint32_t pickable = 0;
     for (int j = lane; j < Nk; j += 32) {
-      const bool ok = allowed(r, j), on = ok && gate_always_on(i, j, p.sink, p.local);
-      const uint32_t x = ok && !on ? gate_order_key(srow[j]) : 0u;
-      srow[j] = __uint_as_float(x);
-      pickable += x != 0u;
+      const bool ok = allowed(r, j);
+      srow[j] = __uint_as_float(ok && !gate_always_on(i, j, p.sink, p.local) ? gate_order_key(srow[j]) : 0u);
     }
-    const uint32_t E = warp_sum(pickable), k = uint32_t(p.topk);
-    uint32_t T = 0u, need = 0u;  // take keys > T, and the first `need` keys == T
-    if (E <= k) {
-      T = 0u;  // every pickable key
-    } else if (k == 0u) {
-      T = 0xffffffffu;  // none
-    } else {
-      // Invariant: count(key >= T) >= k. Each pass fixes two more bits of the largest such T.
-      for (int shift = 30; shift >= 0; shift -= 2) {
-        const uint32_t c1 = T | (1u << shift), c2 = T | (2u << shift), c3 = T | (3u << shift);
-        uint32_t n1 = 0, n2 = 0, n3 = 0;
-        for (int j = lane; j < Nk; j += 32) {
-          const uint32_t x = key(j);
-          n1 += x >= c1;
-          n2 += x >= c2;
-          n3 += x >= c3;
-        }
-        n1 = warp_sum(n1);
-        n2 = warp_sum(n2);
-        n3 = warp_sum(n3);
-        T = n3 >= k ? c3 : n2 >= k ? c2 : n1 >= k ? c1 : T;
-      }
-      uint32_t above = 0;
-      for (int j = lane; j < Nk; j += 32) above += key(j) > T;
-      need = k - warp_sum(above);  // >= 1: T is the k-th largest key
-    }
+    const dev::TopkThreshold th = dev::warp_topk_threshold(key, Nk, uint32_t(p.topk));
     const int64_t orow = bg * p.Mq + i;
     int32_t* out = p.out_idx + orow * p.kmax;
-    int pos = 0;
-    uint32_t ties = 0;
-    for (int j0 = 0; j0 < Nk; j0 += 32) {
-      const int j = j0 + lane;
-      const bool in = j < Nk;
-      const uint32_t x = in ? key(j) : 0u;
-      const bool on = in && allowed(r, j) && gate_always_on(i, j, p.sink, p.local);
-      const bool tie = need > 0u && x == T;
-      const uint32_t tie_mask = __ballot_sync(0xffffffffu, tie);
-      const bool take = on || x > T || (tie && ties + __popc(tie_mask & lt) < need);
-      const uint32_t take_mask = __ballot_sync(0xffffffffu, take);
-      const int at = pos + __popc(take_mask & lt);
-      if (take && at < p.kmax) out[at] = j;  // at < kmax always (kmax >= the most a row can keep)
-      pos += __popc(take_mask);
-      ties += __popc(tie_mask);
-    }
+    const int pos = dev::warp_write_selected(key, Nk, th, on, out, p.kmax);
     for (int64_t e = pos + lane; e < p.kmax; e += 32) out[e] = 0;
     if (lane == 0) p.out_num[orow] = int32_t(pos < p.kmax ? pos : p.kmax);
   }

@@ -1,0 +1,83 @@
+// One warp's exact top-k over order keys, shared by the block gate (src/kernels/gate) and the
+// decode page selection (src/kernels/decode/select.cu); sm_80+, no PTX.
+//
+// Keys are order-preserving u32 (gate_order_key: 0 = not pickable). Without a sort: the warp finds
+// T, the k-th largest key, most significant bits first, two bits per pass (count the keys >= each
+// of the three candidate prefixes; keep the largest prefix that still counts >= k). Keys > T are
+// taken, and of the keys == T the lowest indices, as many as k still needs: "ties -> the lower
+// index". Fixed-order reductions: the same keys give the same bits.
+#pragma once
+#include <cstdint>
+
+namespace sparsek::dev {
+
+__device__ __forceinline__ uint32_t warp_count(uint32_t v) { return __reduce_add_sync(0xffffffffu, v); }
+
+struct TopkThreshold {
+  uint32_t T = 0u;     // take keys > T ...
+  uint32_t need = 0u;  // ... and the first `need` keys == T (by index)
+};
+
+// Over keys key(j), j in [0, n): each lane reads j = lane + 32m only. k = 0 takes nothing; fewer
+// than k pickable keys takes them all.
+template <class Key>
+__device__ TopkThreshold warp_topk_threshold(Key key, int n, uint32_t k) {
+  const int lane = threadIdx.x % 32;
+  uint32_t pickable = 0;
+  for (int j = lane; j < n; j += 32) pickable += key(j) != 0u;
+  TopkThreshold th;
+  const uint32_t E = warp_count(pickable);
+  if (E <= k) return th;  // T = 0: every pickable key
+  if (k == 0u) {
+    th.T = 0xffffffffu;  // none
+    return th;
+  }
+  uint32_t T = 0u;  // invariant: count(key >= T) >= k; each pass fixes two more bits of the largest such T
+  for (int shift = 30; shift >= 0; shift -= 2) {
+    const uint32_t c1 = T | (1u << shift), c2 = T | (2u << shift), c3 = T | (3u << shift);
+    uint32_t n1 = 0, n2 = 0, n3 = 0;
+    for (int j = lane; j < n; j += 32) {
+      const uint32_t x = key(j);
+      n1 += x >= c1;
+      n2 += x >= c2;
+      n3 += x >= c3;
+    }
+    n1 = warp_count(n1);
+    n2 = warp_count(n2);
+    n3 = warp_count(n3);
+    T = n3 >= k ? c3 : n2 >= k ? c2 : n1 >= k ? c1 : T;
+  }
+  uint32_t above = 0;
+  for (int j = lane; j < n; j += 32) above += key(j) > T;
+  th.T = T;
+  th.need = k - warp_count(above);  // >= 1: T is the k-th largest key
+  return th;
+}
+
+// Writes, ascending, every j with always_on(j) or picked by th into out[0 .. kmax) and returns how
+// many were taken (the caller clamps to kmax; always_on keys should be 0 so they are not counted
+// twice).
+template <class Key, class On>
+__device__ int warp_write_selected(Key key, int n, TopkThreshold th, On always_on, int32_t* out, int64_t kmax) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t lt = (1u << lane) - 1u;
+  int pos = 0;
+  uint32_t ties = 0;
+  for (int j0 = 0; j0 < n; j0 += 32) {
+    const int j = j0 + lane;
+    const bool in = j < n;
+    const uint32_t x = in ? key(j) : 0u;
+    const bool on = in && always_on(j);
+    const bool tie = th.need > 0u && x == th.T;
+    const uint32_t tie_mask = __ballot_sync(0xffffffffu, tie);
+    const bool take = on || x > th.T || (tie && ties + __popc(tie_mask & lt) < th.need);
+    const uint32_t take_mask = __ballot_sync(0xffffffffu, take);
+    const int at = pos + __popc(take_mask & lt);
+    if (take && at < kmax) out[at] = j;
+    pos += __popc(take_mask);
+    ties += __popc(tie_mask);
+  }
+  return pos;
+}
+
+}  // namespace sparsek::dev
