@@ -5,7 +5,9 @@
 // K and V pages, the read floor = those bytes / the HBM read bandwidth that a streaming read kernel
 // measures in this process (not the data-sheet peak), and the ratio. The same over the whole
 // context (no selection) is printed beside it. Outputs are checked finite (correctness is the GPU
-// tests' job: tests/gpu/test_decode.cpp).
+// tests' job: tests/gpu/test_decode.cpp). Then page selection at the same shape: select_pages()
+// (against the read floor of the page summaries) and update_page_summaries(), each over the decode's
+// time on the selection select_pages() made.
 //   cmake --build build --target decode_timer && build/decode_timer [requests] [context]
 #include <cuda_runtime.h>
 
@@ -158,6 +160,41 @@ int timer_main(int argc, char** argv) {
                     kv_bytes / 1e6, floor_us, us / floor_us, p.kv_splits(), p.workspace_bytes() / 1e6,
                     finite ? "finite" : "NOT FINITE", diff);
       }
+    }
+    {
+      // Page selection at this shape: every page's summary once, then per step the update of the
+      // new tokens' pages and the selection (sink 1, local 1, top-k: kmax pages in all), timed apart
+      // and against the decode that reads the selection it makes.
+      void* sums = dev_alloc<uint16_t>(size_t(pages) * Hkv * 2 * D);
+      int32_t* g_sel = dev_alloc<int32_t>(size_t(B) * Hkv * kmax);
+      int32_t* g_cnt = dev_alloc<int32_t>(size_t(B) * Hkv);
+      PageSelectArgs sa;
+      sa.q = a.q, sa.k = a.k, sa.summaries = sums;
+      sa.page_table = d_pt, sa.seq_lens = d_seq, sa.cu_seqlens_q = d_cu;
+      sa.batch = B, sa.max_pages = max_pages, sa.index_memory = Memory::device;
+      sa.sel_indices = g_sel, sa.sel_counts = g_cnt, sa.sel_kmax = kmax;
+      sa.sink = 1, sa.local = 1, sa.topk = std::max(0, kmax - 2);
+      sa.all_pages = true;
+      update_page_summaries(sa);
+      sa.all_pages = false;
+      Options unchecked;
+      unchecked.check_indices = false;
+      const double upd_us = median_us([&](int) { update_page_summaries(sa, unchecked); });
+      const double sel_us = median_us([&](int) { select_pages(sa, unchecked); });
+      DecodeArgs x = a;
+      x.sel_indices = g_sel, x.sel_counts = g_cnt, x.sel_kmax = kmax;
+      validate(x, true);  // the GPU's selection is a valid one
+      Options mma;
+      mma.variant = "cuda_mma";
+      const DecodePlan p = plan(x, mma);
+      const double dec_us = median_us([&](int) { run(p, x); });
+      const double sum_bytes = double(B) * Hkv * pages_per * 2.0 * D * 2.0;
+      std::printf("page selection, new tokens %d: select %.1f us (summaries %.1f MB, read floor %.1f us; %.2fx), "
+                  "update %.1f us; decode (cuda_mma) on that selection %.1f us; select / decode %.3f, "
+                  "(select + update) / decode %.3f\n",
+                  n, sel_us, sum_bytes / 1e6, sum_bytes / bw * 1e6, sel_us / (sum_bytes / bw * 1e6), upd_us, dec_us,
+                  sel_us / dec_us, (sel_us + upd_us) / dec_us);
+      for (void* ptr : {sums, (void*)g_sel, (void*)g_cnt}) SPARSEK_CHECK_CUDA(cudaFree(ptr));
     }
     SPARSEK_CHECK_CUDA(cudaFree(q));
     SPARSEK_CHECK_CUDA(cudaFree(o));

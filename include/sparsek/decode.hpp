@@ -158,5 +158,67 @@ void run(const DecodePlan& plan, const DecodeArgs& args, void* stream = nullptr)
 // run(), which is what may be captured in a CUDA graph.
 void decode_attention(const DecodeArgs& args, const Options& options = {});
 
+// ---------------------------------------------------------------- page selection (the decode gate)
+//
+// Chooses the pages each key/value head attends in a decode step, from per-page key summaries kept
+// beside the cache (the bound of Quest, Tang et al. 2024):
+//
+//   summaries [num_pages, Hkv, 2, D] in the cache's dtype and memory, packed: for physical page p and
+//            key/value head h, [p, h, 0, :] is the per-channel minimum and [p, h, 1, :] the maximum
+//            of the keys in the page's stored slots (those below the owning request's seq_len).
+//            Minima and maxima of cache values are cache values: no rounding.
+//
+// update_page_summaries() recomputes, from all their stored slots, the summaries of the pages that
+// hold request b's new tokens (positions seq_lens[b] - n_b .. seq_lens[b] - 1, n_b from
+// cu_seqlens_q), or of every page below seq_lens[b] with all_pages (after a prefill). Call it once
+// the step's keys are in the cache. It reads k, page_table, seq_lens, cu_seqlens_q. Requests that
+// share a physical page (a shared prefix) must agree on its stored slots.
+//
+// select_pages() scores every page p < ceil(seq_lens[b] / page_size) of request b for key/value
+// head hk with the largest bound on q . k over the page's keys that any of the group's query vectors
+// reaches (query heads hk*G .. hk*G+G-1 of the request's n_b new tokens, G = Hq / Hkv):
+//
+//   score = max over those q of  sum over d = 0..D-1 of  q_d * (q_d >= 0 ? max_d : min_d)
+//
+// (f32, one fused multiply-add per channel in ascending d: the CPU and the GPU give the same bits),
+// and keeps pages 0 .. sink-1, the `local` newest pages and the `topk` best of the others (equal
+// scores: the lower page; NaN and -inf scores are never picked), in ascending order:
+// sel_indices[b, hk, 0 : sel_counts[b, hk]] (entries past the count are set to 0), the selection
+// decode_attention() takes. With local >= 1 the page holding the newest tokens is always kept.
+// It reads q (the scale does not change the order), the summaries, page_table (the physical page
+// of each logical one), seq_lens and cu_seqlens_q; k only for its shape (k.data may be null).
+// update_page_summaries reads q's shape only (q.t bounds cu_seqlens_q; q.data may be null).
+struct PageSelectArgs {
+  TokensView q;        // [T, Hq, D] the step's new tokens (select_pages)
+  PagedCacheView k;    // [num_pages, page_size, Hkv, D] the key cache
+  void* summaries = nullptr;  // [num_pages, Hkv, 2, D], k's dtype and memory
+  // int32 index arrays, contiguous, in `index_memory`, as in DecodeArgs.
+  const int32_t* page_table = nullptr;    // [batch, max_pages]
+  const int32_t* seq_lens = nullptr;      // [batch]
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
+  int64_t batch = 0, max_pages = 0;
+  Memory index_memory = Memory::device;
+  // select_pages' outputs, in index_memory: [batch, Hkv, sel_kmax] and [batch, Hkv];
+  // sel_kmax >= min(max_pages, topk + sink + local).
+  int32_t* sel_indices = nullptr;
+  int32_t* sel_counts = nullptr;
+  int64_t sel_kmax = 0;
+  int64_t topk = 0, sink = 1, local = 1;
+  bool all_pages = false;  // update_page_summaries: every stored page, not only the new tokens'
+};
+
+// Checks what `op` (update_page_summaries or select_pages) reads and writes: shapes, dtypes,
+// strides, memory kinds, pointers, outputs overlapping inputs; with check_contents also the index
+// arrays (as validate(DecodeArgs) does: device arrays are copied to the host in `stream`'s order).
+enum class PageOp { update_summaries, select };
+void validate(const PageSelectArgs& args, PageOp op, bool check_contents = true, void* stream = nullptr);
+
+// Validate (contents too when options.check_indices), then run on options.stream (q's memory picks
+// the backend: the CPU for host memory, the GPU (sm_80+) for device memory). Allocation-free: a GPU
+// call may be captured in a CUDA graph (with check_indices off). Bad index contents give wrong
+// selections, never a read or write outside the arrays.
+void update_page_summaries(const PageSelectArgs& args, const Options& options = {});
+void select_pages(const PageSelectArgs& args, const Options& options = {});
+
 }  // namespace sparsek
 #pragma GCC visibility pop

@@ -20,11 +20,18 @@ struct DecodeIndices {
 };
 // args passed validate(args, false).
 DecodeIndices host_decode_indices(const DecodeArgs& args, void* stream);
-// The content checks of validate(args, true), on arrays read through ix.
-void check_decode_contents(const DecodeArgs& args, const DecodeIndices& ix);
+// The content checks of validate(args, true), on arrays read through ix; errors start with `op`.
+void check_decode_contents(const DecodeArgs& args, const DecodeIndices& ix, const char* op = "decode_attention");
 
 // The CPU backend (src/cpu/decode_cpu.cpp): host memory, args passed validate(args, false); the
 // index contents are not trusted (counts clamped, out-of-range pages skipped).
 void decode_cpu_run(const DecodeArgs& args, int threads);
 
+}  // namespace sparsek
+
+namespace sparsek {
+// The CPU backend of page selection (src/cpu/page_select_cpu.cpp): host memory, args passed
+// validate(args, op, false); the index contents are not trusted.
+void page_summaries_cpu(const PageSelectArgs& args, int threads);
+void select_pages_cpu(const PageSelectArgs& args, int threads);
 }  // namespace sparsek

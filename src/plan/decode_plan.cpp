@@ -172,6 +172,32 @@ void run(const DecodePlan& p, const DecodeArgs& args, void* stream) {
   launch(*p.impl_, args, stream);
 }
 
+namespace {
+// Page selection: one call each, no plan (nothing to allocate or to choose: one kernel per call).
+void page_op(const PageSelectArgs& args, PageOp op, const Options& options) {
+  const char* name = op == PageOp::select ? "select_pages" : "update_page_summaries";
+  validate(args, op, options.check_indices, options.stream);
+  if (resolve_backend(args.k.memory, options) == Backend::cpu) {
+    if (!options.variant.empty() && options.variant != "cpu")
+      throw Error(Status::unsupported, std::string(name) + ": variant '" + options.variant +
+                                           "' does not exist for the cpu backend (its only variant is 'cpu')");
+    op == PageOp::select ? select_pages_cpu(args, options.threads) : page_summaries_cpu(args, options.threads);
+    return;
+  }
+  if (!options.variant.empty() && options.variant != "cuda")
+    throw Error(Status::unsupported, std::string(name) + ": variant '" + options.variant +
+                                         "' does not exist for the cuda backend (its only variant is 'cuda')");
+  const std::string why = page_select_gpu::why_not(args, op);
+  if (!why.empty()) throw Error(Status::unsupported, std::string(name) + ": " + why);
+  op == PageOp::select ? page_select_gpu::select(args, options.stream) : page_select_gpu::update(args, options.stream);
+}
+}  // namespace
+
+void update_page_summaries(const PageSelectArgs& args, const Options& options) {
+  page_op(args, PageOp::update_summaries, options);
+}
+void select_pages(const PageSelectArgs& args, const Options& options) { page_op(args, PageOp::select, options); }
+
 void decode_attention(const DecodeArgs& args, const Options& options) {
   validate(args, options.check_indices, options.stream);
   const DecodePlan p = plan(args, options);

@@ -33,6 +33,12 @@ void launch(const DecodeArgs&, int, void*, void*, Flavor) {
 }
 }  // namespace decode_gpu
 
+namespace page_select_gpu {
+std::string why_not(const PageSelectArgs&, PageOp) { return "the fuzz build has no CUDA code"; }
+void update(const PageSelectArgs&, void*) { throw Error(Status::unsupported, "page selection: the fuzz build has no CUDA code"); }
+void select(const PageSelectArgs&, void*) { throw Error(Status::unsupported, "page selection: the fuzz build has no CUDA code"); }
+}  // namespace page_select_gpu
+
 namespace quant {
 void quantize_gpu(const void*, DType, const GroupMap&, uint8_t*, float*, void*) {
   throw Error(Status::unsupported, "quantize: the fuzz build has no CUDA code");

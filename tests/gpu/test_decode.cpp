@@ -5,6 +5,9 @@
 // both variants (CUDA cores, mma.sync); bit-identical repeats; run() captured in a CUDA graph and replayed with a new page table,
 // lengths and selection; malformed contents through run() (no error, no out-of-bounds read: the
 // suite also runs under compute-sanitizer memcheck); device index arrays checked by validate().
+// Page selection: the GPU's summaries and selections equal the CPU backend's bit for bit (and the
+// reference's up to near ties), only the new tokens' pages updated, rows past 48 KB of shared
+// memory, a CUDA graph, the shared-memory limit's error, malformed contents.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "decode_util.hpp"
+#include "page_select_util.hpp"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -325,6 +329,184 @@ TEST(GpuDecode, MalformedContents) {
     EXPECT_EQ(e.status(), Status::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("request 0 has 30 new tokens"), std::string::npos) << e.what();
   }
+}
+
+
+// ---------------------------------------------------------------- page selection
+
+// A PageSelectCase in device memory (the decode case's buffers plus summaries and the outputs).
+struct DevicePageSelect {
+  DeviceDecode dd;
+  std::unique_ptr<Buf> sum, idx, cnt;
+  PageSelectArgs args;
+  explicit DevicePageSelect(const PageSelectCase& c) : dd(c.dc) {
+    auto up = [](const auto& vec) { return std::make_unique<Buf>(vec.data(), vec.size() * sizeof(vec[0])); };
+    sum = up(c.summaries), idx = up(c.sel_idx), cnt = up(c.sel_cnt);
+    args = c.args;
+    args.q = dd.args.q, args.k = dd.args.k;
+    args.summaries = sum->p;
+    args.page_table = dd.args.page_table, args.seq_lens = dd.args.seq_lens, args.cu_seqlens_q = dd.args.cu_seqlens_q;
+    args.sel_indices = static_cast<int32_t*>(idx->p), args.sel_counts = static_cast<int32_t*>(cnt->p);
+    args.index_memory = Memory::device;
+  }
+  void download(std::vector<uint8_t>& s, std::vector<int32_t>& i, std::vector<int32_t>& n) const {
+    check_cuda(cudaDeviceSynchronize(), "page selection");
+    s.resize(sum->n), i.resize(idx->n / 4), n.resize(cnt->n / 4);
+    sum->download(s.data()), idx->download(i.data()), cnt->download(n.data());
+  }
+};
+
+// CPU and GPU on the same case: summaries (every page) and selections identical.
+void check_page_select(const DecodeSpec& s, int64_t topk, int64_t sink, int64_t local) {
+  SCOPED_TRACE(s.name() + " topk=" + std::to_string(topk) + " sink=" + std::to_string(sink) + " local=" +
+               std::to_string(local));
+  PageSelectCase c = make_page_select_case(s, topk, sink, local);
+  DevicePageSelect d(c);  // poisoned copies
+  c.args.all_pages = d.args.all_pages = true;
+  Options cpu;
+  cpu.backend = Backend::cpu;
+  update_page_summaries(c.args, cpu);
+  select_pages(c.args, cpu);
+  update_page_summaries(d.args);
+  select_pages(d.args);
+  std::vector<uint8_t> sum;
+  std::vector<int32_t> idx, cnt;
+  d.download(sum, idx, cnt);
+  EXPECT_TRUE(sum == c.summaries) << "the GPU's summaries differ from the CPU's";
+  EXPECT_EQ(idx, c.sel_idx);
+  EXPECT_EQ(cnt, c.sel_cnt);
+  expect_selection(c, idx, cnt, false);
+}
+
+TEST(GpuPageSelect, MatchesTheCpuBitForBit) {
+  SPARSEK_REQUIRE_SM80();
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128})
+      for (auto [hq, hkv] : {std::pair{8, 2}, std::pair{8, 1}, std::pair{32, 8}})
+        for (int ps : {16, 64}) {
+          DecodeSpec s;
+          s.dtype = t, s.d = d, s.hq = hq, s.hkv = hkv, s.page_size = ps, s.seed = uint64_t(d + hq + ps + int(t));
+          s.new_tokens = {1, 16, 4, 3};
+          s.seq_lens = {1, 40 * ps + 5, 9 * ps, 70 * ps - 1};
+          check_page_select(s, 5, 1, 2);
+        }
+}
+
+TEST(GpuPageSelect, TopkSinkLocalCorners) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 128, s.hq = 4, s.hkv = 2, s.page_size = 16;
+  s.new_tokens = {1, 2, 16}, s.seq_lens = {17, 300, 33 * 16};
+  for (auto [topk, sink, local] : {std::tuple{0, 0, 0}, std::tuple{1, 0, 0}, std::tuple{1000, 0, 0},
+                                   std::tuple{4, 3, 0}, std::tuple{4, 0, 3}, std::tuple{2, 30, 30}, std::tuple{31, 1, 1}})
+    check_page_select(s, topk, sink, local);
+}
+
+TEST(GpuPageSelect, UpdateTouchesOnlyTheNewTokensPages) {
+  SPARSEK_REQUIRE_SM80();
+  for (int ps : {16, 32}) {
+    DecodeSpec s;
+    s.dtype = DType::f16, s.d = 64, s.hq = 4, s.hkv = 2, s.page_size = ps, s.seed = uint64_t(ps);
+    s.new_tokens = {1, 16, 4, 1, 3}, s.seq_lens = {1, 16 * ps + 5, 9 * ps, 40 * ps - 1, 2 * ps + 2};
+    PageSelectCase c = make_page_select_case(s, 2, 1, 1);
+    DevicePageSelect d(c);
+    update_page_summaries(d.args);
+    std::vector<uint8_t> sum;
+    std::vector<int32_t> idx, cnt;
+    d.download(sum, idx, cnt);
+    expect_summaries(c, sum, false);
+  }
+}
+
+// 12,000 pages in one row: the select kernel's shared memory past 48 KB (the opt-in).
+TEST(GpuPageSelect, LongRowPast48KBOfSharedMemory) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 64, s.hq = 2, s.hkv = 1, s.page_size = 16, s.extra_pages = 1;
+  s.new_tokens = {2}, s.seq_lens = {12000 * 16 - 3};
+  check_page_select(s, 500, 4, 8);
+}
+
+TEST(GpuPageSelect, CapturedInACudaGraph) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 128, s.hq = 8, s.hkv = 2, s.page_size = 32, s.new_tokens = {1, 4}, s.seq_lens = {900, 77};
+  PageSelectCase c = make_page_select_case(s, 4, 1, 1);
+  DevicePageSelect d(c);
+  Options cpu;
+  cpu.backend = Backend::cpu;
+  c.args.all_pages = true;  // every page's summary, given to the GPU: its graph updates only the new tokens' pages
+  update_page_summaries(c.args, cpu);
+  select_pages(c.args, cpu);
+  d.sum->upload(c.summaries.data());
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  Options o;
+  o.stream = stream;
+  o.check_indices = false;
+  cudaGraph_t graph;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  update_page_summaries(d.args, o);
+  select_pages(d.args, o);
+  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check_cuda(cudaGraphLaunch(exec, stream), "launch");
+  check_cuda(cudaStreamSynchronize(stream), "sync");
+  std::vector<uint8_t> sum;
+  std::vector<int32_t> idx, cnt;
+  d.download(sum, idx, cnt);
+  EXPECT_TRUE(sum == c.summaries);
+  EXPECT_EQ(idx, c.sel_idx);
+  EXPECT_EQ(cnt, c.sel_cnt);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuPageSelect, TooManyPagesForSharedMemoryIsNamed) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 128, s.hq = 2, s.hkv = 1, s.new_tokens = {1}, s.seq_lens = {40};
+  PageSelectCase c = make_page_select_case(s, 1, 1, 1);
+  DevicePageSelect d(c);
+  const std::vector<int32_t> table(60000, 0);
+  const Buf big(table.data(), table.size() * 4);
+  d.args.max_pages = 60000;  // the kernel keeps a row's scores in shared memory
+  d.args.page_table = static_cast<const int32_t*>(big.p);
+  Options o;
+  o.check_indices = false;
+  try {
+    select_pages(d.args, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("select_pages: max_pages = 60000 needs"), std::string::npos) << e.what();
+  }
+}
+
+// Malformed contents without checks: no error, nothing read or written outside the arrays
+// (compute-sanitizer memcheck), counts in range.
+TEST(GpuPageSelect, MalformedContents) {
+  SPARSEK_REQUIRE_SM80();
+  DecodeSpec s;
+  s.dtype = DType::f16, s.d = 64, s.hq = 4, s.hkv = 2, s.page_size = 16, s.new_tokens = {1, 4}, s.seq_lens = {70, 40};
+  PageSelectCase c = make_page_select_case(s, 2, 1, 1);
+  DevicePageSelect d(c);
+  c.dc.page_table[0] = 1 << 30;
+  c.dc.page_table[1] = -3;
+  c.dc.seq_lens[0] = 1 << 30;
+  c.dc.cu = {0, 30, 2};
+  d.dd.upload_indices(c.dc);
+  Options o;
+  o.check_indices = false;
+  d.args.all_pages = true;
+  update_page_summaries(d.args, o);
+  select_pages(d.args, o);
+  std::vector<uint8_t> sum;
+  std::vector<int32_t> idx, cnt;
+  d.download(sum, idx, cnt);
+  for (int32_t n : cnt) EXPECT_TRUE(n >= 0 && n <= d.args.sel_kmax) << n;
 }
 
 }  // namespace

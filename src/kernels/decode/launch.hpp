@@ -30,3 +30,12 @@ void prepare(const DecodeArgs& args, Flavor flavor);
 void launch(const DecodeArgs& args, int splits, void* workspace, void* stream, Flavor flavor);
 
 }  // namespace sparsek::decode_gpu
+
+// Page selection (src/kernels/decode/select.cu): args passed validate(args, op, false), device memory.
+namespace sparsek::page_select_gpu {
+// "" when the kernels can run args, else why not (a dtype, an unaligned pointer, too many pages).
+std::string why_not(const PageSelectArgs& args, PageOp op);
+// Enqueue on `stream` (a cudaStream_t); allocate nothing.
+void update(const PageSelectArgs& args, void* stream);
+void select(const PageSelectArgs& args, void* stream);
+}  // namespace sparsek::page_select_gpu
