@@ -1,7 +1,8 @@
 // `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL, SDDMM) and cuBLAS on the
 // densified matrix, on the same inputs, in one process (how docs/BENCHMARKS.md measures), for any of
-// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout); --op attention and
-// --op gate are cases of their own (bench_attention.cpp, bench_gate.cpp).
+// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout); --op attention,
+// --op gate and --op decode are cases of their own (bench_attention.cpp, bench_gate.cpp,
+// bench_decode.cpp).
 //
 // GPU: per workload, every cuda variant that supports it (+ the peers' core calls timed alone:
 // "cublas_dense_gemm" = GEMM on an A densified beforehand, "cusparse_ell_spmm" = SpMM on values
@@ -743,6 +744,7 @@ bool attention_requested(const std::vector<std::string>& argv) {
 int bench_main(const std::vector<std::string>& argv) {
   if (attention_requested(argv)) return bench_attention_main(argv);
   if (op_requested(argv, "gate")) return bench_gate_main(argv);
+  if (op_requested(argv, "decode")) return bench_decode_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
