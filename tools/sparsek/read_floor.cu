@@ -70,7 +70,8 @@ struct Buffers {
       else read_kernel<4><<<grid, 256, 0, st>>>(p, words, out);
     };
     ReadFloor f;
-    f.us = 1000.0 * median(time_gpu(call, warmup, reps, int(buf.size()), calls, stream, held));
+    f.times_ms = time_gpu(call, warmup, reps, int(buf.size()), calls, stream, held);
+    f.us = 1000.0 * median(f.times_ms);
     SPARSEK_CHECK_CUDA(cudaGetLastError());
     f.config = c;
     f.copies = int(buf.size());

@@ -6,6 +6,7 @@
 // sparsek_timing library so that all of them share one kernel).
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "timing.hpp"
 
@@ -19,6 +20,7 @@ struct ReadConfig {
 
 struct ReadFloor {
   double us = 0;     // median time of one read of the bytes
+  std::vector<double> times_ms;  // every timing (ms per call), as time_gpu() returns them
   ReadConfig config;  // the fastest launch (read_floor())
   int copies = 0;     // copies of the bytes rotated over
 };
