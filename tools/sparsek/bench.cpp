@@ -255,11 +255,13 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
                      w.dtype == DType::e4m3 ? "effective flops at the measured cuBLASLt dense fp8 rate"
                                             : "effective flops at the measured cuBLAS dense rate"}};
     r.outro.push_back("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)");
-    if (w.n <= 128) {  // small N: bound by A's bytes, so the rate that matters is bytes per second
+    // Few tokens (a dsd's N, a dds's M): bound by the sparse operand's bytes, so the rate that
+    // matters is bytes per second.
+    if ((w.kind == OpKind::dds ? w.m : w.n) <= 128) {
       std::string line;
       for (const BenchRow& x : r.rows)
         if (x.ok() && !x.peer) line += "  " + x.name + " " + fmt(m.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
-      r.outro.push_back(strprintf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
+      r.outro.push_back(strprintf("   the sparse operand's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
                                   m.a_bytes / 1e6, line.c_str()));
     }
   }

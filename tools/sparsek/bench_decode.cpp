@@ -297,7 +297,6 @@ BenchResult run_gpu(const Problem& p, int n, const Settings& s, const DeviceCach
   }
   BenchRow f;
   f.name = kFloorRow;
-  f.peer = true;
   f.times_ms = floor.times_ms;
   f.median_ms = floor.us * 1e-3;
   r.rows.push_back(f);
