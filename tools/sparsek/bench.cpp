@@ -705,8 +705,9 @@ std::vector<Workload> layer_workloads(const Workload& custom) {
 
 // The GPU table of --dtype e4m3: DSD 8192^3 128x128 12.5%, and a block-sparse layer W (14336 x
 // 4096, 64x64 blocks, 25%) in its forward y = x*W^T (dds --trans) with 4096 tokens and with 16
-// (decode). With --op, that op's rows only (and its --trans, --a-layout, --b-layout); without,
-// dsd with op none and the layer rows with --trans.
+// (decode). With --op, that op's rows only. The layer rows are always x*W^T (hopper_fp8 reads the
+// sparse operand as stored, K-major: a dds without --trans is refused there); the dsd row takes
+// --trans and --b-layout, the layer rows --a-layout.
 std::vector<Workload> fp8_workloads(const Workload& custom, bool op_given) {
   auto w = [&](const char* name, OpKind kind, int64_t m, int64_t n, int64_t k, int b, double density) {
     Workload x = custom;
@@ -716,7 +717,8 @@ std::vector<Workload> fp8_workloads(const Workload& custom, bool op_given) {
     x.bm = x.bk = b;
     x.density = density;
     x.pattern = PatternKind::fixed_k;
-    if (!op_given) x.op = kind == OpKind::dds ? Op::trans : Op::none;
+    x.op = kind == OpKind::dds ? Op::trans : custom.kind == OpKind::dsd ? custom.op : Op::none;
+    if (kind != custom.kind) x.la = x.lb = Layout::row_major;  // the other op's layout flags do not apply
     return x;
   };
   std::vector<Workload> table;
