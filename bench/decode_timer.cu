@@ -21,30 +21,12 @@
 #include <vector>
 
 #include "sparsek/decode.hpp"
+#include "read_floor.hpp"
 #include "timer.cuh"
 
 using namespace sparsek;
 
 namespace {
-
-// Reads `words` 16-byte words once (streaming loads, 4 in flight per thread); the xor keeps them.
-__global__ void read_kernel(const uint4* __restrict__ p, size_t words, unsigned* out) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * stride < words; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < words; i += stride) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) out[0] = acc;
-}
 
 double median_us(const std::function<void(int)>& call) {
   return 1000.0 * timing::median(timing::time_gpu(call, 5, 50, 1));
@@ -68,19 +50,11 @@ int timer_main(int argc, char** argv) {
   std::printf("%s, %d SMs; decode: %d requests x %d tokens, Hq %d / Hkv %d, D %d, bf16, page %d\n", prop.name, sms, B,
               context, Hq, Hkv, D, ps);
 
-  // The HBM read bandwidth: 1 GB read once (20x the L2), best of a few grid sizes.
+  // The HBM read bandwidth: 1 GB read once (20x the L2), best of a few launches (the read kernel
+  // `sparsek bench --op decode` uses: read_floor.hpp).
   const size_t rbytes = size_t(1) << 30;
-  uint4* rbuf = dev_alloc<uint4>(rbytes / 16);
-  unsigned* rout = dev_alloc<unsigned>(1);
-  SPARSEK_CHECK_CUDA(cudaMemset(rbuf, 1, rbytes));
-  double best_read = 1e30;
-  for (int bps : {2, 4, 8}) {
-    const double us = median_us([&](int) { read_kernel<<<sms * bps, 256>>>(rbuf, rbytes / 16, rout); });
-    best_read = std::min(best_read, us);
-  }
-  const double bw = double(rbytes) / (best_read * 1e-6);  // bytes / s
+  const double bw = double(rbytes) / (timing::read_floor(rbytes, 5, 50).us * 1e-6);  // bytes / s
   std::printf("HBM read bandwidth (measured, 1 GB streaming read): %.2f TB/s\n", bw / 1e12);
-  SPARSEK_CHECK_CUDA(cudaFree(rbuf));
 
   // The cache: every request's pages, shuffled over the physical pages.
   const int pages_per = (context + ps - 1) / ps, max_pages = pages_per, pages = B * pages_per;
@@ -201,7 +175,7 @@ int timer_main(int argc, char** argv) {
     SPARSEK_CHECK_CUDA(cudaFree(lse));
     SPARSEK_CHECK_CUDA(cudaFree(d_cu));
   }
-  for (void* ptr : {k, v, (void*)d_pt, (void*)d_seq, (void*)d_sel, (void*)d_cnt, (void*)rout})
+  for (void* ptr : {k, v, (void*)d_pt, (void*)d_seq, (void*)d_sel, (void*)d_cnt})
     SPARSEK_CHECK_CUDA(cudaFree(ptr));
   return 0;
 }

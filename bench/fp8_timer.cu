@@ -6,7 +6,6 @@
 // runs, then 30 timed runs (CUDA events, the stream held: timing.hpp); medians reported as effective
 // TFLOPS (stored blocks only: 2 * nnzb * bm * bk * N / time) for sparsek, and as the dense rate
 // (2 * M * N * K / time) and the same effective rate for cuBLASLt.
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/plan.hpp"
+#include "dense_fp8.hpp"
 #include "timer.cuh"
 #include "tools_internal.hpp"
 
@@ -50,56 +50,22 @@ struct Work {
   Layout b_layout;  // dsd: B's layout (column-major is read in place, row-major is transposed first)
 };
 
-void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(Status::cuda_error, std::string(what) + " failed: " + std::to_string(int(s)));
-}
-
-// cuBLASLt fp8 GEMM of the same shape (both operands K-major, bf16 output, unit scales): the dense
-// peer. Returns the median ms.
+// cuBLASLt's fp8 GEMM of the same shape (both operands K-major, bf16 output, unit scales): the dense
+// peer, through the one set-up `sparsek bench --dtype e4m3` uses (tools/sparsek/dense_fp8.hpp).
+// Returns the median ms.
 double time_cublaslt(int64_t m, int64_t n, int64_t k) {
-  cublasLtHandle_t lt;
-  check_lt(cublasLtCreate(&lt), "cublasLtCreate");
   uint8_t* a = static_cast<uint8_t*>(device_bytes(size_t(m * k)));
   uint8_t* b = static_cast<uint8_t*>(device_bytes(size_t(k * n)));
   void* d = device_bytes(size_t(m * n) * 2);
   fill_e4m3<<<1024, 256>>>(a, m * k, 1);
   fill_e4m3<<<1024, 256>>>(b, k * n, 2);
   SPARSEK_CHECK_CUDA(cudaGetLastError());
-  cublasLtMatmulDesc_t desc;
-  check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "TRANSA");
-  check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)), "TRANSB");
-  // Column-major view: D (m x n) = A^T (A stored k x m, K contiguous) * B (k x n, K contiguous).
-  cublasLtMatrixLayout_t la, lb, ld;
-  check_lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k), "layout A");
-  check_lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k), "layout B");
-  check_lt(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, uint64_t(m), uint64_t(n), m), "layout D");
-  const size_t ws_bytes = size_t(32) << 20;
-  void* ws = device_bytes(ws_bytes);
-  cublasLtMatmulPreference_t pref;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                sizeof(ws_bytes)),
-           "workspace");
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
-  if (found == 0) throw Error(Status::unsupported, "cuBLASLt has no fp8 algorithm for this shape");
-  const float one = 1.f, zero = 0.f;
-  const std::vector<double> ms = timing::time_gpu(
-      [&](int) {
-        check_lt(cublasLtMatmul(lt, desc, &one, a, la, b, lb, &zero, d, ld, d, ld, &heur.algo, ws, ws_bytes, nullptr),
-                 "cublasLtMatmul");
-      },
-      5, 30, 1);
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(desc);
-  cublasLtDestroy(lt);
-  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), d, ws}) cudaFree(p);
+  std::vector<double> ms;
+  {
+    const timing::DenseFp8Gemm gemm(m, n, k, DType::bf16);
+    ms = timing::time_gpu([&](int) { gemm.run(a, b, d, nullptr, nullptr); }, 5, 30, 1);
+  }
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), d}) cudaFree(p);
   return timing::median(ms);
 }
 

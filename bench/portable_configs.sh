@@ -33,7 +33,7 @@ variant() {
   echo "$filter" > "$O/$name.filter"
   nvcc -O3 -std=c++17 -gencode=arch=compute_$GENCODE,code=sm_$GENCODE --expt-relaxed-constexpr \
     -Xptxas=-v,--warn-on-spills -DPORTABLE_SRC="\"$d/portable_sm80.cu\"" bench/portable_timing.cu -I"$O/$name" \
-    -Iinclude -Isrc -Itools/sparsek -L"$B" -lsparsek_timing -lsparsek_internal -lcublas -lcusparse -lgomp \
+    -Iinclude -Isrc -Itools/sparsek -L"$B" -lsparsek_timing -lsparsek_internal -lcublasLt -lcublas -lcusparse -lgomp \
     -o "$O/$name" > "$O/$name.build.log" 2>&1 || echo "$name: BUILD FAILED"
 }
 

@@ -1,7 +1,8 @@
 // `sparsek bench`: sparsek's variants beside cuSPARSE (BSR, Blocked-ELL, SDDMM) and cuBLAS on the
 // densified matrix, on the same inputs, in one process (how docs/BENCHMARKS.md measures), for any of
-// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout); --op attention and
-// --op gate are cases of their own (bench_attention.cpp, bench_gate.cpp).
+// the three products (--op dsd | dds | sdd, --trans, --a-layout / --b-layout); --op attention,
+// --op gate and --op decode are cases of their own (bench_attention.cpp, bench_gate.cpp,
+// bench_decode.cpp).
 //
 // GPU: per workload, every cuda variant that supports it (+ the peers' core calls timed alone:
 // "cublas_dense_gemm" = GEMM on an A densified beforehand, "cusparse_ell_spmm" = SpMM on values
@@ -13,6 +14,13 @@
 // against a reference (fp64 oracle for small problems, else cuBLAS dense with fp32 output).
 //
 // No GPU: the CPU backend on a problem that finishes in seconds, against the fp64 oracle.
+//
+// --dtype e4m3 (DSD and DDS): the sparse operand quantized with one fp32 scale per stored block,
+// the dense input with one per token (quantize.hpp's amax rule, from uniform [-1, 1) values), C in
+// --out (bf16 by default), beside "cublaslt_fp8_dense": cuBLASLt's dense fp8 GEMM on the same
+// values densified and quantized again with one scale per operand (tensor-wise, as
+// torch._scaled_mm), its output checked against the same reference. The reference of a large
+// e4m3 problem is the fp64 oracle on its first 64 tokens (C's first columns in dsd, rows in dds).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +35,8 @@
 
 #include "bench_case.hpp"
 #include "cpu/blas_cpu.hpp"
+#include "dense_fp8.hpp"
+#include "sparsek/quantize.hpp"
 #include "tools_internal.hpp"
 
 namespace sparsek::cli {
@@ -41,11 +51,14 @@ const std::pair<const char*, const char*> kCoreRows[] = {
     {kDenseGemm, "cublas_dense"}, {kEllSpmm, "cusparse_ell"}, {kBatchedGemm, "cublas_batched"}};
 // Rows that apply to one kind of pattern only: shown where they run or where --variants names them.
 bool pattern_specific(const std::string& name) { return name == "cublas_batched" || name == kBatchedGemm; }
+// The dense peer of --dtype e4m3 (dense_fp8.hpp), and the variants that run e4m3.
+const char* kLtFp8 = "cublaslt_fp8_dense";
+bool runs_e4m3(const std::string& name) { return name == "cpu" || name == "hopper_fp8" || name == kLtFp8; }
 
 const std::vector<FlagSpec> kSpecs = {
     {"--op", "OP", "dsd (A sparse; default) | dds (B sparse) | sdd (C sparse: only its blocks are computed) | "
-                   "attention | gate (the top-k block gate); `sparsek bench --op OP --help` lists the flags of "
-                   "attention and gate"},
+                   "attention | gate (the top-k block gate) | decode (paged decode attention); `sparsek bench --op "
+                   "OP --help` lists the flags of attention, gate and decode"},
     {"--trans", nullptr, "op = transpose on the sparse operand (dsd: C = A^T B; dds: C = A B^T)"},
     {"--a-layout", "L", "row | col: layout of the dense A (dds, sdd; default row)"},
     {"--b-layout", "L", "row | col: layout of the dense B (dsd, sdd; default row)"},
@@ -55,7 +68,10 @@ const std::vector<FlagSpec> kSpecs = {
     {"--block", "BMxBK", "block shape of the sparse operand as stored, each of 16, 32, 64, 128 (e.g. 64x64)"},
     {"--density", "D", "fraction of stored blocks, in (0, 1] (default 0.125)"},
     {"--pattern", "NAME", "fixed_k | bernoulli | power_law | banded | block_diagonal | causal (default fixed_k)"},
-    {"--dtype", "T", "f16 | bf16 | f32 (default f16 on a GPU, f32 on the CPU); C has the same dtype"},
+    {"--dtype", "T", "f16 | bf16 | f32 | e4m3 (default f16 on a GPU, f32 on the CPU); C has the same dtype, but for "
+                     "e4m3 (fp8, dsd and dds: one fp32 scale per stored block and per token; see --out). e4m3 "
+                     "runs on the CPU backend too (against the fp64 oracle)"},
+    {"--out", "T", "with --dtype e4m3: C's dtype, bf16 | f16 | f32 (default bf16)"},
     {"--reps", "R", "timed repetitions, the median is reported (default 20 GPU, 5 CPU)"},
     kWarmupFlag,
     {"--calls", "R", "GPU: time R calls back to back per repetition and report the time per call, as a stream of "
@@ -80,6 +96,7 @@ struct Workload {
   double density = 0.125;
   PatternKind pattern = PatternKind::fixed_k;
   DType dtype = DType::f32;
+  DType out = DType::f32;  // C's dtype (sdd: the sparse operand's): dtype, but for e4m3 inputs
   OpKind kind = OpKind::dsd;
   Op op = Op::none;
   Layout la = Layout::row_major, lb = Layout::row_major;  // the dense inputs (C is row-major)
@@ -110,30 +127,46 @@ std::string label(const Workload& w) {
   if (w.kind != OpKind::dsd && w.la == Layout::col_major) op += "A:col ";
   if (w.kind != OpKind::dds && w.lb == Layout::col_major) op += "B:col ";
   return (w.name.empty() ? "" : w.name + ", ") + op + size_str(w) + " " + block_str(w.bm, w.bk) + " " +
-         fmt(100.0 * w.density, 2) + "%" + (w.calls > 1 ? ", " + std::to_string(w.calls) + " calls in a row" : "");
+         fmt(100.0 * w.density, 2) + "%" + (w.dtype == DType::e4m3 ? std::string(" e4m3") : "") +
+         (w.calls > 1 ? ", " + std::to_string(w.calls) + " calls in a row" : "");
 }
 
 // The workload's host operands: the sparse one (random values; for sdd it is C, whose values the
 // product overwrites), the dense inputs the kind uses, and args over them (C left unset).
+// e4m3: the sparse operand's block scales are in s, the dense input's token scales in scales.
 struct HostProblem {
   BsrMatrix s;
   HostMatrix a, b;
+  std::vector<float> scales;
   GemmArgs g;
 };
+// A dense input (uniform [-1, 1)); e4m3: quantized from f32 with one scale per token (the rows of
+// a dds's A, the columns of a dsd's B), into `scales`.
+HostMatrix dense_input(int64_t rows, int64_t cols, DType t, Layout l, uint64_t seed, ScaleDim dim,
+                       std::vector<float>& scales) {
+  HostMatrix m(rows, cols, t == DType::e4m3 ? DType::f32 : t, l, 0);
+  m.fill_random(seed, false);
+  if (t != DType::e4m3) return m;
+  HostMatrix q(rows, cols, DType::e4m3, l, 0);
+  scales.assign(size_t(dim == ScaleDim::rows ? rows : cols), 0.f);
+  quantize_e4m3(m.view, q.view, scales.data(), dim);
+  return q;
+}
 void make_host(const Workload& w, uint64_t seed, HostProblem& p) {
   const auto [rows, cols] = sparse_dims(w);
-  p.s = random_bsr(w.pattern, rows, cols, w.bm, w.bk, w.density, w.dtype, seed);
+  if (w.dtype == DType::e4m3)  // amax scales per block (random_bsr's e4m3 would give every block scale 1)
+    p.s = quantize_e4m3(random_bsr(w.pattern, rows, cols, w.bm, w.bk, w.density, DType::f32, seed));
+  else
+    p.s = random_bsr(w.pattern, rows, cols, w.bm, w.bk, w.density, w.dtype, seed);
   GemmArgs& g = p.g;
   g.kind = w.kind;
   g.op = w.op;
   if (w.kind != OpKind::dsd) {
-    p.a = HostMatrix(w.m, w.k, w.dtype, w.la, 0);
-    p.a.fill_random(mix_seed(seed, 1), false);
+    p.a = dense_input(w.m, w.k, w.dtype, w.la, mix_seed(seed, 1), ScaleDim::rows, p.scales);
     g.a = p.a.view;
   }
   if (w.kind != OpKind::dds) {
-    p.b = HostMatrix(w.k, w.n, w.dtype, w.lb, 0);
-    p.b.fill_random(mix_seed(seed, 2), false);
+    p.b = dense_input(w.k, w.n, w.dtype, w.lb, mix_seed(seed, 2), ScaleDim::cols, p.scales);
     g.b = p.b.view;
   }
   g.sparse = p.s.view();
@@ -154,11 +187,15 @@ struct Measured {
 
 // A generous bound that only flags broken results (wrong indexing, NaN leaks), not rounding.
 double sanity_tolerance(DType out) { return out == DType::bf16 ? 3e-2 : 5e-3; }
+// The dense fp8 peer's: it quantizes the e4m3 inputs again with one scale per operand, which costs
+// it about 6e-3 (measured on the CPU over dsd/dds, both ops and layouts) whatever C's dtype.
+double fp8_peer_tolerance(DType out) { return std::max(sanity_tolerance(out), 3e-2); }
 
 // rel_error = ‖got − ref‖₂ / ‖ref‖₂ and max_rel_error = max|got − ref| / max|ref| (inf for NaN/Inf
 // in got), and whether the row is wrong; nothing when there is no reference.
 template <typename R>
-void check_output(const std::vector<uint8_t>& got, DType t, const std::vector<R>& ref, BenchRow& row) {
+void check_output(const std::vector<uint8_t>& got, DType t, const std::vector<R>& ref, BenchRow& row,
+                  double tolerance = kNaN) {
   if (ref.empty()) return;
   double num = 0, den = 0, mx = 0, mref = 0;
   bool bad = false;
@@ -174,7 +211,7 @@ void check_output(const std::vector<uint8_t>& got, DType t, const std::vector<R>
   const double rel = bad ? inf : den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   row.figures["rel_error"] = rel;
   row.figures["max_rel_error"] = bad ? inf : mref > 0 ? mx / mref : mx;
-  row.wrong = !(rel <= sanity_tolerance(t));
+  row.wrong = !(rel <= (std::isnan(tolerance) ? sanity_tolerance(t) : tolerance));
 }
 
 // The rates and ratios (to cuBLAS dense, to the best peer, to the ideal: the effective FLOPs at
@@ -183,7 +220,7 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
   add_rates(r);
   const BenchRow* gemm = nullptr;
   for (const BenchRow& x : r.rows)
-    if (x.name == kDenseGemm && x.ok()) gemm = &x;
+    if ((x.name == kDenseGemm || x.name == kLtFp8) && x.ok()) gemm = &x;
   if (!gemm)
     for (const BenchRow& x : r.rows)
       if (x.name == std::string("cublas_dense") && x.ok()) gemm = &x;
@@ -207,23 +244,29 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
                            r.label.c_str(), to_string(w.kind), w.op == Op::trans ? " op=trans" : "", (long long)w.m,
                            (long long)w.n, (long long)w.k, block_str(w.bm, w.bk).c_str(), to_string(w.pattern),
                            100 * w.density, (long long)m.nnzb, 100.0 * double(m.nnzb) / double(blocks > 0 ? blocks : 1),
-                           to_string(w.dtype))};
+                           w.dtype == DType::e4m3
+                               ? (std::string("e4m3 (block and token scales) -> ") + to_string(w.out)).c_str()
+                               : to_string(w.dtype))};
   if (gpu && w.calls > 1)
     r.intro.push_back(
         strprintf("   time per call of %d calls back to back (input sets rotated from call to call)", w.calls));
   r.intro.push_back(strprintf("   effective GFLOP %.2f; %sreference: %s", r.eff_flops / 1e9,
                               gpu ? (std::to_string(m.sets) + " input set(s) rotated; ").c_str() : "",
                               m.reference.c_str()));
-  r.wrong_note = "WRONG: error above " + fmt_sci(sanity_tolerance(w.dtype));
+  r.wrong_note = "WRONG: error above " + fmt_sci(sanity_tolerance(w.out)) +
+                 (w.dtype == DType::e4m3 ? " (" + std::string(kLtFp8) + ": " + fmt_sci(fp8_peer_tolerance(w.out)) + ")" : "");
   if (gpu) {
     r.extra_rows = {{"ideal", fmt(ideal_ms, 3), fmt(dense_tflops, 1), "-", "-", "100.0", "-",
-                     "effective flops at the measured cuBLAS dense rate"}};
+                     w.dtype == DType::e4m3 ? "effective flops at the measured cuBLASLt dense fp8 rate"
+                                            : "effective flops at the measured cuBLAS dense rate"}};
     r.outro.push_back("   (* peer; x = speed-up: >1 is faster; rel err = ||C - ref|| / ||ref|| on a NaN-poisoned C)");
-    if (w.n <= 128) {  // small N: bound by A's bytes, so the rate that matters is bytes per second
+    // Few tokens (a dsd's N, a dds's M): bound by the sparse operand's bytes, so the rate that
+    // matters is bytes per second.
+    if ((w.kind == OpKind::dds ? w.m : w.n) <= 128) {
       std::string line;
       for (const BenchRow& x : r.rows)
         if (x.ok() && !x.peer) line += "  " + x.name + " " + fmt(m.a_bytes / (x.median_ms * 1e-3) / 1e12, 2) + " TB/s";
-      r.outro.push_back(strprintf("   A's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
+      r.outro.push_back(strprintf("   the sparse operand's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
                                   m.a_bytes / 1e6, line.c_str()));
     }
   }
@@ -231,6 +274,7 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
   r.fields = {{"m", w.m}, {"n", w.n}, {"k", w.k}, {"bm", w.bm}, {"bk", w.bk}, {"op", to_string(w.kind)},
               {"trans", w.op == Op::trans}, {"a_layout", to_string(w.la)}, {"b_layout", to_string(w.lb)},
               {"density", w.density}, {"pattern", to_string(w.pattern)}, {"dtype", to_string(w.dtype)},
+              {"out_dtype", to_string(w.out)},
               {"nnzb", m.nnzb}, {"effective_flops", r.eff_flops}, {"dense_flops", m.dense_flops}};
   if (!w.name.empty()) r.fields["name"] = w.name;
   r.fields.update(Json{{"a_value_bytes", m.a_bytes}, {"rotation_sets", m.sets}, {"calls", w.calls},
@@ -246,13 +290,14 @@ struct Candidate {
   const Variant* v;
   bool core;
 };
-// The listed rows (--variants), else every variant of the backend (on a GPU + the peers' core calls).
-std::vector<Candidate> candidates(bool gpu, const std::vector<std::string>& only) {
+// The listed rows (--variants), else every variant of the backend (on a GPU + the peers' core calls);
+// for e4m3 only those that run it (the dense fp8 peer is measured apart: run_gpu()).
+std::vector<Candidate> candidates(bool gpu, const std::vector<std::string>& only, bool fp8) {
   std::vector<Candidate> c;
   for (const Variant& v : variants())
-    if (v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name))
+    if (v.backend == (gpu ? Backend::cuda : Backend::cpu) && wanted(only, v.name) && (!fp8 || runs_e4m3(v.name)))
       c.push_back({v.name, v.peer, &v, false});
-  if (gpu)
+  if (gpu && !fp8)
     for (auto [name, parent] : kCoreRows)
       if (const Variant* v = find_variant(parent); v && wanted(only, name)) c.push_back({name, true, v, true});
   return c;
@@ -271,7 +316,7 @@ void measure_rows(const std::vector<GemmArgs>& args, bool gpu, const Options& o,
                   Steps& steps, const std::string& prefix,
                   const std::function<std::vector<double>(const std::function<void(int)>&)>& time,
                   const std::function<void(BenchRow&, const std::function<void()>&)>& check, BenchResult& r) {
-  for (const Candidate& c : candidates(gpu, only)) {
+  for (const Candidate& c : candidates(gpu, only, args[0].sparse.dtype == DType::e4m3)) {
     const std::string why = c.v->why_not(args[0]);
     if (!why.empty() && pattern_specific(c.name) && only.empty()) {
       ++steps.done;
@@ -300,8 +345,8 @@ void measure_rows(const std::vector<GemmArgs>& args, bool gpu, const Options& o,
 // Bytes of one workload's operands: A's values (at most the stored density), B and C.
 double operand_bytes(const Workload& w) {
   const double es = double(dtype_size(w.dtype));
-  return (std::min(1.0, w.density * 1.01) * double(w.m) * double(w.k) + double(w.k) * double(w.n) +
-          double(w.m) * double(w.n)) * es;
+  return (std::min(1.0, w.density * 1.01) * double(w.m) * double(w.k) + double(w.k) * double(w.n)) * es +
+         double(w.m) * double(w.n) * double(dtype_size(w.out));
 }
 std::string dims_text(const Workload& w) {
   return "--m " + std::to_string(w.m) + " --n " + std::to_string(w.n) + " --k " + std::to_string(w.k);
@@ -333,7 +378,7 @@ BenchResult run_cpu(const Workload& w, const Settings& s, Steps& steps) {
   HostMatrix c;  // dsd / dds: C (sdd writes the sparse operand's values)
   std::vector<uint8_t>* out = &hp.s.value_bytes();
   if (w.kind != OpKind::sdd) {
-    c = HostMatrix(w.m, w.n, w.dtype, Layout::row_major, 0);
+    c = HostMatrix(w.m, w.n, w.out, Layout::row_major, 0);
     g.c = c.view;
     out = &c.bytes;
   }
@@ -359,7 +404,7 @@ BenchResult run_cpu(const Workload& w, const Settings& s, Steps& steps) {
       [&](BenchRow& row, const std::function<void()>& run) {
         std::fill(out->begin(), out->end(), uint8_t(0xFF));  // NaN in every dtype: beta = 0 must not read it,
         run();                                                // and every element must be written
-        check_output(*out, w.dtype, ref, row);
+        check_output(*out, w.out, ref, row);
       },
       r);
   finish(w, m, false, r);
@@ -369,6 +414,61 @@ BenchResult run_cpu(const Workload& w, const Settings& s, Steps& steps) {
 // ---------------------------------------------------------------------------------------------
 // GPU
 
+// The dense fp8 peer's inputs (dense_fp8.hpp): L = op(A) of a dsd, or A of a dds (M x K), and R^T
+// (N x K; R = B of a dsd, op(B) of a dds), both row-major: the values of the workload's e4m3
+// operands (scale times code) densified, then quantized again with one scale per operand.
+struct DenseFp8Inputs {
+  std::vector<uint8_t> lhs, rhs;
+  float lhs_scale = 1, rhs_scale = 1;
+};
+// x / scale rounded to e4m3 for every x, with scale = amax / 448 (1 for all zeros).
+float quantize_tensor(const std::vector<float>& x, std::vector<uint8_t>& codes) {
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float scale = amax > 0 ? amax / 448.f : 1.f;
+  codes.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) codes[i] = float_to_e4m3(x[i] / scale).bits;
+  return scale;
+}
+DenseFp8Inputs dense_fp8_inputs(const Workload& w, const HostProblem& hp) {
+  const std::vector<float> sd = bsr_to_dense(hp.s);  // the sparse operand as stored, scales applied
+  const int64_t cols = hp.s.cols();
+  const bool t = w.op == Op::trans;
+  const DenseView& d = w.kind == OpKind::dsd ? hp.g.b : hp.g.a;  // the e4m3 dense input
+  const std::vector<uint8_t>& codes = w.kind == OpKind::dsd ? hp.b.bytes : hp.a.bytes;
+  auto dense = [&](int64_t r, int64_t c, int64_t token) {
+    return hp.scales[size_t(token)] * e4m3_to_float(e4m3_t{codes[size_t(d.index(r, c))]});
+  };
+  std::vector<float> l(size_t(w.m * w.k)), rt(size_t(w.n * w.k));
+  for (int64_t i = 0; i < w.m; ++i)
+    for (int64_t k = 0; k < w.k; ++k)
+      l[size_t(i * w.k + k)] = w.kind == OpKind::dsd ? sd[size_t(t ? k * cols + i : i * cols + k)] : dense(i, k, i);
+  for (int64_t j = 0; j < w.n; ++j)
+    for (int64_t k = 0; k < w.k; ++k)
+      rt[size_t(j * w.k + k)] = w.kind == OpKind::dsd ? dense(k, j, j) : sd[size_t(t ? j * cols + k : k * cols + j)];
+  DenseFp8Inputs in;
+  in.lhs_scale = quantize_tensor(l, in.lhs);
+  in.rhs_scale = quantize_tensor(rt, in.rhs);
+  return in;
+}
+
+// The e4m3 reference's sample: the fp64 oracle on the first `tokens` tokens (C's first columns in
+// dsd, its first rows in dds); 0 = all of C.
+int64_t reference_tokens(const Workload& w, double eff_flops) {
+  const int64_t tokens = w.kind == OpKind::dsd ? w.n : w.m;
+  return w.dtype != DType::e4m3 || eff_flops <= 2e9 ? 0 : std::min<int64_t>(tokens, 64);
+}
+// C's elements of the sample (row-major M x N, `es` bytes each), packed as the oracle returns them.
+std::vector<uint8_t> sample_of(const std::vector<uint8_t>& c, const Workload& w, int64_t tokens, size_t es) {
+  if (tokens == 0) return c;
+  if (w.kind != OpKind::dsd) return std::vector<uint8_t>(c.begin(), c.begin() + ptrdiff_t(size_t(tokens * w.n) * es));
+  std::vector<uint8_t> out(size_t(w.m * tokens) * es);
+  for (int64_t i = 0; i < w.m; ++i)
+    std::copy_n(c.begin() + ptrdiff_t(size_t(i * w.n) * es), size_t(tokens) * es,
+                out.begin() + ptrdiff_t(size_t(i * tokens) * es));
+  return out;
+}
+
 BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const std::string& prefix) {
   BenchResult r;
   r.label = label(w);
@@ -376,7 +476,10 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
   Measured m;
   const DeviceInfo& info = device_info();
   // Host: the operands and a float reference; device: one input set and an f32 reference.
-  check_host_bytes("the workload " + dims_text(w), operand_bytes(w) + 8.0 * double(w.m) * double(w.n));
+  // (e4m3: + the dense peer's inputs, densified in f32 and quantized again)
+  check_host_bytes("the workload " + dims_text(w),
+                   operand_bytes(w) + 8.0 * double(w.m) * double(w.n) +
+                       (w.dtype == DType::e4m3 ? 9.0 * (double(w.m) + double(w.n)) * double(w.k) : 0.0));
   check_device_bytes("the workload " + dims_text(w), operand_bytes(w) + 4.0 * double(w.m) * double(w.n));
   steps.at(prefix + "generating inputs");
   HostProblem hp;
@@ -384,8 +487,8 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
   const BsrMatrix& sp = hp.s;
   m.nnzb = sp.nnzb();
   m.a_bytes = double(sp.value_bytes().size());
-  const bool sdd = w.kind == OpKind::sdd;
-  const size_t es = dtype_size(w.dtype);
+  const bool sdd = w.kind == OpKind::sdd, fp8 = w.dtype == DType::e4m3;
+  const size_t es = dtype_size(w.out);  // C's elements
   // The output: C (dsd, dds) or the sparse operand's values (sdd).
   const size_t s_bytes = sp.value_bytes().size(), a_bytes = hp.a.bytes.size(), b_bytes = hp.b.bytes.size();
   const size_t c_bytes = sdd ? s_bytes : size_t(w.m * w.n) * es;
@@ -396,6 +499,10 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
   DeviceBuffer d_rp(sp.row_ptr().size() * 4), d_ci(sp.col_idx().size() * 4);
   d_rp.upload(sp.row_ptr().data(), d_rp.bytes);
   d_ci.upload(sp.col_idx().data(), d_ci.bytes);
+  // e4m3: the scales (one copy: a few KB beside the values).
+  DeviceBuffer d_block_scales(sp.scales().size() * 4), d_token_scales(hp.scales.size() * 4);
+  d_block_scales.upload(sp.scales().data(), d_block_scales.bytes);
+  d_token_scales.upload(hp.scales.data(), d_token_scales.bytes);
   std::vector<DeviceBuffer> d_s, d_a, d_b, d_c;
   std::vector<GemmArgs> args;
   // A copy of set 0's buffer (same values: rotation is about the cache, not the data).
@@ -413,20 +520,23 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
     g.sparse.col_idx = static_cast<const int32_t*>(d_ci.p);
     g.sparse.values = d_s[size_t(set)].p;
     g.sparse.memory = Memory::device;
+    if (fp8) g.sparse.scales = static_cast<const float*>(d_block_scales.p);
     if (!sdd) {
       d_c.emplace_back(c_bytes);
       check_cuda(cudaMemset(d_c.back().p, 0xFF, c_bytes), "cudaMemset(C)");
-      g.c = {d_c.back().p, w.m, w.n, w.n, Layout::row_major, w.dtype, Memory::device};
+      g.c = {d_c.back().p, w.m, w.n, w.n, Layout::row_major, w.out, Memory::device};
     }
     if (w.kind != OpKind::dsd) {
       copy0(d_a, hp.a.bytes, a_bytes);
       g.a.data = d_a.back().p;
       g.a.memory = Memory::device;
+      if (fp8) g.a.scales = static_cast<const float*>(d_token_scales.p);
     }
     if (w.kind != OpKind::dds) {
       copy0(d_b, hp.b.bytes, b_bytes);
       g.b.data = d_b.back().p;
       g.b.memory = Memory::device;
+      if (fp8) g.b.scales = static_cast<const float*>(d_token_scales.p);
     }
     args.push_back(g);
   }
@@ -441,14 +551,19 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
   // whole dense product) with fp32 output.
   std::vector<float> ref;
   const size_t outputs = c_bytes / es;
-  if (r.eff_flops <= 2e9) {
+  const int64_t ref_tokens = reference_tokens(w, r.eff_flops);
+  if (r.eff_flops <= 2e9 || fp8) {
     steps.at(prefix + "computing the fp64 oracle");
     GemmArgs h = hp.g;
-    HostMatrix hc(w.m, w.n, w.dtype, Layout::row_major, 0);
+    HostMatrix hc(w.m, w.n, w.out, Layout::row_major, 0);
     if (!sdd) h.c = hc.view;
+    if (ref_tokens > 0 && w.kind == OpKind::dsd) h.b.cols = h.c.cols = ref_tokens;  // C's first columns
+    if (ref_tokens > 0 && w.kind == OpKind::dds) h.a.rows = h.c.rows = ref_tokens;  // C's first rows
     std::vector<double> d = oracle(h);
     ref.assign(d.begin(), d.end());
-    m.reference = "fp64 oracle";
+    m.reference = ref_tokens == 0 ? "fp64 oracle"
+                                  : "fp64 oracle on the first " + std::to_string(ref_tokens) + " tokens (C's first " +
+                                        (w.kind == OpKind::dsd ? "columns)" : "rows)");
   } else if (const Variant* v = find_variant("cublas_dense")) {
     steps.at(prefix + "computing the cuBLAS fp32 reference");
     try {
@@ -484,9 +599,41 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
         run();
         check_cuda(cudaDeviceSynchronize(), "checked run");
         out0.download(got.data(), c_bytes);
-        check_output(got, w.dtype, ref, row);
+        check_output(sample_of(got, w, ref_tokens, es), w.out, ref, row);
       },
       r);
+  if (fp8 && wanted(s.only, kLtFp8)) {  // the dense fp8 peer, on its own copies of the inputs
+    r.rows.push_back(measure_row(kLtFp8, true, "", true, [&](BenchRow& row) {
+      steps.at(prefix + "densifying for " + kLtFp8);
+      const DenseFp8Inputs in = dense_fp8_inputs(w, hp);
+      const size_t c_dense = size_t(w.m * w.n) * es, bytes = in.lhs.size() + in.rhs.size() + c_dense;
+      const int sets = int(std::min<size_t>(16, std::max<size_t>(1, (2 * info.l2_bytes + bytes - 1) / bytes)));
+      check_device_bytes("the dense fp8 peer", double(sets) * double(bytes));
+      std::vector<DeviceBuffer> dl, dr, dc;
+      for (int set = 0; set < sets; ++set) {
+        copy0(dl, in.lhs, in.lhs.size());
+        copy0(dr, in.rhs, in.rhs.size());
+        dc.emplace_back(c_dense);
+      }
+      const float scales[2] = {in.lhs_scale, in.rhs_scale};
+      DeviceBuffer d_scales(sizeof scales);
+      d_scales.upload(scales, sizeof scales);
+      const float* sl = static_cast<const float*>(d_scales.p);
+      steps.at(prefix + "timing " + kLtFp8);
+      const timing::DenseFp8Gemm gemm(w.m, w.n, w.k, w.out);
+      auto run_on = [&](int set) {
+        gemm.run(dl[size_t(set)].p, dr[size_t(set)].p, dc[size_t(set)].p, sl, sl + 1, o.stream);
+      };
+      row.times_ms = timing::time_gpu(run_on, s.warmup, s.reps, sets, w.calls);
+      check_cuda(cudaMemset(dc[0].p, 0xFF, c_dense), "cudaMemset(poison the output)");
+      run_on(0);
+      check_cuda(cudaDeviceSynchronize(), "checked run");
+      dc[0].download(got.data(), c_dense);
+      check_output(sample_of(got, w, ref_tokens, es), w.out, ref, row, fp8_peer_tolerance(w.out));
+    }));
+    ++steps.done;
+    steps.progress.clear();
+  }
   finish(w, m, true, r);
   return r;
 }
@@ -561,6 +708,33 @@ std::vector<Workload> layer_workloads(const Workload& custom) {
   return table;
 }
 
+// The GPU table of --dtype e4m3: DSD 8192^3 128x128 12.5%, and a block-sparse layer W (14336 x
+// 4096, 64x64 blocks, 25%) in its forward y = x*W^T (dds --trans) with 4096 tokens and with 16
+// (decode). With --op, that op's rows only. The layer rows are always x*W^T (hopper_fp8 reads the
+// sparse operand as stored, K-major: a dds without --trans is refused there); the dsd row takes
+// --trans and --b-layout, the layer rows --a-layout.
+std::vector<Workload> fp8_workloads(const Workload& custom, bool op_given) {
+  auto w = [&](const char* name, OpKind kind, int64_t m, int64_t n, int64_t k, int b, double density) {
+    Workload x = custom;
+    x.name = name;
+    x.kind = kind;
+    x.m = m, x.n = n, x.k = k;
+    x.bm = x.bk = b;
+    x.density = density;
+    x.pattern = PatternKind::fixed_k;
+    x.op = kind == OpKind::dds ? Op::trans : custom.kind == OpKind::dsd ? custom.op : Op::none;
+    if (kind != custom.kind) x.la = x.lb = Layout::row_major;  // the other op's layout flags do not apply
+    return x;
+  };
+  std::vector<Workload> table;
+  if (!op_given || custom.kind == OpKind::dsd) table.push_back(w("", OpKind::dsd, 8192, 8192, 8192, 128, 0.125));
+  if (!op_given || custom.kind == OpKind::dds) {
+    table.push_back(w("layer, 4096 tokens", OpKind::dds, 4096, 14336, 4096, 64, 0.25));
+    table.push_back(w("decode, 16 tokens", OpKind::dds, 16, 14336, 4096, 64, 0.25));
+  }
+  return table;
+}
+
 // `--op OP` (or --op=OP) among the flags: the attention and gate benches have flags of their own.
 bool op_requested(const std::vector<std::string>& argv, const std::string& op) {
   for (size_t i = 0; i < argv.size(); ++i)
@@ -580,6 +754,7 @@ bool attention_requested(const std::vector<std::string>& argv) {
 int bench_main(const std::vector<std::string>& argv) {
   if (attention_requested(argv)) return bench_attention_main(argv);
   if (op_requested(argv, "gate")) return bench_gate_main(argv);
+  if (op_requested(argv, "decode")) return bench_decode_main(argv);
   Args args(argv, kSpecs);
   if (args.help()) {
     print_help("sparsek bench [flags]",
@@ -596,7 +771,16 @@ int bench_main(const std::vector<std::string>& argv) {
                "run instead (GPU only, DSD): decode with W 14336x4096 at 64x64, 25% and N = 1, 16, 128 (with\n"
                "the rate at which A's values are read); M 8256, K 8192 at N = 999 and 1000; 8 experts of\n"
                "1024x1024 (block-diagonal, 128x128); banded and lower-triangular 64x64; power-law and\n"
-               "uniform rows at 128x128, 12.5%. Exit code 1 when a variant failed or produced a wrong\n"
+               "uniform rows at 128x128, 12.5%. --dtype e4m3 (fp8: the sparse operand with one fp32 scale per\n"
+               "stored block, the dense input with one per token, C in --out, bf16 by default) runs hopper_fp8\n"
+               "beside cuBLASLt's dense fp8 GEMM (cublaslt_fp8_dense: the same values densified, one scale per\n"
+               "operand), on a GPU without shape flags: dsd 8192^3 128x128 12.5% (B row-major: the transpose\n"
+               "to K-major is timed; --b-layout col reads B in place), and the layer y = x*W^T (dds --trans)\n"
+               "with W 14336x4096 64x64 25% at 4096 tokens and at 16 (decode); --op keeps one op's rows. Its\n"
+               "error column is against the fp64 oracle (on the first 64 tokens of a large problem). On the\n"
+               "CPU backend --dtype e4m3 runs the CPU rows against the fp64 oracle. --op decode times paged\n"
+               "decode attention against its read floor (`sparsek bench --op decode --help`). Exit code 1\n"
+               "when a variant failed or produced a wrong\n"
                "result, or when --compare finds a row more than --threshold percent slower than its\n"
                "baseline (matched by workload and variant; sparsek's own variants, not the peers).",
                kSpecs);
@@ -618,7 +802,7 @@ int bench_main(const std::vector<std::string>& argv) {
   if (op_name == "dsd") custom.kind = OpKind::dsd;
   else if (op_name == "dds") custom.kind = OpKind::dds;
   else if (op_name == "sdd") custom.kind = OpKind::sdd;
-  else args.bad("--op", "must be one of dsd, dds, sdd, attention or gate");
+  else args.bad("--op", "must be one of dsd, dds, sdd, attention, gate or decode");
   if (args.has("--trans")) {
     if (custom.kind == OpKind::sdd) args.bad("--trans", "sdd has no op (its sparse operand is the output)");
     custom.op = Op::trans;
@@ -635,20 +819,35 @@ int bench_main(const std::vector<std::string>& argv) {
   custom.la = layout("--a-layout", OpKind::dsd);
   custom.lb = layout("--b-layout", OpKind::dds);
   const bool dtype_given = args.has("--dtype");
-  DType dtype = args.dtype("--dtype", DType::f16);
+  DType dtype = DType::f16;
+  if (args.str("--dtype", "") == "e4m3") dtype = DType::e4m3;
+  else if (dtype_given) {
+    const std::string v = args.str("--dtype", "");
+    if (v != "f16" && v != "bf16" && v != "f32") args.bad("--dtype", "must be one of f16, bf16, f32, e4m3");
+    dtype = args.dtype("--dtype", DType::f16);
+  }
+  const bool fp8 = dtype == DType::e4m3;
+  if (fp8 && custom.kind == OpKind::sdd) args.bad("--dtype", "e4m3 runs dsd and dds; sdd has no e4m3 form");
+  if (args.has("--out") && !fp8) args.bad("--out", "only with --dtype e4m3 (C has the inputs' dtype otherwise)");
+  const DType out_dtype = args.dtype("--out", DType::bf16);
   Settings s;
   s.seed = args.seed("--seed", 1);
   s.threads = int(args.integer("--threads", 0, 1, 4096));
   s.only = args.list("--variants");
   for (const std::string& name : s.only)
-    if (!find_variant(name) && name != kDenseGemm && name != kEllSpmm && name != kBatchedGemm) {
+    if (!find_variant(name) && name != kDenseGemm && name != kEllSpmm && name != kBatchedGemm && name != kLtFp8) {
       std::string known;
       for (const Variant& v : variants()) known += std::string(v.name) + ", ";
       args.bad("--variants", "unknown variant '" + name + "' (known: " + known + kDenseGemm + ", " + kEllSpmm + ", " +
-                                 kBatchedGemm + ")");
+                                 kBatchedGemm + ", " + kLtFp8 + ")");
+    } else if (fp8 != runs_e4m3(name) && name != "cpu") {
+      args.bad("--variants", fp8 ? "'" + name + "' does not run e4m3 (with --dtype e4m3: cpu, hopper_fp8, " + kLtFp8 + ")"
+                                 : "'" + name + "' runs --dtype e4m3 only");
     }
   const std::string suite = args.str("--suite", "spec");
   if (suite != "spec" && suite != "serving") args.bad("--suite", "must be spec, serving or attention");
+  if (fp8 && suite == "serving")
+    args.bad("--dtype", "e4m3 is not in --suite serving (--dtype e4m3 alone runs its own table, decode included)");
   if (suite == "serving" && shaped)
     args.bad("--suite", "choose the suite or shape flags (--m, --n, --k, --block, --density, --pattern), not both");
   custom.calls = int(args.integer("--calls", 1, 1, 1000));
@@ -715,6 +914,8 @@ int bench_main(const std::vector<std::string>& argv) {
     dtype = dtype_given ? dtype : DType::f32;
   } else if (shaped) {
     table.push_back(fill_dims(custom, 8192));
+  } else if (fp8) {
+    table = fp8_workloads(custom, args.has("--op"));
   } else if (suite == "serving") {
     table = serving_workloads(dtype);
   } else if (custom.kind == OpKind::dsd) {
@@ -733,11 +934,12 @@ int bench_main(const std::vector<std::string>& argv) {
   std::vector<std::string> labels;
   for (Workload& w : table) {
     w.dtype = dtype;
+    w.out = fp8 ? out_dtype : dtype;
     labels.push_back(label(w));
   }
 
   Progress progress(stdout_is_tty());
-  Steps steps{progress, 0, std::max<size_t>(1, candidates(gpu, s.only).size() * table.size())};
+  Steps steps{progress, 0, std::max<size_t>(1, (candidates(gpu, s.only, fp8).size() + fp8) * table.size())};
   Table t;
   if (gpu) {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
@@ -748,7 +950,7 @@ int bench_main(const std::vector<std::string>& argv) {
                                       : "SPARSEK_BENCH_GATE=off: runs timed as the host issues them");
     t.columns = {median_column(),
                  rate_column(true),
-                 fixed_column("x cuBLAS", "ratio_vs_cublas_dense", 2),
+                 fixed_column(fp8 ? "x dense fp8" : "x cuBLAS", "ratio_vs_cublas_dense", 2),
                  fixed_column("x best peer", "ratio_vs_best_peer", 2),
                  fixed_column("% ideal", "fraction_of_ideal", 1, 100),
                  sci_column("rel err", "rel_error")};

@@ -121,6 +121,7 @@ int bench_gate(const Json& results, const std::string& results_name, const std::
 int bench_main(const std::vector<std::string>& argv);
 int bench_attention_main(const std::vector<std::string>& argv);  // bench --op attention (bench_attention.cpp)
 int bench_gate_main(const std::vector<std::string>& argv);  // bench --op gate (bench_gate.cpp)
+int bench_decode_main(const std::vector<std::string>& argv);  // bench --op decode (bench_decode.cpp)
 int verify_main(const std::vector<std::string>& argv);
 int doctor_main(const std::vector<std::string>& argv);
 int tune_main(const std::vector<std::string>& argv);   // tune.cpp
