@@ -25,8 +25,7 @@ namespace sparsek {
 namespace {
 
 constexpr int kThreads = 256;  // both kernels: 8 warps
-constexpr int kMaxRows = kThreads / 32;  // query blocks per select CTA: one warp's top-k each (fewer
-                                         // when one row's scores are long)
+constexpr int kMaxRows = 16;   // query blocks per select CTA (fewer when one row's scores are long)
 constexpr int kKeyChunk = 128; // pooled k rows staged in shared memory at a time
 
 // ---------------------------------------------------------------- pooling
@@ -141,8 +140,10 @@ struct SelectSmem {
   int pk, pq, s, bits, words;
 };
 // Pooled k chunk [kKeyChunk][D + 4] (the +4 keeps the float4 reads of 8 consecutive keys on
-// distinct banks), pooled q [R][D], the scores / keys [R][Nk] and the candidate bitmap
-// [R][ceil(Nk / 32)].
+// distinct banks), pooled q [round_up4(R)][D], the scores / keys [R][Nk] and the candidate
+// bitmap [R][ceil(Nk / 32)].
+// Rows of pooled q in shared memory: whole groups of 4, as each scoring thread reads 4 rows.
+__host__ __device__ inline int round_up4(int r) { return (r + 3) / 4 * 4; }
 
 SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates) {
   auto up4 = [](int64_t w) { return (w + 3) / 4 * 4; };
@@ -151,7 +152,7 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   m.pk = int(off);
   if (computed) off += int64_t(kKeyChunk) * (D + 4);
   m.pq = int(off);
-  if (computed) off += int64_t(R) * D;
+  if (computed) off += int64_t(round_up4(R)) * D;
   m.s = int(off);
   off += up4(int64_t(R) * Nk);
   m.bits = int(off);
@@ -160,7 +161,7 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   return m;
 }
 
-// Query blocks per CTA: 8 while a CTA's scores fit in 32 KB, fewer for long rows.
+// Query blocks per CTA: 16 while a CTA's scores fit in 32 KB, fewer for long rows.
 int rows_per_cta(int64_t Nk) {
   int R = kMaxRows;
   while (R > 1 && int64_t(R) * Nk * 4 > 32768) R /= 2;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* pk = smem + p.sm_pk;                                // [kKeyChunk][D + 4]
-  float* pq = smem + p.sm_pq;                                // [R][D]
+  float* pq = smem + p.sm_pq;                                // [round_up4(R)][D]
   float* S = smem + p.sm_s;                                  // [R][Nk]: scores, then their keys' bits
   uint32_t* bits = reinterpret_cast<uint32_t*>(smem + p.sm_bits);  // [R][W]
   constexpr int PD = D + 4;
@@ -225,45 +226,58 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
     for (int r = 0; r < rows; ++r)
       for (int j = t; j < Nk; j += kThreads) put_score(r, j, p.given[(bg * p.Mq + i0 + r) * int64_t(Nk) + j]);
   } else if (Nk > 0) {
-    // pooled q rows i0 .. i0+rows-1
-    for (int e = t; e < rows * (D / 4); e += kThreads) {
+    // pooled q rows i0 .. i0+R-1 (zeros past Mq and in the rows that round R up to 4)
+    for (int e = t; e < round_up4(p.R) * (D / 4); e += kThreads) {
       const int r = e / (D / 4), d4 = e % (D / 4);
-      *reinterpret_cast<float4*>(pq + r * D + 4 * d4) =
-          __ldg(reinterpret_cast<const float4*>(p.pooled_q + ((bg * p.Mq + i0 + r) * D + 4 * d4)));
+      const float4 v = r < rows ? __ldg(reinterpret_cast<const float4*>(p.pooled_q + ((bg * p.Mq + i0 + r) * D + 4 * d4)))
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+      *reinterpret_cast<float4*>(pq + r * D + 4 * d4) = v;
     }
+    // Thread t: rows 4*rq .. 4*rq+3 against keys kt and kt + 64 of each chunk (one warp: 32
+    // consecutive keys, so its pooled-k reads hit distinct banks and its pooled-q reads broadcast).
+    const int kt = t % 64, rq = t / 64;
+    const bool active = 4 * rq < rows;
     for (int c0 = 0; c0 < Nk; c0 += kKeyChunk) {
       __syncthreads();  // the previous chunk is consumed (and pq is written, the first time)
-      // Every load of the chunk in flight before the first store.
-      constexpr int kPerThread = kKeyChunk * (D / 4) / kThreads;
-      float4 v[kPerThread];
+      // Eight loads in flight per thread before the first store.
+      constexpr int kBatch = 8, kPerThread = kKeyChunk * (D / 4) / kThreads;
+      static_assert(kPerThread % kBatch == 0, "chunk loads split into whole batches");
 #pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const int e = t + u * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
-        v[u] = c0 + jj < Nk ? __ldg(reinterpret_cast<const float4*>(p.pooled_k + ((bg * Nk + c0 + jj) * D + 4 * d4)))
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+      for (int u0 = 0; u0 < kPerThread; u0 += kBatch) {
+        float4 v[kBatch];
 #pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const int e = t + u * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
-        *reinterpret_cast<float4*>(pk + jj * PD + 4 * d4) = v[u];
+        for (int u = 0; u < kBatch; ++u) {
+          const int e = t + (u0 + u) * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
+          v[u] = c0 + jj < Nk ? __ldg(reinterpret_cast<const float4*>(p.pooled_k + ((bg * Nk + c0 + jj) * D + 4 * d4)))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int e = t + (u0 + u) * kThreads, jj = e / (D / 4), d4 = e % (D / 4);
+          *reinterpret_cast<float4*>(pk + jj * PD + 4 * d4) = v[u];
+        }
       }
       __syncthreads();
-      // Task = (row, 32 consecutive keys of the chunk), spread over the warps: a lane scores one key
-      // (its pooled-k reads hit distinct banks, the row's pooled-q reads broadcast), so every warp
-      // has work whatever R is.
-      const int groups = (min(kKeyChunk, Nk - c0) + 31) / 32;
-      for (int task = warp; task < rows * groups; task += kThreads / 32) {
-        const int r = task / groups, jj = (task % groups) * 32 + lane, j = c0 + jj;
-        const float* qr = pq + r * D;
-        const float* kr = pk + jj * PD;
-        float acc = 0.f;
+      if (active) {
+        float acc[4][2] = {};
 #pragma unroll 8
         for (int d4 = 0; d4 < D / 4; ++d4) {
-          const float4 kv = *reinterpret_cast<const float4*>(kr + 4 * d4);
-          const float4 qv = *reinterpret_cast<const float4*>(qr + 4 * d4);
-          acc = fmaf(qv.w, kv.w, fmaf(qv.z, kv.z, fmaf(qv.y, kv.y, fmaf(qv.x, kv.x, acc))));
+          const float4 k0 = *reinterpret_cast<const float4*>(pk + kt * PD + 4 * d4);
+          const float4 k1 = *reinterpret_cast<const float4*>(pk + (kt + 64) * PD + 4 * d4);
+#pragma unroll
+          for (int rr = 0; rr < 4; ++rr) {
+            const float4 qv = *reinterpret_cast<const float4*>(pq + (4 * rq + rr) * D + 4 * d4);
+            acc[rr][0] = fmaf(qv.w, k0.w, fmaf(qv.z, k0.z, fmaf(qv.y, k0.y, fmaf(qv.x, k0.x, acc[rr][0]))));
+            acc[rr][1] = fmaf(qv.w, k1.w, fmaf(qv.z, k1.z, fmaf(qv.y, k1.y, fmaf(qv.x, k1.x, acc[rr][1]))));
+          }
         }
-        if (j < Nk) put_score(r, j, p.scale * acc);
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr)
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk) {
+            const int r = 4 * rq + rr, j = c0 + kt + 64 * kk;
+            if (r < rows && j < Nk) put_score(r, j, p.scale * acc[rr][kk]);
+          }
       }
     }
   }
