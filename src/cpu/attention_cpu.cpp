@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/dot.hpp"
 #include "cpu/parallel.hpp"
 #include "format/attention_internal.hpp"
 #include "plan/backends.hpp"
@@ -39,18 +40,6 @@ void load_rows(const Tensor4View& t, int64_t b, int64_t h, int64_t s0, int64_t n
   out.resize(size_t(n * t.d));
   for (int64_t r = 0; r < n; ++r)
     for (int64_t d = 0; d < t.d; ++d) out[size_t(r * t.d + d)] = load_as_float(t.data, t.dtype, t.index(b, h, s0 + r, d));
-}
-
-double dot(const float* x, const float* y, int64_t n) {
-  // Four partial sums (n is 64 or 128): a fixed order with room for the pipeline.
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (int64_t d = 0; d < n; d += 4) {
-    s0 += double(x[d]) * double(y[d]);
-    s1 += double(x[d + 1]) * double(y[d + 1]);
-    s2 += double(x[d + 2]) * double(y[d + 2]);
-    s3 += double(x[d + 3]) * double(y[d + 3]);
-  }
-  return (s0 + s1) + (s2 + s3);
 }
 
 // Calls fn(j, masked) for every block of layout row r of l, the masked list first, then the full
@@ -113,7 +102,7 @@ void cpu_run(const AttentionArgs& a, const Options& o, VariantState*) {
         if (n <= 0) continue;
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t c = 0; c < n; ++c) {
-          sc.s[size_t(c)] = scale * dot(&sc.q[size_t(rr * D)], &sc.k[size_t(c * D)], D);
+          sc.s[size_t(c)] = scale * dot_f64(&sc.q[size_t(rr * D)], &sc.k[size_t(c * D)], D);
           mx = std::max(mx, sc.s[size_t(c)]);
         }
         double& m = sc.m[size_t(rr)];
@@ -200,7 +189,7 @@ void load_query_rows(const AttentionBackwardArgs& a, int64_t b, int64_t h, int64
     for (int64_t d = 0; d < D; ++d) norm2 += g[d] * g[d];
     st.dead = lse == -std::numeric_limits<double>::infinity();
     st.lse = st.dead ? std::numeric_limits<double>::infinity() : lse;
-    st.delta = dot(o, g, D);
+    st.delta = dot_f64(o, g, D);
     st.nonfinite = !std::isfinite(lse) || !std::isfinite(float(st.delta)) || !std::isfinite(norm2);
   }
 }
@@ -240,9 +229,9 @@ void block_terms(const AttentionArgs& f, const QueryRows& w, int64_t r0, int64_t
     for (int64_t c = 0; c < nc; ++c) {
       const bool hidden = masked && f.causal && c0 + c > r0 + rr;
       const double s = hidden ? -std::numeric_limits<double>::infinity()
-                              : scale * dot(&w.q[size_t(rr * D)], &kr[size_t(c * D)], D);
+                              : scale * dot_f64(&w.q[size_t(rr * D)], &kr[size_t(c * D)], D);
       const double p = std::exp(s - st.lse);
-      const double dp = dot(&w.g[size_t(rr * D)], &vr[size_t(c * D)], D);
+      const double dp = dot_f64(&w.g[size_t(rr * D)], &vr[size_t(c * D)], D);
       term(rr, c, p, p * (dp - st.delta));
     }
   }

@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/dot.hpp"
 #include "cpu/parallel.hpp"
 #include "format/decode_internal.hpp"
 
@@ -26,16 +27,6 @@ struct Scratch {
   std::vector<double> acc, m, l, s;  // s: one page's scores of one row
 };
 
-double dot(const float* x, const float* y, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (int64_t d = 0; d < n; d += 4) {
-    s0 += double(x[d]) * double(y[d]);
-    s1 += double(x[d + 1]) * double(y[d + 1]);
-    s2 += double(x[d + 2]) * double(y[d + 2]);
-    s3 += double(x[d + 3]) * double(y[d + 3]);
-  }
-  return (s0 + s1) + (s2 + s3);
-}
 }  // namespace
 
 void decode_cpu_run(const DecodeArgs& a, int threads_requested) {
@@ -95,7 +86,7 @@ void decode_cpu_run(const DecodeArgs& a, int threads_requested) {
         double mx = ninf;
         std::vector<double>& s = sc.s;
         s.resize(size_t(cnt));
-        for (int64_t c = 0; c < cnt; ++c) mx = std::max(mx, s[size_t(c)] = scale * dot(qr, &sc.k[size_t(c * D)], D));
+        for (int64_t c = 0; c < cnt; ++c) mx = std::max(mx, s[size_t(c)] = scale * dot_f64(qr, &sc.k[size_t(c * D)], D));
         double& m = sc.m[size_t(r)];
         double& l = sc.l[size_t(r)];
         if (mx > m) {

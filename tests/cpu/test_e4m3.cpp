@@ -378,21 +378,12 @@ TEST(E4m3, BsrMatrixHoldsScales) {
 
 // ---------------------------------------------------------------- products (CPU backend)
 
+// block_case with e4m3 integer inputs (exact products) and alpha 2.
 CaseSpec fp8_case(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, DType out, uint64_t seed) {
-  CaseSpec s;
-  s.kind = kind;
-  s.op = op;
-  s.bm = bm;
-  s.bk = bk;
-  s.rows = mb * bm;
-  s.cols = kb * bk;
-  s.free = free;
-  s.density = 0.5;
+  CaseSpec s = block_case(kind, op, bm, bk, mb, kb, free, seed, out);
   s.in = DType::e4m3;
-  s.out = out;
   s.alpha = 2.f;
   s.integers = true;
-  s.seed = seed;
   return s;
 }
 

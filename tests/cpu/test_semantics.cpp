@@ -1,4 +1,4 @@
-// The semantics users rely on (README, "What it computes"), on the CPU backend: beta = 0 never
+// The semantics users rely on (docs/guide-cpp.md, "What it computes"), on the CPU backend: beta = 0 never
 // reads C, beta != 0 accumulates, empty block rows give beta*C, nnzb = 0, one block, fully dense, N = 1, dense extents
 // that are not multiples of anything, one very long row, and bit-identical results for any thread
 // count.

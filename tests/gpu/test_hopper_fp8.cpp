@@ -19,20 +19,12 @@
 namespace sparsek::test {
 namespace {
 
+// block_case with e4m3 inputs: density 0.4, alpha 1.25.
 CaseSpec fp8_spec(OpKind kind, Op op, int bm, int bk, int64_t mb, int64_t kb, int64_t free, DType out, uint64_t seed) {
-  CaseSpec s;
-  s.kind = kind;
-  s.op = op;
-  s.bm = bm;
-  s.bk = bk;
-  s.rows = mb * bm;
-  s.cols = kb * bk;
-  s.free = free;
+  CaseSpec s = block_case(kind, op, bm, bk, mb, kb, free, seed, out);
   s.density = 0.4;
   s.in = DType::e4m3;
-  s.out = out;
   s.alpha = 1.25f;
-  s.seed = seed;
   return s;
 }
 

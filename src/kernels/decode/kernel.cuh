@@ -83,6 +83,36 @@ __device__ __forceinline__ float dot_row(const T* k, const float* q) {
   return s;
 }
 
+// The end of a split-kernel CTA for row rr (token rr / G, head hk * G + rr % G) of the 8 threads
+// that own its dims pd .. pd + D/8 - 1 (`leader`: one of the 8): with one chunk O = acc / l (0 where
+// the row saw nothing) and LSE = (m + log2 l) ln 2; with several, the unnormalized acc and (m, l),
+// log2 domain, to the chunk's rows of the workspace. Shared by both variants.
+template <int D, class T>
+__device__ __forceinline__ void write_row(const Params& p, const Request& rq, int bh, int hk, int split, int rr, int pd,
+                                          bool leader, const float (&acc)[D / 8], float m, float l) {
+  constexpr int N = D / 8;
+  if (p.splits == 1) {
+    const int j = rr / p.group, h = hk * p.group + rr % p.group, tok = rq.q0 + j;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    T* o = static_cast<T*>(p.o) + int64_t(tok) * p.o_st + int64_t(h) * p.o_sh + pd;
+#pragma unroll
+    for (int c = 0; c < N; c += 8) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) e[x] = dev::from_float<T>(acc[c + x] * inv);
+      *reinterpret_cast<uint4*>(o + c) = raw;
+    }
+    if (p.lse && leader) p.lse[int64_t(tok) * p.hq + h] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
+  } else {
+    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * p.max_new) + rr;
+    float* w = p.ws_o + row * D + pd;
+#pragma unroll
+    for (int c = 0; c < N; c += 4) *reinterpret_cast<float4*>(w + c) = make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
+    if (leader) p.ws_ml[row] = make_float2(m, l);
+  }
+}
+
 template <int D, class T>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) {
   constexpr int kPitch = D + 8;  // halves per smem K/V row: 16-byte aligned, spreads the banks
@@ -247,28 +277,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   const int rr = r_base + pr;
   if (rr >= rows_all) return;
   const float2 ml = ml_s[pr];
-  if (p.splits == 1) {
-    const int j = rr / p.group, h = hk * p.group + rr % p.group, tok = rq.q0 + j;
-    const float inv = ml.y > 0.f ? 1.f / ml.y : 0.f;  // sees nothing: O = 0
-    T* o = static_cast<T*>(p.o) + int64_t(tok) * p.o_st + int64_t(h) * p.o_sh + pd;
-#pragma unroll
-    for (int c = 0; c < kDimsPerThread; c += 8) {
-      uint4 raw;
-      T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) e[x] = dev::from_float<T>(acc[c + x] * inv);
-      *reinterpret_cast<uint4*>(o + c) = raw;
-    }
-    if (p.lse && tid % 8 == 0)
-      p.lse[int64_t(tok) * p.hq + h] = ml.y > 0.f ? (ml.x + log2f(ml.y)) * 0.69314718055994531f : -INFINITY;
-  } else {
-    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * p.max_new) + rr;
-    float* w = p.ws_o + row * D + pd;
-#pragma unroll
-    for (int c = 0; c < kDimsPerThread; c += 4)
-      *reinterpret_cast<float4*>(w + c) = make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
-    if (tid % 8 == 0) p.ws_ml[row] = ml;
-  }
+  write_row<D, T>(p, rq, bh, hk, split, rr, pd, tid % 8 == 0, acc, ml.x, ml.y);
 }
 
 // One CTA of D x kCombineRows threads per (request b, key/value head hk): thread (d, y) merges

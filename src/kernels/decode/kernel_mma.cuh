@@ -261,27 +261,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_mma_kernel(const Params
     for (int w = 0; w < kGroup; ++w) v += os[(w * kRows + pr) * D + pd + x];
     o[x] = v;
   }
-  if (p.splits == 1) {
-    const int j = rr / p.group, h = hk * p.group + rr % p.group, tok = rq.q0 + j;
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    T* out = static_cast<T*>(p.o) + int64_t(tok) * p.o_st + int64_t(h) * p.o_sh + pd;
-#pragma unroll
-    for (int c = 0; c < kDimsPerThread; c += 8) {
-      uint4 raw;
-      T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) e[x] = dev::from_float<T>(o[c + x] * inv);
-      *reinterpret_cast<uint4*>(out + c) = raw;
-    }
-    if (p.lse && tid % 8 == 0)
-      p.lse[int64_t(tok) * p.hq + h] = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : -INFINITY;
-  } else {
-    const int64_t row = (int64_t(bh) * p.splits + split) * (p.group * p.max_new) + rr;
-    float* w = p.ws_o + row * D + pd;
-#pragma unroll
-    for (int c = 0; c < kDimsPerThread; c += 4) *reinterpret_cast<float4*>(w + c) = make_float4(o[c], o[c + 1], o[c + 2], o[c + 3]);
-    if (tid % 8 == 0) p.ws_ml[row] = make_float2(M, L);
-  }
+  write_row<D, T>(p, rq, bh, hk, split, rr, pd, tid % 8 == 0, o, M, L);
 }
 
 }  // namespace sparsek::decode_gpu
