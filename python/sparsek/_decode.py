@@ -110,8 +110,9 @@ def update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q
     tokens are its positions ``seq_lens[b] - n_b .. seq_lens[b] - 1`` with
     ``n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]``. Call it once the step's keys are in the cache:
     only the pages holding those positions are recomputed (from all their stored slots), or every
-    page below ``seq_lens[b]`` with ``all_pages=True`` (after a prefill). Requests sharing a
-    physical page must agree on its stored slots.
+    page below ``seq_lens[b]`` with ``all_pages=True`` (after a prefill; ``cu_seqlens_q`` must still
+    be valid, e.g. one token per request: ``arange(B + 1)``). Requests sharing a physical page must
+    agree on its stored slots.
 
     With ``check_indices`` (the default) the index arrays' contents are checked (for CUDA arrays
     that reads them on the host, which waits for the stream); ``check_indices=False`` neither checks
