@@ -129,6 +129,8 @@ def update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q
         raise ValueError(f"summaries dtype {A.dtype_name(summaries)} differs from k_cache dtype "
                          f"{A.dtype_name(k_cache)}")
     _ndim(cu_seqlens_q, "cu_seqlens_q", 1, "[batch + 1]")
+    if A.dtype_name(cu_seqlens_q) != "int32":
+        raise ValueError(f"cu_seqlens_q dtype {A.dtype_name(cu_seqlens_q)} must be int32")
     A.check_writable(summaries, "summaries")
     batch = A.shape_of(cu_seqlens_q)[0] - 1
     if check_indices and batch >= 1:

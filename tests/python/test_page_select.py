@@ -193,6 +193,8 @@ def test_named_errors(rng):
 
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[2\] = 40: a batch of 2 requests has 1 to 16 new tokens"):
         sparsek.update_page_summaries(s, k, pt, lens, np.array([0, 1, 40], np.int32))
+    with pytest.raises(ValueError, match="cu_seqlens_q dtype int64 must be int32"):
+        sparsek.update_page_summaries(s, k, pt, lens, cu.astype(np.int64))
     with pytest.raises(ValueError, match=r"request 1 has 0 new tokens"):
         sparsek.update_page_summaries(s, k, pt, lens, np.array([0, 2, 2], np.int32))
     with pytest.raises(ValueError, match=r"summaries has shape \(9, 2, 2, 64\), expected \[num_pages, Hkv, 2, D\]"):
@@ -217,7 +219,8 @@ try:
 except ImportError:
     pass
 HAS_CUDA = torch is not None and torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="torch with a CUDA device is needed"))]
+NO_CUDA = "torch with a CUDA device is needed"
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA))]
 
 
 def _t(x, device, dtype=None):
@@ -241,10 +244,9 @@ def test_torch_gives_the_numpy_paths_bits(rng, device, dtype, integers):
         idx_want, cnt_want = sparsek.select_pages(q, s_want, pt, lens, cu, 3, 1, 2, page_size=64)
         s_want = torch.from_numpy(s_want).to(tdt)
     else:
-        s_want = sparsek.update_page_summaries(sparsek.page_summaries(k16), k16, *(_t(x, "cpu") for x in (pt, lens, cu)),
-                                               all_pages=True)
-        idx_want, cnt_want = (x.numpy() for x in sparsek.select_pages(q16, s_want, *(_t(x, "cpu") for x in (pt, lens, cu)),
-                                                                       3, 1, 2, page_size=64))
+        host = [_t(x, "cpu") for x in (pt, lens, cu)]
+        s_want = sparsek.update_page_summaries(sparsek.page_summaries(k16), k16, *host, all_pages=True)
+        idx_want, cnt_want = (x.numpy() for x in sparsek.select_pages(q16, s_want, *host, 3, 1, 2, page_size=64))
 
     ints = [_t(x, device) for x in (pt, lens, cu)]
     s = sparsek.page_summaries(_t(k, device, tdt))
@@ -272,7 +274,7 @@ def test_torch_arrays_must_share_a_device_and_a_framework(rng):
                                                                                   (pt, lens, cu)), 1, page_size=16)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="torch with a CUDA device is needed")
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 def test_cuda_mixed_places_and_graph(rng):
     q, k, _, pt, lens, cu = make_case(rng, [2, 1], [200, 65], 8, 2, 64, 32, integers=False)
     qd, kd = _t(q, "cuda", torch.bfloat16), _t(k, "cuda", torch.bfloat16)
@@ -297,3 +299,22 @@ def test_cuda_mixed_places_and_graph(rng):
     torch.cuda.synchronize()
     assert torch.equal(s2, s)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_cupy_gives_the_numpy_paths_bits(rng):
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError as e:
+        pytest.skip(f"CuPy finds no CUDA device: {e}")
+    q, k, _, pt, lens, cu = make_case(rng, [3, 1], [150, 64], 4, 1, 64, 16)
+    s_want = sparsek.update_page_summaries(sparsek.page_summaries(k), k, pt, lens, cu, all_pages=True)
+    idx_want, cnt_want = sparsek.select_pages(q, s_want, pt, lens, cu, 2, page_size=16)
+    ints = [cp.asarray(x) for x in (pt, lens, cu)]
+    kd = cp.asarray(k.astype(np.float16))
+    s = sparsek.update_page_summaries(sparsek.page_summaries(kd), kd, *ints, all_pages=True)
+    idx, cnt = sparsek.select_pages(cp.asarray(q.astype(np.float16)), s, *ints, 2, page_size=16)
+    assert isinstance(idx, cp.ndarray) and idx.dtype == np.int32
+    np.testing.assert_array_equal(cp.asnumpy(s), s_want.astype(np.float16))
+    np.testing.assert_array_equal(cp.asnumpy(idx), idx_want)
+    np.testing.assert_array_equal(cp.asnumpy(cnt), cnt_want)
