@@ -284,6 +284,8 @@ def test_cuda_mixed_places_and_graph(rng):
         sparsek.update_page_summaries(s, kd, ints[0], _t(lens, "cpu"), ints[2])
     with pytest.raises(ValueError, match="summaries is in host memory but q is in CUDA device"):
         sparsek.select_pages(qd, s.cpu(), *ints, 2, page_size=32)
+    with pytest.raises(ValueError, match="seq_lens is in host memory but page_table is in CUDA device"):
+        sparsek.decode_attention(qd, kd, kd, ints[0], _t(lens, "cpu"), ints[2])  # checked there too
     sparsek.update_page_summaries(s, kd, *ints, all_pages=True)
     want = sparsek.select_pages(qd, s, *ints, 2, page_size=32)
 
