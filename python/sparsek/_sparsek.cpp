@@ -546,6 +546,16 @@ PagedCacheView cache_view(const A& a, const std::string& name) {
   return c;
 }
 
+// sel_indices' entries. With kmax = 0 the array is empty and its pointer may be null (torch reports
+// 0 for every empty tensor), while the library wants a pointer beside sel_counts but reads and
+// writes no entry: any non-null address will do.
+template <class A>
+int32_t* sel_entries(const A& a) {
+  static int32_t no_entries = 0;
+  if (a.size() == 0) return &no_entries;
+  return static_cast<int32_t*>(const_cast<void*>(static_cast<const void*>(a.data())));
+}
+
 // The library cannot see where a raw pointer lives: every array of a call must be in the memory
 // (and on the device) of `ref`, or a kernel would read host memory as device memory.
 template <class A>
@@ -601,7 +611,7 @@ DecodeArgs decode_args(const In& q, const In& k, const In& v, const Out& o, cons
         int64_t(sel_cnt->shape(0)) != a.batch || int64_t(sel_cnt->shape(1)) != a.k.h)
       bad("sel_indices " + shape_str(*sel_idx) + " and sel_counts " + shape_str(*sel_cnt) +
           " must be [batch, Hkv, kmax] and [batch, Hkv]");
-    a.sel_indices = static_cast<const int32_t*>(sel_idx->data());
+    a.sel_indices = sel_entries(*sel_idx);
     a.sel_counts = static_cast<const int32_t*>(sel_cnt->data());
     a.sel_kmax = int64_t(sel_idx->shape(2));
     same_place(*sel_idx, "sel_indices", ip, "page_table");
@@ -1237,7 +1247,7 @@ NB_MODULE(_sparsek, m) {
         // select reads the cache's shape only (k.data stays null).
         a.k = PagedCacheView::packed(nullptr, qv.dtype, qv.memory, pages, page_size, hkv, d);
         a.summaries = const_cast<void*>(static_cast<const void*>(summaries.data()));
-        a.sel_indices = static_cast<int32_t*>(sel_idx.data());
+        a.sel_indices = sel_entries(sel_idx);
         a.sel_counts = static_cast<int32_t*>(sel_cnt.data());
         a.sel_kmax = int64_t(sel_idx.shape(2));
         a.topk = topk, a.sink = sink, a.local = local;

@@ -264,6 +264,21 @@ def test_torch_gives_the_numpy_paths_bits(rng, device, dtype, integers):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_keeping_nothing(rng, device):
+    # topk = sink = local = 0: kmax 0, every count 0, and decode_attention takes that (O = 0, LSE = -inf).
+    q, k, v, pt, lens, cu = make_case(rng, [1, 2], [40, 70], 2, 1, 64, 16)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    qd, kd, vd = (_t(x, device, dt) for x in (q, k, v))
+    ints = [_t(x, device) for x in (pt, lens, cu)]
+    s = sparsek.update_page_summaries(sparsek.page_summaries(kd), kd, *ints, all_pages=True)
+    idx, cnt = sparsek.select_pages(qd, s, *ints, 0, 0, 0, page_size=16)
+    assert idx.shape == (2, 1, 0) and cnt.shape == (2, 1) and not cnt.any()
+    o, lse = sparsek.decode_attention(qd, kd, vd, *ints, selection=(idx, cnt))
+    assert torch.isneginf(lse).all() and not o.any()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_torch_arrays_must_share_a_device_and_a_framework(rng):
     q, k, _, pt, lens, cu = make_case(rng, [1], [40], 2, 1, 64, 16)
     s = sparsek.page_summaries(k)
