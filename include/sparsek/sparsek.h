@@ -282,6 +282,41 @@ sparsek_status sparsek_decode_plan_destroy(sparsek_decode_plan plan);
 /* The plan's KV chunks and workspace bytes (either pointer may be NULL). */
 sparsek_status sparsek_decode_plan_info(sparsek_decode_plan plan, int32_t* kv_splits, uint64_t* workspace_bytes);
 
+/* ---- Page selection for decode (the decode gate) ----
+ * Per-page key summaries kept beside the cache, summaries [num_pages, Hkv, 2, D] packed in k's
+ * dtype and memory ([p, h, 0, :] the per-channel minimum, [p, h, 1, :] the maximum of the page's
+ * stored keys), and the choice of pages each key/value head attends, as sparsek/decode.hpp says:
+ * a page's score is the largest, over the query heads of the group and the request's new tokens,
+ * of sum_d q_d * (q_d >= 0 ? max_d : min_d); each (request, key/value head) keeps pages
+ * 0..sink-1, the `local` newest pages and the `topk` best others (equal scores: the lower page),
+ * in ascending order, with zeros past the count: the selection sparsek_decode_args takes. */
+typedef struct {
+  sparsek_tokens q;      /* [T, Hq, D] the step's new tokens; update reads its shape only (data may be NULL) */
+  sparsek_paged_cache k; /* [num_pages, page_size, Hkv, D] the key cache; select reads its shape only */
+  void* summaries;       /* [num_pages, Hkv, 2, D] packed, k's dtype and memory */
+  const int32_t* page_table;   /* [batch, max_pages] */
+  const int32_t* seq_lens;     /* [batch], the new tokens included */
+  const int32_t* cu_seqlens_q; /* [batch + 1] */
+  int64_t batch, max_pages;
+  sparsek_memory index_memory; /* where the int32 arrays (outputs too) live: k's memory */
+  int32_t* sel_indices;        /* select's output [batch, Hkv, sel_kmax] */
+  int32_t* sel_counts;         /* select's output [batch, Hkv] */
+  int64_t sel_kmax;            /* in [min(max_pages, topk + sink + local), max_pages] */
+  int64_t topk, sink, local;   /* select: each >= 0 */
+  int32_t all_pages;       /* update: 0 = the pages holding the new tokens, 1 = every stored page (after a prefill) */
+  int32_t skip_index_check; /* 0: check the index arrays' contents (device arrays are copied to the host
+                               after waiting for `stream`); 1: do not (CUDA-graph capturable; malformed
+                               contents give wrong results, never an access outside the arrays) */
+} sparsek_page_select_args;
+
+/* Recomputes the summaries of the pages holding each request's new tokens (of every stored page
+ * with all_pages), from all their stored slots; call it once the step's keys are in the cache.
+ * Host memory runs on the CPU, device memory on the GPU on `stream` (a cudaStream_t or NULL),
+ * unsynchronized and allocation-free. */
+sparsek_status sparsek_update_page_summaries(const sparsek_page_select_args* args, void* stream);
+/* Scores the pages and writes the selection (sel_indices, sel_counts); as the update otherwise. */
+sparsek_status sparsek_select_pages(const sparsek_page_select_args* args, void* stream);
+
 /* ---- The attention backward ----
  * Gradients of sparsek_attention for an upstream gradient dout of o (the semantics of
  * attention_backward in sparsek/attention.hpp): dv = P^T dout, dq = scale dS k, dk = scale dS^T q

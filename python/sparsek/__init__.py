@@ -18,7 +18,8 @@ layout from the content (``sparsek.nn.TopKGate`` learns the scores).
 
 Serving: ``O, LSE = sparsek.decode_attention(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q,
 selection=None)`` attends a batch of requests' new tokens over a paged KV cache, optionally only
-selected pages per key/value head.
+selected pages per key/value head; ``sparsek.select_pages(q, summaries, ...)`` chooses those pages
+from per-page key summaries that ``sparsek.update_page_summaries`` keeps.
 
 fp8 (e4m3): ``W8 = W.quantize()`` (one scale per stored block), ``x8, xs = sparsek.quantize_e4m3(x)``
 (one per row), ``sparsek.dense_bsr_mm(x8, W8.T, a_scales=xs)``; ``BlockSparseLinear.to_fp8()``.
@@ -30,7 +31,7 @@ with _openblas.hint():  # OpenBLAS picks its kernels when the extension loads it
     from . import _sparsek
 from ._attention import BlockLayout, attention, block_mask_from_layout, gate, layout_from_block_mask
 from ._bsr import BSRMatrix, BSRTranspose
-from ._decode import decode_attention, plan_decode
+from ._decode import decode_attention, page_summaries, plan_decode, select_pages, update_page_summaries
 from ._fp8 import dequantize_e4m3, quantize_e4m3
 from ._ops import bsr_mm, dense_bsr_mm, sampled_mm
 
@@ -40,5 +41,6 @@ __version__ = _sparsek.version()
 
 __all__ = ["BSRMatrix", "BSRTranspose", "bsr_mm", "dense_bsr_mm", "sampled_mm", "BlockLayout", "attention",
            "gate", "layout_from_block_mask", "block_mask_from_layout", "decode_attention", "plan_decode",
+           "page_summaries", "update_page_summaries", "select_pages",
            "quantize_e4m3", "dequantize_e4m3",
            "__version__"]

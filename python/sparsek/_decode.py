@@ -1,4 +1,5 @@
-"""Decode attention over a paged KV cache: ``decode_attention``.
+"""Decode attention over a paged KV cache: ``decode_attention``; and the choice of the pages it
+reads: ``page_summaries``, ``update_page_summaries``, ``select_pages``.
 
 NumPy arrays run the library's CPU backend; torch and CuPy CUDA tensors run on the GPU on the
 framework's current stream (torch CPU tensors on the CPU). The index arrays' contents are checked on
@@ -64,6 +65,145 @@ def plan_decode(q, k_cache, v_cache, o, lse, page_table, seq_lens, cu_seqlens_q,
     sel_idx, sel_cnt = _arrays(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, selection)
     return _ext.plan_decode(q, k_cache, v_cache, o, lse, page_table, seq_lens, cu_seqlens_q, sel_idx, sel_cnt,
                             A.flag(causal_new, "causal_new"), _scale(scale), int(A.dim(kv_splits, "kv_splits", 64)))
+
+
+# ---------------------------------------------------------------- page selection (the decode gate)
+
+_MAX_NEW = 16  # new tokens per request and step
+
+
+def _required(pairs):
+    for name, x in pairs:
+        if x is None:
+            raise TypeError(f"{name} is required, got None")
+    return A.same_framework(pairs)
+
+
+def _ndim(x, name, n, what):
+    if x.ndim != n:
+        raise ValueError(f"{name} must be a {n}-D array {what}, got shape {A.shape_of(x)}")
+
+
+def page_summaries(k_cache):
+    """Zeroed page summaries for ``k_cache`` [num_pages, page_size, Hkv, D]: an array
+    [num_pages, Hkv, 2, D] of k_cache's dtype, framework and device, for
+    ``update_page_summaries`` to fill."""
+    _required([("k_cache", k_cache)])
+    _ndim(k_cache, "k_cache", 4, "[num_pages, page_size, Hkv, D]")
+    A.check_value_dtype(k_cache, "k_cache")
+    pages, _, hkv, d = A.shape_of(k_cache)
+    s = A.empty(k_cache, (pages, hkv, 2, d), k_cache.dtype)
+    s[...] = 0
+    return s
+
+
+def update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q, all_pages=False, *,
+                          check_indices=True):
+    """Recomputes, in place, the summaries of the pages that hold each request's new tokens; returns
+    ``summaries``.
+
+    ``summaries`` [num_pages, Hkv, 2, D] (k_cache's dtype, contiguous; ``page_summaries(k_cache)``
+    makes one): for physical page p and key/value head h, ``[p, h, 0]`` is the per-channel minimum
+    and ``[p, h, 1]`` the maximum of the keys in the page's stored slots (those below the owning
+    request's ``seq_lens``), exact cache values. k_cache [num_pages, page_size, Hkv, D],
+    ``page_table``, ``seq_lens``, ``cu_seqlens_q`` as for ``decode_attention``: request b's new
+    tokens are its positions ``seq_lens[b] - n_b .. seq_lens[b] - 1`` with
+    ``n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]``. Call it once the step's keys are in the cache:
+    only the pages holding those positions are recomputed (from all their stored slots), or every
+    page below ``seq_lens[b]`` with ``all_pages=True`` (after a prefill; ``cu_seqlens_q`` must still
+    be valid, e.g. one token per request: ``arange(B + 1)``). Requests sharing a physical page must
+    agree on its stored slots.
+
+    With ``check_indices`` (the default) the index arrays' contents are checked (for CUDA arrays
+    that reads them on the host, which waits for the stream); ``check_indices=False`` neither checks
+    nor synchronizes (malformed contents give wrong summaries, never a write outside them), for CUDA
+    graphs.
+    """
+    _required([("summaries", summaries), ("k_cache", k_cache), ("page_table", page_table),
+               ("seq_lens", seq_lens), ("cu_seqlens_q", cu_seqlens_q)])
+    all_pages = A.flag(all_pages, "all_pages")
+    check_indices = A.flag(check_indices, "check_indices")
+    _ndim(k_cache, "k_cache", 4, "[num_pages, page_size, Hkv, D]")
+    A.check_value_dtype(k_cache, "k_cache")
+    if A.dtype_name(summaries) != A.dtype_name(k_cache):
+        raise ValueError(f"summaries dtype {A.dtype_name(summaries)} differs from k_cache dtype "
+                         f"{A.dtype_name(k_cache)}")
+    _ndim(cu_seqlens_q, "cu_seqlens_q", 1, "[batch + 1]")
+    if A.dtype_name(cu_seqlens_q) != "int32":
+        raise ValueError(f"cu_seqlens_q dtype {A.dtype_name(cu_seqlens_q)} must be int32")
+    A.check_writable(summaries, "summaries")
+    batch = A.shape_of(cu_seqlens_q)[0] - 1
+    if check_indices and batch >= 1:
+        # The step's token count T (the rows of its q), which the library checks cu_seqlens_q against.
+        tokens = int(cu_seqlens_q[-1])
+        if not batch <= tokens <= _MAX_NEW * batch:
+            raise ValueError(f"cu_seqlens_q[{batch}] = {tokens}: a batch of {batch} requests has 1 to "
+                             f"{_MAX_NEW} new tokens each (between {batch} and {_MAX_NEW * batch})")
+    else:
+        tokens = _MAX_NEW * max(batch, 1)  # an upper bound: the offsets are only clamped to it
+    _ext.update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q, tokens, all_pages,
+                               A.stream_of(k_cache), check_indices)
+    return summaries
+
+
+def select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, topk, sink=1, local=1, *, page_size, kmax=None,
+                 check_indices=True):
+    """The pages each key/value head attends in this decode step: ``(sel_indices, sel_counts)``,
+    int32 [B, Hkv, kmax] and [B, Hkv], the ``selection`` ``decode_attention`` takes.
+
+    q [T, Hq, D]: the step's new tokens (rows ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` are request
+    b's); ``summaries`` [num_pages, Hkv, 2, D] of q's dtype, kept by ``update_page_summaries``;
+    ``page_table``, ``seq_lens``, ``cu_seqlens_q`` as for ``decode_attention``; ``page_size``: the
+    cache's tokens per page (the summaries give the rest of its shape). For request b and key/value
+    head hk every page p < ceil(seq_lens[b] / page_size) gets the bound of Quest (Tang et al. 2024)
+    on the largest q . k over its keys that a query of the group reaches (query heads hk*G ..
+    hk*G+G-1, G = Hq / Hkv, of the request's new tokens)::
+
+        score = max over those q of  sum over d of  q_d * (max_d if q_d >= 0 else min_d)
+
+    (float32, one fused multiply-add per channel in ascending d: the CPU and the GPU give the same
+    bits). Kept: pages ``0 .. sink-1``, the ``local`` newest pages (with ``local >= 1`` the page
+    holding the newest tokens) and the ``topk`` best-scoring others (equal scores: the lower page;
+    NaN and -inf scores are never picked). Row ``sel_indices[b, hk, :sel_counts[b, hk]]`` lists them
+    in ascending order; entries past the count are 0. ``kmax`` (default ``min(max_pages, topk +
+    sink + local)``, max_pages = page_table.shape[1]) must lie in that value .. max_pages.
+    ``check_indices`` as for ``update_page_summaries``.
+    """
+    _required([("q", q), ("summaries", summaries), ("page_table", page_table), ("seq_lens", seq_lens),
+               ("cu_seqlens_q", cu_seqlens_q)])
+    _ndim(q, "q", 3, "[T, Hq, D]")
+    A.check_value_dtype(q, "q")
+    _ndim(summaries, "summaries", 4, "[num_pages, Hkv, 2, D]")
+    if A.dtype_name(summaries) != A.dtype_name(q):
+        raise ValueError(f"summaries dtype {A.dtype_name(summaries)} differs from q dtype {A.dtype_name(q)}")
+    _ndim(page_table, "page_table", 2, "[batch, max_pages]")
+    topk = A.dim(topk, "topk", A.INT32_MAX)
+    sink = A.dim(sink, "sink", A.INT32_MAX)
+    local = A.dim(local, "local", A.INT32_MAX)
+    page_size = A.dim(page_size, "page_size")
+    if page_size < 16 or page_size > 128 or page_size % 16:
+        raise ValueError(f"page_size = {page_size} is not supported (a multiple of 16 in [16, 128])")
+    check_indices = A.flag(check_indices, "check_indices")
+    batch, max_pages = A.shape_of(page_table)
+    least = min(max_pages, topk + sink + local)
+    kmax = least if kmax is None else A.dim(kmax, "kmax")
+    if not least <= kmax <= max_pages:
+        raise ValueError(f"kmax = {kmax} is out of range [min(max_pages, topk + sink + local) = {least}, "
+                         f"max_pages = {max_pages}]")
+    hkv = A.shape_of(summaries)[1]
+    sel_indices = A.empty(q, (batch, hkv, kmax), _i32(q))
+    sel_counts = A.empty(q, (batch, hkv), _i32(q))
+    _ext.select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, sel_indices, sel_counts, page_size, topk,
+                      sink, local, A.stream_of(q), check_indices)
+    return sel_indices, sel_counts
+
+
+def _i32(like):
+    if A.is_torch(like):
+        import torch
+        return torch.int32
+    import numpy as np
+    return np.int32
 
 
 def _f32(like):

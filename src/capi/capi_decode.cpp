@@ -1,5 +1,6 @@
 // The C API's decode attention: the one-shot call and an opaque handle around
-// sparsek::DecodePlan, checked against the live handles as the other plans are.
+// sparsek::DecodePlan, checked against the live handles as the other plans are; and page
+// selection (update_page_summaries, select_pages), one call each.
 #include <memory>
 #include <string>
 
@@ -55,6 +56,31 @@ DecodeArgs to_args(const sparsek_decode_args& c) {
   return a;
 }
 
+PageSelectArgs to_args(const sparsek_page_select_args& c) {
+  if (c.all_pages != 0 && c.all_pages != 1)
+    throw Error(Status::invalid_argument, "all_pages = " + std::to_string(c.all_pages) + " is not 0 or 1");
+  if (c.skip_index_check != 0 && c.skip_index_check != 1)
+    throw Error(Status::invalid_argument, "skip_index_check = " + std::to_string(c.skip_index_check) + " is not 0 or 1");
+  PageSelectArgs a;
+  a.q = to_tokens(c.q);
+  a.k = to_cache(c.k);
+  a.summaries = c.summaries;
+  a.page_table = c.page_table, a.seq_lens = c.seq_lens, a.cu_seqlens_q = c.cu_seqlens_q;
+  a.batch = c.batch, a.max_pages = c.max_pages;
+  a.index_memory = static_cast<Memory>(enum_value(c.index_memory));
+  a.sel_indices = c.sel_indices, a.sel_counts = c.sel_counts, a.sel_kmax = c.sel_kmax;
+  a.topk = c.topk, a.sink = c.sink, a.local = c.local;
+  a.all_pages = c.all_pages == 1;
+  return a;
+}
+
+Options page_options(const sparsek_page_select_args& c, void* stream) {
+  Options o;
+  o.stream = stream;
+  o.check_indices = c.skip_index_check == 0;
+  return o;
+}
+
 }  // namespace
 
 extern "C" {
@@ -106,6 +132,20 @@ sparsek_status sparsek_decode_plan_info(sparsek_decode_plan p, int32_t* kv_split
     const DecodePlan plan = registry().get(p);
     if (kv_splits) *kv_splits = plan.kv_splits();
     if (workspace_bytes) *workspace_bytes = uint64_t(plan.workspace_bytes());
+  });
+}
+
+sparsek_status sparsek_update_page_summaries(const sparsek_page_select_args* args, void* stream) {
+  return guarded("sparsek_update_page_summaries", [&] {
+    if (!args) null_arg("args");
+    update_page_summaries(to_args(*args), page_options(*args, stream));
+  });
+}
+
+sparsek_status sparsek_select_pages(const sparsek_page_select_args* args, void* stream) {
+  return guarded("sparsek_select_pages", [&] {
+    if (!args) null_arg("args");
+    select_pages(to_args(*args), page_options(*args, stream));
   });
 }
 

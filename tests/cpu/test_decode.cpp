@@ -2,13 +2,14 @@
 // requests), selections (empty ones too), a request of one page, last pages not full, shuffled
 // physical pages, GQA 1/4/8, D 64/128, page sizes 16..128 (48 too), f32/f16/bf16, strided q and o,
 // without causal_new, bit-identical repeats over thread counts; and the named errors of validate(),
-// plan() and run().
+// plan() and run(). The C API: decode attention and page selection (against the C++ calls).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 
 #include "decode_util.hpp"
+#include "page_select_util.hpp"
 #include "sparsek/sparsek.h"
 
 namespace sparsek::test {
@@ -309,28 +310,41 @@ TEST_F(DecodeErrors, MalformedContentsThroughRun) {
 
 // ---- the C API ----
 
+sparsek_tokens to_c(const TokensView& t) {
+  sparsek_tokens x{};
+  x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
+  x.t = t.t, x.h = t.h, x.d = t.d, x.stride_t = t.stride_t, x.stride_h = t.stride_h;
+  return x;
+}
+sparsek_paged_cache to_c(const PagedCacheView& t) {
+  sparsek_paged_cache x{};
+  x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
+  x.pages = t.pages, x.page_size = t.page_size, x.h = t.h, x.d = t.d;
+  x.stride_page = t.stride_page, x.stride_slot = t.stride_slot, x.stride_h = t.stride_h;
+  return x;
+}
+
 sparsek_decode_args to_c(const DecodeArgs& a) {
   sparsek_decode_args c{};
-  auto tok = [](const TokensView& t) {
-    sparsek_tokens x{};
-    x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
-    x.t = t.t, x.h = t.h, x.d = t.d, x.stride_t = t.stride_t, x.stride_h = t.stride_h;
-    return x;
-  };
-  auto cache = [](const PagedCacheView& t) {
-    sparsek_paged_cache x{};
-    x.data = t.data, x.dtype = sparsek_dtype(int(t.dtype)), x.memory = sparsek_memory(int(t.memory));
-    x.pages = t.pages, x.page_size = t.page_size, x.h = t.h, x.d = t.d;
-    x.stride_page = t.stride_page, x.stride_slot = t.stride_slot, x.stride_h = t.stride_h;
-    return x;
-  };
-  c.q = tok(a.q), c.o = tok(a.o), c.k = cache(a.k), c.v = cache(a.v), c.lse = a.lse;
+  c.q = to_c(a.q), c.o = to_c(a.o), c.k = to_c(a.k), c.v = to_c(a.v), c.lse = a.lse;
   c.page_table = a.page_table, c.seq_lens = a.seq_lens, c.cu_seqlens_q = a.cu_seqlens_q;
   c.sel_indices = a.sel_indices, c.sel_counts = a.sel_counts;
   c.batch = a.batch, c.max_pages = a.max_pages, c.sel_kmax = a.sel_kmax;
   c.index_memory = sparsek_memory(int(a.index_memory));
   c.causal_new = a.causal_new ? 1 : 0;
   c.scale = a.scale;
+  return c;
+}
+
+sparsek_page_select_args to_c(const PageSelectArgs& a) {
+  sparsek_page_select_args c{};
+  c.q = to_c(a.q), c.k = to_c(a.k), c.summaries = a.summaries;
+  c.page_table = a.page_table, c.seq_lens = a.seq_lens, c.cu_seqlens_q = a.cu_seqlens_q;
+  c.batch = a.batch, c.max_pages = a.max_pages;
+  c.index_memory = sparsek_memory(int(a.index_memory));
+  c.sel_indices = a.sel_indices, c.sel_counts = a.sel_counts, c.sel_kmax = a.sel_kmax;
+  c.topk = a.topk, c.sink = a.sink, c.local = a.local;
+  c.all_pages = a.all_pages ? 1 : 0;
   return c;
 }
 
@@ -371,6 +385,80 @@ TEST(DecodeCApi, OneShotPlanAndErrors) {
   EXPECT_NE(std::string(sparsek_last_error()).find("page_table[0, 0] = -3"), std::string::npos) << sparsek_last_error();
   EXPECT_EQ(sparsek_decode_plan_create(&p, &a, 65), SPARSEK_INVALID_ARGUMENT);
   EXPECT_EQ(p, nullptr);
+}
+
+void expect_c_error(sparsek_status got, sparsek_status want, const std::string& needle) {
+  EXPECT_EQ(got, want) << sparsek_last_error();
+  EXPECT_NE(std::string(sparsek_last_error()).find(needle), std::string::npos) << sparsek_last_error();
+}
+
+// The C calls give the C++ calls' summaries and selection (bit for bit: the same CPU code) on a
+// ragged GQA batch, then the named errors.
+TEST(PageSelectCApi, MatchesTheCppCallsAndNamesErrors) {
+  DecodeSpec s;
+  s.dtype = DType::bf16, s.d = 64, s.hq = 8, s.hkv = 2, s.page_size = 16, s.seed = 11;
+  s.new_tokens = {1, 4, 2}, s.seq_lens = {1, 16 * 9 + 3, 16 * 5};
+  PageSelectCase want = make_page_select_case(s, 2, 1, 1, true);
+  want.args.all_pages = true;
+  update_page_summaries(want.args, cpu());
+  select_pages(want.args, cpu());
+  expect_summaries(want, want.summaries, true);
+  expect_selection(want, want.sel_idx, want.sel_cnt, true);
+
+  PageSelectCase c = make_page_select_case(s, 2, 1, 1, true);
+  c.args.all_pages = true;
+  sparsek_page_select_args a = to_c(c.args);
+  ASSERT_EQ(sparsek_update_page_summaries(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(c.summaries, want.summaries);
+  ASSERT_EQ(sparsek_select_pages(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(c.sel_idx, want.sel_idx);
+  EXPECT_EQ(c.sel_cnt, want.sel_cnt);
+  // Unchecked: the same results.
+  c.poison_summaries();
+  c.poison_selection();
+  a.skip_index_check = 1;
+  ASSERT_EQ(sparsek_update_page_summaries(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  ASSERT_EQ(sparsek_select_pages(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(c.summaries, want.summaries);
+  EXPECT_EQ(c.sel_idx, want.sel_idx);
+  EXPECT_EQ(c.sel_cnt, want.sel_cnt);
+  a.skip_index_check = 0;
+  // Only the new tokens' pages: the others keep their poison.
+  c.poison_summaries();
+  a.all_pages = 0;
+  ASSERT_EQ(sparsek_update_page_summaries(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
+  expect_summaries(c, c.summaries, false);
+
+  expect_c_error(sparsek_select_pages(nullptr, nullptr), SPARSEK_INVALID_ARGUMENT,
+                 "sparsek_select_pages: argument 'args' is NULL");
+  expect_c_error(sparsek_update_page_summaries(nullptr, nullptr), SPARSEK_INVALID_ARGUMENT,
+                 "sparsek_update_page_summaries: argument 'args' is NULL");
+  sparsek_page_select_args b = a;
+  b.sel_kmax = 3;  // topk + sink + local = 4 pages fit every request's max_pages
+  expect_c_error(sparsek_select_pages(&b, nullptr), SPARSEK_INVALID_ARGUMENT,
+                 "sel_kmax = 3 is out of range [min(max_pages, topk + sink + local) = 4");
+  b = a;
+  b.sel_counts = nullptr;
+  expect_c_error(sparsek_select_pages(&b, nullptr), SPARSEK_INVALID_ARGUMENT, "select_pages: sel_counts is null");
+  b = a;
+  b.summaries = nullptr;
+  expect_c_error(sparsek_update_page_summaries(&b, nullptr), SPARSEK_INVALID_ARGUMENT,
+                 "update_page_summaries: summaries is null");
+  b = a;
+  b.all_pages = 2;
+  expect_c_error(sparsek_update_page_summaries(&b, nullptr), SPARSEK_INVALID_ARGUMENT, "all_pages = 2 is not 0 or 1");
+  b = a;
+  b.skip_index_check = -1;
+  expect_c_error(sparsek_select_pages(&b, nullptr), SPARSEK_INVALID_ARGUMENT, "skip_index_check = -1 is not 0 or 1");
+  b = a;
+  b.index_memory = sparsek_memory(7);
+  expect_c_error(sparsek_select_pages(&b, nullptr), SPARSEK_INVALID_ARGUMENT, "index_memory memory = 7");
+  // Contents: checked by default, not with skip_index_check (the call then stays in bounds).
+  c.dc.page_table[0] = 100000;
+  expect_c_error(sparsek_select_pages(&a, nullptr), SPARSEK_INVALID_ARGUMENT,
+                 "sparsek_select_pages: select_pages: page_table[0, 0] = 100000 is out of range");
+  a.skip_index_check = 1;
+  EXPECT_EQ(sparsek_select_pages(&a, nullptr), SPARSEK_OK) << sparsek_last_error();
 }
 
 }  // namespace
