@@ -213,8 +213,9 @@ struct PageSelectArgs {
 enum class PageOp { update_summaries, select };
 void validate(const PageSelectArgs& args, PageOp op, bool check_contents = true, void* stream = nullptr);
 
-// Validate (contents too when options.check_indices), then run on options.stream (q's memory picks
-// the backend: the CPU for host memory, the GPU (sm_80+) for device memory). Allocation-free: a GPU
+// Validate (contents too when options.check_indices), then run on options.stream (k's memory, that
+// of the cache and the summaries, picks the backend: the CPU for host memory, the GPU (sm_80+) for
+// device memory). Allocation-free: a GPU
 // call may be captured in a CUDA graph (with check_indices off). Bad index contents give wrong
 // selections, never a read or write outside the arrays.
 void update_page_summaries(const PageSelectArgs& args, const Options& options = {});
