@@ -14,7 +14,7 @@
 // Attention takes q, k, v, o as 4-D [B, H, S, D] arrays (D contiguous, any other strides), lse as
 // a contiguous float32 [B, Hq, Sq] array, and the block layout as contiguous int32 arrays
 // kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax] (+ the optional full lists).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>

@@ -90,6 +90,9 @@ const VariantOf<Args>* heuristic_in(const Args& args, Backend be, std::string* r
 template <class Args>
 const VariantOf<Args>& forced_in(const Args& args, const std::string& name, Backend be) {
   const VariantOf<Args>* v = find_in<Args>(name);
+  if (!v && !kBuiltWithCuda)
+    throw Error(Status::unsupported, "options.variant '" + name + "' is not one of: " + variant_names<Args>() +
+                                         " (" + kNoCudaBuild + ")");
   if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names<Args>());
   if (v->backend != be) bad("options.variant '" + name + "' is not a " + backend_name(be) + " variant");
   std::string why = v->why_not(args);
@@ -135,7 +138,8 @@ Backend resolve_backend(Memory memory, const Options& o) {
     bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
         " memory, but the operands are in " + to_string(memory) + " memory");
   if (be == Backend::cuda && !device_info().available)
-    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
+    throw no_gpu_error(std::string("backend cuda") + (o.backend == Backend::automatic ? " (device memory)" : ""),
+                       "no CUDA device: ");
   return be;
 }
 

@@ -2,7 +2,7 @@
 // on hand-checkable cases (empty rows, causal inside masked vs full blocks, tails, GQA, layout
 // broadcast), the CPU variant against the fp64 oracle on random problems, plan/run, effective
 // FLOPs and the C API.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -13,7 +13,7 @@
 // against a reference (fp64 oracle for small problems, else cuBLAS dense with fp32 output).
 //
 // No GPU: the CPU backend on a problem that finishes in seconds, against the fp64 oracle.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>

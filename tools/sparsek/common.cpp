@@ -1,5 +1,5 @@
 // Shared pieces of the CLI (see cli.hpp).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // `sparsek doctor`: what this machine and this build have, what is missing (with the fix), and
 // which variants can run here. Exits 0 whenever it could report, GPU or not.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -53,6 +53,12 @@ struct GpuState {
 
 GpuState gpu_state(int driver, int runtime) {
   GpuState g;
+  if (!kBuiltWithCuda) {
+    g.state = "not_built";
+    g.text = kNoCudaBuild;
+    g.fix = "for the GPU backends, rebuild with the CUDA toolkit (nvcc on PATH, or -DSPARSEK_CUDA=ON)";
+    return g;
+  }
   const bool kernel_module = file_exists("/proc/driver/nvidia/version");
   if (driver == 0) {
     g.state = "no_driver";
@@ -128,7 +134,7 @@ int doctor_main(const std::vector<std::string>& argv) {
   Json doc = json_header("doctor", argv);
   std::vector<std::string> missing;
   const std::string gencode = SPARSEK_CUDA_GENCODE_LIST;
-  const bool has_90a = gencode.find("90a") != std::string::npos;
+  const bool has_90a = kBuiltWithCuda && gencode.find("90a") != std::string::npos;
 
   std::printf("sparsek %s doctor\n\n", version());
   std::printf("build\n");
@@ -144,16 +150,25 @@ int doctor_main(const std::vector<std::string>& argv) {
       }
     }
   }
-  std::printf("  CUDA gencode           %s (SASS for:%s)\n", gencode.c_str(), sass.c_str());
+  std::printf("  CUDA                   %s\n", kBuiltWithCuda ? "built in (SPARSEK_CUDA=ON)" : "NOT built (SPARSEK_CUDA=OFF): CPU backend only");
   const std::string ptx = SPARSEK_CUDA_PTX_LIST;
-  std::printf("  PTX                    %s\n",
-              ptx.empty() ? "none (GPUs newer than the SASS targets get no kernel)"
-                          : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
-  std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
-  std::printf("  compiled against CUDA  %s\n", cuda_version(CUDART_VERSION).c_str());
+  if (kBuiltWithCuda) {
+    std::printf("  CUDA gencode           %s (SASS for:%s)\n", gencode.c_str(), sass.c_str());
+    std::printf("  PTX                    %s\n",
+                ptx.empty() ? "none (GPUs newer than the SASS targets get no kernel)"
+                            : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
+    std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
+  }
+#ifdef CUDART_VERSION
+  const int compiled_cuda = CUDART_VERSION;
+#else
+  const int compiled_cuda = 0;  // built without CUDA
+#endif
+  std::printf("  compiled against CUDA  %s\n", cuda_version(compiled_cuda).c_str());
   const std::string blas = cpu_blas_description();
   std::printf("  CPU backend BLAS       %s\n", blas.c_str());
-  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(CUDART_VERSION)},
+  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(compiled_cuda)},
+                  {"cuda_built", kBuiltWithCuda},
                   {"cpu_blas", blas}};
 
   int runtime = 0, driver = 0;

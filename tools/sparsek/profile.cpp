@@ -2,8 +2,10 @@
 // as a normalized text file (fixed keys and order, 4 significant digits) that diffs against a
 // baseline profile. The tool runs itself under ncu in a child mode that warms up, then brackets
 // exactly one run with cudaProfilerStart/Stop (ncu --profile-from-start off).
+#ifndef SPARSEK_NO_CUDA
 #include <cuda_profiler_api.h>
-#include <cuda_runtime.h>
+#endif
+#include "core/cuda_host.hpp"
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>

@@ -13,7 +13,7 @@
 // that none of them supports is redrawn (draw t of case i is a function of (seed, i, t)), so a
 // narrow variant such as hopper checks every case instead of the few the full sweep hands it.
 // The summary always counts the cases each variant checked.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>
