@@ -1,8 +1,9 @@
 // A build without CUDA (SPARSEK_CUDA=OFF, and the clang fuzz build, which compiles the C++ sources
 // alone: ASan cannot see into device code) has none of the .cu files: this file stands in for what
-// the host code calls of them. The CUDA rows of the variant tables are empty, and every GPU entry
-// point reports that the build has no CUDA. Normally nothing reaches the entry points below: the
-// backend is chosen first and refuses device memory (core/device.hpp, no_gpu_error()).
+// the host code calls of them. The variant tables keep their CUDA rows by name, so that asking for
+// one by name, or listing why each variant cannot run, says that this build has no CUDA; every GPU
+// entry point reports the same. Normally nothing reaches the entry points below: the backend is
+// chosen first and refuses device memory (core/device.hpp, no_gpu_error()).
 // The CUDA runtime's own calls have their stand-ins in core/cuda_host.hpp.
 #ifndef SPARSEK_NO_CUDA
 #error "core/no_cuda.cpp belongs to builds without CUDA (SPARSEK_NO_CUDA defined) only"
@@ -23,14 +24,29 @@ namespace {
 [[noreturn]] void no_cuda(const std::string& what) { throw Error(Status::unsupported, what + ": " + kNoCudaBuild); }
 }  // namespace
 
-std::vector<Variant> smalln_variants() { return {}; }
-std::vector<Variant> hopper_variants() { return {}; }
-std::vector<Variant> hopper_fp8_variants() { return {}; }
+namespace {
+// A CUDA row that is not built: it supports no problem, saying why. (Its name must be the real
+// row's: tests/cpu/test_plan.cpp, GpuVariantNames, checks both builds against one list.)
+template <class Args>
+VariantOf<Args> not_built(const char* name, bool peer = false) {
+  return {name, Backend::cuda, peer, [](const Args&) { return std::string(kNoCudaBuild); }, nullptr,
+          [](const Args&, const Options&, VariantState*) { no_cuda("a GPU variant"); }};
+}
+}  // namespace
+
+std::vector<Variant> smalln_variants() { return {not_built<GemmArgs>("smalln")}; }
+std::vector<Variant> hopper_variants() { return {not_built<GemmArgs>("hopper")}; }
+std::vector<Variant> hopper_fp8_variants() { return {not_built<GemmArgs>("hopper_fp8")}; }
 bool hopper_has_narrow_tiles(const GemmArgs&) { return false; }
-std::vector<Variant> portable_variants() { return {}; }
-std::vector<Variant> peer_variants() { return {}; }
-std::vector<AttentionVariant> hopper_attention_variants() { return {}; }
-std::vector<AttentionBackwardVariant> hopper_attention_backward_variants() { return {}; }
+std::vector<Variant> portable_variants() { return {not_built<GemmArgs>("portable")}; }
+std::vector<Variant> peer_variants() {
+  return {not_built<GemmArgs>("cusparse_bsr", true), not_built<GemmArgs>("cusparse_ell", true),
+          not_built<GemmArgs>("cublas_dense", true), not_built<GemmArgs>("cublas_batched", true)};
+}
+std::vector<AttentionVariant> hopper_attention_variants() { return {not_built<AttentionArgs>("hopper")}; }
+std::vector<AttentionBackwardVariant> hopper_attention_backward_variants() {
+  return {not_built<AttentionBackwardArgs>("hopper")};
+}
 
 std::string gate_cuda_why_not(const GateArgs&, const GateShape&) { return kNoCudaBuild; }
 void gate_cuda(const GateArgs&, const GateShape&, void*) { no_cuda("the gate on the GPU"); }

@@ -90,9 +90,6 @@ const VariantOf<Args>* heuristic_in(const Args& args, Backend be, std::string* r
 template <class Args>
 const VariantOf<Args>& forced_in(const Args& args, const std::string& name, Backend be) {
   const VariantOf<Args>* v = find_in<Args>(name);
-  if (!v && !kBuiltWithCuda)
-    throw Error(Status::unsupported, "options.variant '" + name + "' is not one of: " + variant_names<Args>() +
-                                         " (" + kNoCudaBuild + ")");
   if (!v) bad("options.variant '" + name + "' is not one of: " + variant_names<Args>());
   if (v->backend != be) bad("options.variant '" + name + "' is not a " + backend_name(be) + " variant");
   std::string why = v->why_not(args);
