@@ -691,7 +691,7 @@ int bench_main(const std::vector<std::string>& argv) {
     const bool gpu_row = !v || v->backend == Backend::cuda;
     if (gpu_row && !gpu) {
       if (backend == Backend::cpu) args.bad("--variants", "'" + name + "' is a GPU row, but --backend cpu");
-      throw Error(Status::no_device, "--variants " + name + ": a GPU row, but no GPU found: " + info.why_not);
+      throw no_gpu_error("--variants " + name + ": a GPU row", "--variants " + name + ": a GPU row, but no GPU found: ");
     }
     if (!gpu_row && gpu)
       args.bad("--variants", "'" + name + "' runs on the CPU backend; with a GPU add --backend cpu");

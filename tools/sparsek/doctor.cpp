@@ -100,6 +100,7 @@ GpuState gpu_state(int driver, int runtime) {
 std::string variant_blocker(const Variant& v, const GpuState& gpu, bool has_90a, const std::string& cublas,
                             const std::string& cusparse) {
   if (v.backend == Backend::cpu) return "";
+  if (!kBuiltWithCuda) return "not built (SPARSEK_CUDA=OFF)";
   if (gpu.state != "ok") return "no usable GPU (see above)";
   const DeviceInfo& d = device_info();
   const std::string name = v.name;
@@ -176,13 +177,17 @@ int doctor_main(const std::vector<std::string>& argv) {
   cudaDriverGetVersion(&driver);  // 0 when no driver is installed
   const GpuState gpu = gpu_state(driver, runtime);
   std::printf("\nCUDA\n");
-  std::printf("  runtime (linked)       %s (needs NVIDIA driver %s or newer)\n", cuda_version(runtime).c_str(),
-              min_driver(runtime).c_str());
-  std::printf("  driver                 %s\n",
-              driver ? ("supports CUDA " + cuda_version(driver)).c_str() : "none found");
   const std::string cublas = peers::cublas_version(), cusparse = peers::cusparse_version();
-  std::printf("  cuBLAS                 %s\n", cublas.empty() ? "unavailable" : cublas.c_str());
-  std::printf("  cuSPARSE               %s\n", cusparse.empty() ? "unavailable" : cusparse.c_str());
+  if (!kBuiltWithCuda) {
+    std::printf("  none linked            this build has no CUDA code (SPARSEK_CUDA=OFF)\n");
+  } else {
+    std::printf("  runtime (linked)       %s (needs NVIDIA driver %s or newer)\n", cuda_version(runtime).c_str(),
+                min_driver(runtime).c_str());
+    std::printf("  driver                 %s\n",
+                driver ? ("supports CUDA " + cuda_version(driver)).c_str() : "none found");
+    std::printf("  cuBLAS                 %s\n", cublas.empty() ? "unavailable" : cublas.c_str());
+    std::printf("  cuSPARSE               %s\n", cusparse.empty() ? "unavailable" : cusparse.c_str());
+  }
   doc["cuda"] = {{"runtime", cuda_version(runtime)}, {"min_driver", min_driver(runtime)},
                  {"driver_supports", driver ? Json(cuda_version(driver)) : Json(nullptr)},
                  {"cublas", cublas}, {"cusparse", cusparse}};
