@@ -230,6 +230,10 @@ class DeviceGuard {
       dev = p.device;
     }
     if (dev < 0) return;
+#ifdef SPARSEK_NO_CUDA
+    throw Error(Status::unsupported, std::string("CUDA arrays were passed, but ") + kNoCudaRuntimeText +
+                                         ": only the CPU backend is available (pass NumPy arrays)");
+#endif
     int cur = 0;
     if (cudaGetDevice(&cur) != cudaSuccess) {
       cudaGetLastError();
