@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "cpu/oracle.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"

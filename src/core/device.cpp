@@ -1,6 +1,7 @@
 #include "core/device.hpp"
 
 #include "core/cuda_host.hpp"
+#include "core/no_gpu.hpp"
 
 #include <map>
 #include <mutex>

@@ -2,19 +2,7 @@
 #pragma once
 #include <string>
 
-#include "sparsek/types.hpp"
-
 namespace sparsek {
-
-// Whether this build carries its GPU backends (SPARSEK_CUDA=ON). Without them (SPARSEK_CUDA=OFF,
-// and the fuzz build) no device ever answers and every GPU path says why (no_gpu_error()).
-#ifdef SPARSEK_NO_CUDA
-inline constexpr bool kBuiltWithCuda = false;
-#else
-inline constexpr bool kBuiltWithCuda = true;
-#endif
-inline constexpr const char* kNoCudaBuild =
-    "this sparsek was built without CUDA (SPARSEK_CUDA=OFF): only the CPU backend is available";
 
 struct DeviceInfo {
   bool available = false;
@@ -30,12 +18,6 @@ struct DeviceInfo {
 
 // Info of the current device, queried once per device and cached (thread-safe).
 const DeviceInfo& device_info();
-
-// The error for `what` (what needed a GPU: "backend cuda", "operands are in device memory") when
-// no GPU answers (device_info().available is false): in a build without CUDA Status::unsupported,
-// "<what>: this sparsek was built without CUDA ..."; else Status::no_device, `no_device_text`
-// followed by device_info().why_not.
-Error no_gpu_error(const std::string& what, const std::string& no_device_text);
 
 // Throws Error(cuda_error) with the CUDA error text when err != 0. `what` names the call.
 void check_cuda(int err, const char* what);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "kernels/decode/launch.hpp"
 #include "kernels/peers/peers.hpp"
 #include "kernels/quant/quant.hpp"

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "format/attention_internal.hpp"
 #include "format/format_internal.hpp"
 

@@ -11,6 +11,7 @@
 #include "core/cuda_host.hpp"
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
 #include "kernels/quant/quant.hpp"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "format/format_internal.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/gate_internal.hpp"
 #include "sparsek/attention.hpp"
 

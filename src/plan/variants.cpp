@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 #include "plan/variant.hpp"

@@ -18,6 +18,7 @@
 
 #include "attention_util.hpp"
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/backends.hpp"
 
 namespace sparsek {

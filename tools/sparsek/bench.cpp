@@ -27,6 +27,7 @@
 
 #include "bench_case.hpp"
 #include "cpu/blas_cpu.hpp"
+#include "core/no_gpu.hpp"  // kBuiltWithCuda, no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 namespace sparsek::cli {

@@ -10,6 +10,7 @@
 
 #include "cli.hpp"
 #include "cpu/blas_cpu.hpp"
+#include "core/no_gpu.hpp"  // kBuiltWithCuda, no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 #ifndef SPARSEK_CUDA_GENCODE_LIST
