@@ -7,7 +7,7 @@
 // a device fails with cudaErrorNoDevice, whose text says that this build has no CUDA. So the CPU
 // paths compile unchanged, and a GPU path reached anyway fails through the same error handling
 // as on a machine without a GPU (the clear "built without CUDA" errors are raised earlier, where
-// the backend is chosen: core/device.hpp, no_gpu_error()).
+// the backend is chosen: core/no_gpu.hpp, no_gpu_error()).
 //
 // NOTE: everything here is inline and in namespace sparsek, so it exports no symbol and cannot
 // clash with a real CUDA runtime loaded into the same process (a Python process with torch).

@@ -3,7 +3,7 @@
 // the host code calls of them. The variant tables keep their CUDA rows by name, so that asking for
 // one by name, or listing why each variant cannot run, says that this build has no CUDA; every GPU
 // entry point reports the same. Normally nothing reaches the entry points below: the backend is
-// chosen first and refuses device memory (core/device.hpp, no_gpu_error()).
+// chosen first and refuses device memory (core/no_gpu.hpp, no_gpu_error()).
 // The CUDA runtime's own calls have their stand-ins in core/cuda_host.hpp.
 #ifndef SPARSEK_NO_CUDA
 #error "core/no_cuda.cpp belongs to builds without CUDA (SPARSEK_NO_CUDA defined) only"
