@@ -14,12 +14,20 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "cpu/oracle.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
 #include "sparsek/sparsek.h"
 
 namespace sparsek::test {
+
+// What a GPU path fails with when no GPU answers: Status::no_device and `no_device_text` on a
+// machine without a GPU; in a build without CUDA, Status::unsupported saying so.
+inline Status no_gpu_status() { return kBuiltWithCuda ? Status::no_device : Status::unsupported; }
+inline std::string no_gpu_text(const std::string& no_device_text) {
+  return kBuiltWithCuda ? no_device_text : "built without CUDA";
+}
 
 // A host dense matrix with owned storage (bytes in `dtype`).
 struct HostDense {
@@ -354,6 +362,12 @@ struct EnvFor {
 
 }  // namespace sparsek::test
 
+// Skips the current test in a build without CUDA, whose GPU variants are names only (their domain
+// checks, like their kernels, are compiled with the CUDA code).
+#define SPARSEK_REQUIRE_CUDA_BUILD()                                                           \
+  do {                                                                                         \
+    if (!::sparsek::kBuiltWithCuda) GTEST_SKIP() << "built without CUDA (SPARSEK_CUDA=OFF)";   \
+  } while (0)
 // Skips the current test with the reason when no CUDA device answers.
 #define SPARSEK_REQUIRE_GPU()                                                       \
   do {                                                                              \

@@ -6,11 +6,16 @@ pip installs with sparsek), then on the loader's usual path. This module covers 
 layouts: those wheels in another ``sys.path`` entry (a user site, a ``--system-site-packages``
 venv), or a CUDA 13 toolkit that is not on the loader's path ($CUDA_HOME, $CUDA_PATH,
 /usr/local/cuda). Loading a library by its full path first makes the extension's own lookup by
-name find it.
+name find it. A build without CUDA (SPARSEK_CUDA=OFF) links none of them: nothing is looked up.
 """
 import ctypes
 import os
 import sys
+
+try:
+    from ._build import CUDA as BUILT_WITH_CUDA
+except ImportError:  # not a build (the source tree): assume the default build, with CUDA
+    BUILT_WITH_CUDA = True
 
 # In dependency order (cuBLAS needs cuBLASLt, cuSPARSE needs nvJitLink).
 LIBS = ("libcudart.so.13", "libnvJitLink.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcusparse.so.12")
@@ -47,7 +52,9 @@ def _loadable_by_name(name):
 def find():
     """{library name: directory it is loaded from, or None when the loader finds it by name}.
 
-    Raises ImportError naming what is missing and where it looked."""
+    Raises ImportError naming what is missing and where it looked. Empty without CUDA."""
+    if not BUILT_WITH_CUDA:
+        return {}
     found, missing = {}, []
     wheels, toolkits = wheel_dirs(), toolkit_dirs()
     for name in LIBS:

@@ -14,7 +14,7 @@
 // Attention takes q, k, v, o as 4-D [B, H, S, D] arrays (D contiguous, any other strides), lse as
 // a contiguous float32 [B, Hq, Sq] array, and the block layout as contiguous int32 arrays
 // kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax] (+ the optional full lists).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -230,6 +230,10 @@ class DeviceGuard {
       dev = p.device;
     }
     if (dev < 0) return;
+#ifdef SPARSEK_NO_CUDA
+    throw Error(Status::unsupported, std::string("CUDA arrays were passed, but ") + kNoCudaRuntimeText +
+                                         ": only the CPU backend is available (pass NumPy arrays)");
+#endif
     int cur = 0;
     if (cudaGetDevice(&cur) != cudaSuccess) {
       cudaGetLastError();

@@ -1,6 +1,7 @@
 #include "core/device.hpp"
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
+#include "core/no_gpu.hpp"
 
 #include <map>
 #include <mutex>
@@ -14,6 +15,11 @@ void check_cuda(int err, const char* what) {
   auto e = static_cast<cudaError_t>(err);
   throw Error(Status::cuda_error, std::string(what) + " failed: " + cudaGetErrorName(e) + " (" +
                                       cudaGetErrorString(e) + ")");
+}
+
+Error no_gpu_error(const std::string& what, const std::string& no_device_text) {
+  if (!kBuiltWithCuda) return Error(Status::unsupported, what + ": " + kNoCudaBuild);
+  return Error(Status::no_device, no_device_text + device_info().why_not);
 }
 
 bool has_sm90a_code(const void* kernel) {
@@ -30,6 +36,10 @@ const DeviceInfo& device_info() {
   static std::map<int, DeviceInfo> cache;
   static DeviceInfo none;
   std::lock_guard<std::mutex> lock(mu);
+  if (!kBuiltWithCuda) {
+    none.why_not = kNoCudaBuild;
+    return none;
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {

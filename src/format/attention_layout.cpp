@@ -1,6 +1,6 @@
 // Attention argument validation and what is read off a layout (its host copy, the content
 // checks, effective FLOPs). Every message names the tensor or array, the index and the value.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "format/attention_internal.hpp"
 #include "format/format_internal.hpp"
 
@@ -279,8 +280,7 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
 
 void check_layout_contents(const AttentionArgs& a, void* stream) {
   if (a.layout.memory == Memory::device && !device_info().available)
-    throw Error(Status::no_device, "the layout is in device memory but no CUDA device answers: " +
-                                       device_info().why_not);
+    throw no_gpu_error("the layout is in device memory", "the layout is in device memory but no CUDA device answers: ");
   validate_layout_contents(a, host_layout(a.layout, stream));
 }
 

@@ -1,6 +1,6 @@
 // Index arrays read on the host: the one copy path for device arrays (a BSR pattern here, an
 // attention layout in attention_layout.cpp), the sparse operand's pattern, and its transpose.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <string>
 

@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "cpu/parallel.hpp"
 #include "format/format_internal.hpp"
 #include "kernels/quant/quant.hpp"
@@ -87,8 +88,8 @@ void check_value_dtype(DType d, const char* fn, const std::string& what) {
 void check_memory(Memory m, const char* fn) {
   if (int(m) < 0 || int(m) > 1) bad(std::string(fn) + ": memory " + s(int(m)) + " is not host (0) or device (1)");
   if (m == Memory::device && !device_info().available)
-    throw Error(Status::no_device,
-                std::string(fn) + ": the arrays are in device memory but no CUDA device answers: " + device_info().why_not);
+    throw no_gpu_error(std::string(fn) + ": the arrays are in device memory",
+                       std::string(fn) + ": the arrays are in device memory but no CUDA device answers: ");
 }
 
 void check_no_overlap(const char* fn, std::initializer_list<std::pair<const char*, ByteRange>> outs,

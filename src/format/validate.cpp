@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "format/format_internal.hpp"
 #include "sparsek/bsr.hpp"
 #include "sparsek/gemm.hpp"
@@ -401,7 +402,7 @@ void validate_description(const GemmArgs& g, bool check_indices) {
   if (g.kind != OpKind::sdd) same_mem(g.c, "C");
   // Device operands need a device before anything touches them (the index copy below included).
   if (mem == Memory::device && !device_info().available)
-    throw Error(Status::no_device, "operands are in device memory but no CUDA device answers: " + device_info().why_not);
+    throw no_gpu_error("operands in device memory", "operands are in device memory but no CUDA device answers: ");
   if (check_indices) validate_pattern(g, host_pattern(g.sparse, true));
   const int64_t M = g.m(), N = g.n(), K = g.k();
   DType in = g.sparse.dtype;

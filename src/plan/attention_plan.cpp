@@ -3,7 +3,7 @@
 // strides, dtypes, memory, the layout's extents, causal and scale; never for the layout's contents,
 // which may change on every run (a gate makes a new layout every step): plan() and run() do not
 // read them.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <cstring>
 

@@ -3,7 +3,7 @@
 // index arrays' contents, which change every step (new tokens, new pages, a new selection):
 // plan() and run() do not read them. The GPU plan picks the KV split from the shapes and
 // allocates the partials' workspace; run() allocates nothing.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <string>

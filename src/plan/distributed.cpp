@@ -4,7 +4,7 @@
 #include "sparsek/distributed.hpp"
 #include "sparsek/quantize.hpp"
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/gate_internal.hpp"
 #include "sparsek/attention.hpp"
 
@@ -135,8 +136,8 @@ GateShape validate_gate(const GateArgs& a, const Options& o) {
 
   if (mem == Memory::device) {
     if (!device_info().available)
-      throw Error(Status::no_device, "q and k are in device memory but no CUDA device answers: " +
-                                         device_info().why_not);
+      throw no_gpu_error("the gate on q and k in device memory",
+                         "q and k are in device memory but no CUDA device answers: ");
     const size_t need = gate_workspace_bytes(a);
     if (need > 0 && !a.workspace) bad("workspace is null (the gate needs " + str(int64_t(need)) + " bytes)");
     if (need > 0 && reinterpret_cast<uintptr_t>(a.workspace) % 16)

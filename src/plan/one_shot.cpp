@@ -1,7 +1,7 @@
 // The one-shot entry gemm() (and dsd/dds/sdd): validate, then plan + run through a small
 // in-process cache of plans keyed by the problem (plan.cpp holds plan() and run()), and the cheap
 // pattern hash that keys host patterns.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,7 @@
 // the variant's set-up); run(): matches args to the plan and launches, allocation-free.
 #include "sparsek/plan.hpp"
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <cmath>
 #include <cstdio>

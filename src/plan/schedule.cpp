@@ -1,7 +1,7 @@
 // Host schedules of the persistent Hopper kernels (schedule.hpp).
 #include "plan/schedule.hpp"
 
-#include <cuda_runtime.h>  // make_int4
+#include "core/cuda_host.hpp"  // make_int4
 
 #include <algorithm>
 #include <cmath>

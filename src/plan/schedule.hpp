@@ -1,7 +1,7 @@
 // Internal (host): schedules of the persistent Hopper kernels, built once per pattern by plan()
 // and consumed by the kernels' device-side item loop (src/kernels/sm90/kit/ring.cuh).
 #pragma once
-#include <vector_types.h>
+#include "core/cuda_host.hpp"  // int4, make_int4 (vector_types.h)
 
 #include <cstdint>
 #include <string>

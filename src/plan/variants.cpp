@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/backends.hpp"
 #include "plan/plan_internal.hpp"
 #include "plan/variant.hpp"
@@ -135,7 +136,8 @@ Backend resolve_backend(Memory memory, const Options& o) {
     bad(std::string("backend ") + backend_name(be) + " needs " + to_string(want) +
         " memory, but the operands are in " + to_string(memory) + " memory");
   if (be == Backend::cuda && !device_info().available)
-    throw Error(Status::no_device, "no CUDA device: " + device_info().why_not);
+    throw no_gpu_error(std::string("backend cuda") + (o.backend == Backend::automatic ? " (device memory)" : ""),
+                       "no CUDA device: ");
   return be;
 }
 

@@ -1,7 +1,7 @@
 // The autotuner: every supporting variant of the backend is planned and run on the
 // tuner's own random operands of the problem's shapes and pattern, checked against a reference,
 // then timed (warm-up, median of repetitions, inputs rotated beyond L2 on the device).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <array>

@@ -2,7 +2,7 @@
 // on hand-checkable cases (empty rows, causal inside masked vs full blocks, tails, GQA, layout
 // broadcast), the CPU variant against the fp64 oracle on random problems, plan/run, effective
 // FLOPs and the C API.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -235,8 +235,8 @@ TEST(AttentionValidation, DeviceLayoutOnAStreamWithoutGpuSaysSo) {
     validate(a, true, cudaStreamPerThread);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::no_device) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the layout is in device memory but no CUDA device answers"),
+    EXPECT_EQ(e.status(), no_gpu_status()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(no_gpu_text("the layout is in device memory but no CUDA device answers")),
               std::string::npos)
         << e.what();
   }
@@ -720,7 +720,7 @@ TEST(AttentionCapi, BadInputGivesStatusAndMessage) {
     x = ca;
     x.q.memory = x.k.memory = x.v.memory = x.o.memory = x.layout.memory = SPARSEK_DEVICE;
     x.q.dtype = x.k.dtype = x.v.dtype = x.o.dtype = SPARSEK_BF16;
-    expect(sparsek_attention(&x, nullptr), SPARSEK_NO_DEVICE, "no CUDA device answers");
+    expect(sparsek_attention(&x, nullptr), sparsek_status(no_gpu_status()), no_gpu_text("no CUDA device answers"));
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "attention_util.hpp"
 #include "core/device.hpp"
+#include "core/no_gpu.hpp"
 #include "plan/backends.hpp"
 
 namespace sparsek {
@@ -675,6 +676,7 @@ AttentionBackwardArgs valid_args() {
 std::string why_not(const AttentionBackwardArgs& a) { return hopper_attention_backward_variants().at(0).why_not(a); }
 
 TEST(AttentionBackwardHopper, NamesTheBadArgument) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "built without CUDA (SPARSEK_CUDA=OFF): the Hopper variant is a name only";
   AttentionBackwardArgs a = valid_args();
   a.forward.lse = nullptr;
   EXPECT_NE(why_not(a).find("lse"), std::string::npos) << why_not(a);
@@ -708,6 +710,7 @@ TEST(AttentionBackwardHopper, NamesTheBadArgument) {
 }
 
 TEST(AttentionBackwardHopper, ValidArgumentsReachTheDeviceChecks) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "built without CUDA (SPARSEK_CUDA=OFF): the Hopper variant is a name only";
   const std::string why = why_not(valid_args());
   const DeviceInfo& d = device_info();
   if (!d.available) {

@@ -685,6 +685,7 @@ TEST(E4m3Gemm, PlansPinTheScaleGroup) {
 
 // The GPU variants say why they do not take e4m3 (no device needed: why_not reads no data).
 TEST(E4m3Gemm, OtherVariantsSayWhyNot) {
+  SPARSEK_REQUIRE_CUDA_BUILD();
   alignas(16) static uint8_t bytes[1 << 16];
   GemmArgs g;
   g.kind = OpKind::dsd;

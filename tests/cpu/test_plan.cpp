@@ -207,6 +207,29 @@ TEST_F(PlanTest, LessAlignedPointersAreReCheckedAndRun) {
   EXPECT_LE(max_rel_error(g, ref), tolerance(DType::f32));
 }
 
+// The GPU rows of the variant tables, by name: the kernels' rows in a build with CUDA, and in a
+// build without it core/no_cuda.cpp's stand-ins, which must keep the same names (a variant asked
+// for by name is known in both builds; without CUDA it says so). A change to either side fails here.
+TEST(Variants, GpuRowsAreNamedTheSameWithAndWithoutCuda) {
+  auto gpu_rows = [](const auto& table) {
+    std::string s;
+    for (const auto& v : table)
+      if (v.backend == Backend::cuda) s += std::string(s.empty() ? "" : " ") + v.name + (v.peer ? "(peer)" : "");
+    return s;
+  };
+  EXPECT_EQ(gpu_rows(variants()),
+            "smalln hopper hopper_fp8 portable cusparse_bsr(peer) cusparse_ell(peer) cublas_dense(peer) "
+            "cublas_batched(peer)");
+  EXPECT_EQ(gpu_rows(attention_variants()), "hopper");
+  EXPECT_EQ(gpu_rows(attention_backward_variants()), "hopper");
+  if (!kBuiltWithCuda) {
+    auto gc = make_case(dsd_spec(3));
+    for (const Variant& v : variants())
+      if (v.backend == Backend::cuda)
+        EXPECT_NE(v.why_not(gc->args).find("built without CUDA"), std::string::npos) << v.name;
+  }
+}
+
 TEST_F(PlanTest, ForcedVariant) {
   auto gc = make_case(dsd_spec(13));
   Options o;

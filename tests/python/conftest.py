@@ -3,6 +3,18 @@ import numpy as np
 import pytest
 
 
+def torch_cuda():
+    """(usable, why not): whether torch's CUDA tensors can reach sparsek's GPU backends here. Needs a
+    sparsek built with CUDA (a CPU-only build refuses CUDA tensors) and a GPU that torch sees."""
+    import torch
+    from sparsek._cuda_libs import BUILT_WITH_CUDA
+    if not BUILT_WITH_CUDA:
+        return False, "sparsek was built without CUDA (SPARSEK_CUDA=OFF)"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (torch.cuda.is_available() is False)"
+    return True, "a CUDA device answers"
+
+
 def block_sparse_dense(rng, rows, cols, bm, bk, density=0.4, integers=True, dtype=np.float32,
                        empty_rows=()):
     """A dense (rows x cols) matrix whose (bm x bk) blocks are non-zero with probability `density`.

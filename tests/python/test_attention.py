@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import sparsek  # noqa: E402
 import sparsek.nn  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
-NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+from conftest import torch_cuda  # noqa: E402
+
+HAS_CUDA, NO_CUDA = torch_cuda()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA))]
 F64 = torch.float64

@@ -6,6 +6,10 @@ import numpy as np
 import pytest
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+from sparsek._cuda_libs import BUILT_WITH_CUDA  # noqa: E402
+
+if not BUILT_WITH_CUDA:
+    pytest.skip("sparsek was built without CUDA (SPARSEK_CUDA=OFF)", allow_module_level=True)
 try:
     _ndev = cp.cuda.runtime.getDeviceCount()
 except Exception as e:  # no driver / no device: CuPy raises a CUDARuntimeError

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import sparsek
+from conftest import torch_cuda
 
 
 def make_case(rng, new_tokens, seq_lens, hq, hkv, d, page, sel_frac=None, empty=(), dtype=np.float32):
@@ -133,7 +134,7 @@ try:
     import torch  # noqa: F811
 except ImportError:
     pass
-HAS_CUDA = torch is not None and torch.cuda.is_available()
+HAS_CUDA = torch is not None and torch_cuda()[0]
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="torch with a CUDA device is needed")

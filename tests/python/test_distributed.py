@@ -6,7 +6,7 @@ import pytest
 import sparsek
 import sparsek.distributed as sd
 
-from conftest import block_sparse_dense, dense_operand
+from conftest import block_sparse_dense, dense_operand, torch_cuda
 
 
 def test_partition_balances_stored_blocks():
@@ -25,8 +25,9 @@ def test_not_a_torch_cuda_matrix_is_refused(rng):
 
 def test_one_rank_group_matches_one_gpu(rng, tmp_path):
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+    usable, why = torch_cuda()
+    if not usable:
+        pytest.skip(why)
     try:
         sd.nccl_version()
     except NotImplementedError as e:

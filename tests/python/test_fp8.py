@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sparsek
-from conftest import block_sparse_dense
+from conftest import block_sparse_dense, torch_cuda
 
 E4M3_MAX = 448.0
 
@@ -240,7 +240,7 @@ def _torch():
 
 def _hopper():
     torch = _torch()
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    return torch_cuda()[0] and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.fixture(params=["cpu", "cuda"])

@@ -8,8 +8,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import sparsek.nn  # noqa: E402
 from sparsek.nn import BlockSparseLinear  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+from conftest import torch_cuda  # noqa: E402
+
+HAS_CUDA, NO_CUDA = torch_cuda()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 
 
 def reference(layer):

@@ -10,6 +10,8 @@ import sparsek
 from sparsek import _cuda_libs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+cuda_build = pytest.mark.skipif(not _cuda_libs.BUILT_WITH_CUDA,
+                                reason="built without CUDA (SPARSEK_CUDA=OFF): no CUDA libraries to find")
 
 
 def test_version_comes_from_the_header():
@@ -18,6 +20,7 @@ def test_version_comes_from_the_header():
     assert sparsek.__version__ == ".".join(parts)
 
 
+@cuda_build
 def test_every_cuda_library_is_found():
     found = _cuda_libs.find()
     assert list(found) == list(_cuda_libs.LIBS)
@@ -25,6 +28,7 @@ def test_every_cuda_library_is_found():
         assert where is None or os.path.exists(os.path.join(where, name))
 
 
+@cuda_build
 def test_nvidia_wheels_come_first(monkeypatch, tmp_path):
     lib = tmp_path / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
@@ -35,12 +39,21 @@ def test_nvidia_wheels_come_first(monkeypatch, tmp_path):
     assert _cuda_libs.library_path() == [str(lib)]
 
 
+@cuda_build
 def test_missing_libraries_are_named(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
     monkeypatch.setattr(_cuda_libs, "_loadable_by_name", lambda name: False)
     monkeypatch.setattr(_cuda_libs, "toolkit_dirs", lambda: [])
     with pytest.raises(ImportError, match=r"libcudart\.so\.13, .*libcusparse\.so\.12.*pip install nvidia-cuda-runtime"):
         _cuda_libs.find()
+
+
+@pytest.mark.skipif(_cuda_libs.BUILT_WITH_CUDA, reason="a build with CUDA: its libraries are looked up")
+def test_without_cuda_no_library_is_looked_up(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])  # no NVIDIA wheels, no toolkit: still nothing missing
+    monkeypatch.setattr(_cuda_libs, "toolkit_dirs", lambda: [])
+    assert _cuda_libs.find() == {}
+    assert _cuda_libs.library_path() == []
 
 
 def test_sparsek_command_runs_the_cli():

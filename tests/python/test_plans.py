@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 import sparsek  # noqa: E402
-from conftest import block_sparse_dense, dense_operand  # noqa: E402
+from conftest import block_sparse_dense, dense_operand, torch_cuda  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+HAS_CUDA, NO_CUDA = torch_cuda()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 
 

@@ -10,12 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 import sparsek  # noqa: E402
-from conftest import block_sparse_dense, dense_operand  # noqa: E402
+from conftest import block_sparse_dense, dense_operand, torch_cuda  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
+HAS_CUDA, NO_CUDA = torch_cuda()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)"))]
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+    not HAS_CUDA, reason=NO_CUDA))]
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 
 
 def default_dtype(device):

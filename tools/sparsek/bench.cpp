@@ -21,7 +21,7 @@
 // values densified and quantized again with one scale per operand (tensor-wise, as
 // torch._scaled_mm), its output checked against the same reference. The reference of a large
 // e4m3 problem is the fp64 oracle on its first 64 tokens (C's first columns in dsd, rows in dds).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +35,7 @@
 
 #include "bench_case.hpp"
 #include "cpu/blas_cpu.hpp"
+#include "core/no_gpu.hpp"  // kBuiltWithCuda, no_gpu_error(): what a build without CUDA says
 #include "dense_fp8.hpp"
 #include "sparsek/quantize.hpp"
 #include "tools_internal.hpp"
@@ -890,7 +891,7 @@ int bench_main(const std::vector<std::string>& argv) {
     const bool gpu_row = !v || v->backend == Backend::cuda;
     if (gpu_row && !gpu) {
       if (backend == Backend::cpu) args.bad("--variants", "'" + name + "' is a GPU row, but --backend cpu");
-      throw Error(Status::no_device, "--variants " + name + ": a GPU row, but no GPU found: " + info.why_not);
+      throw no_gpu_error("--variants " + name + ": a GPU row", "--variants " + name + ": a GPU row, but no GPU found: ");
     }
     if (!gpu_row && gpu)
       args.bad("--variants", "'" + name + "' runs on the CPU backend; with a GPU add --backend cpu");

@@ -10,7 +10,7 @@
 // NaN-poisoned dq, dk, dv checked against the fp64 backward reference on sampled query rows (dq)
 // and sampled key blocks (dk, dv), then the timing. Effective FLOPs = 2.5 x the forward's
 // (FlashAttention's convention).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // What every `sparsek bench` op shares (see bench_case.hpp).
 #include "bench_case.hpp"
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -10,7 +10,7 @@
 // cache would take the host longer than the bench; the reads do not depend on the values), on the
 // CPU every page its own. The error is against the fp64 decode oracle, on the first two requests
 // on a GPU (the oracle on 32 requests x 32k tokens would take minutes), on all of them on the CPU.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // checked against the CPU reference first (outputs poisoned): rows must match, up to blocks whose
 // reference scores tie within 1e-4 of the row's largest (f32 and double may order those
 // differently); the selected blocks' reference-score sums must then agree within 1e-4.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>

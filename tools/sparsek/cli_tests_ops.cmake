@@ -8,7 +8,12 @@ set(tiny "--backend|cpu|--m|64|--n|16|--k|64|--block|32x32|--reps|1|--warmup|0")
 
 # ---- flag and output mistakes ----
 # A GPU variant on a machine (here: a process) without a GPU is an error, not an empty table.
-sparsek_cli_test(bench_gpu_variant_without_gpu 1 "--variants hopper: a GPU row, but no GPU found"
+if(SPARSEK_CUDA)
+  set(gpu_row_without_gpu "--variants hopper: a GPU row, but no GPU found")
+else()
+  set(gpu_row_without_gpu "--variants hopper: a GPU row: this sparsek was built without CUDA")
+endif()
+sparsek_cli_test(bench_gpu_variant_without_gpu 1 "${gpu_row_without_gpu}"
                  "bench|--variants|hopper|--m|64|--n|16|--k|64|--block|32x32")
 sparsek_cli_test(bench_gpu_variant_on_cpu 2 "--variants hopper: 'hopper' is a GPU row, but --backend cpu"
                  "bench|--backend|cpu|--variants|hopper")

@@ -1,5 +1,5 @@
 // Shared pieces of the CLI (see cli.hpp).
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 
 #include "cli.hpp"
 #include "sparsek/tune.hpp"
+#include "core/no_gpu.hpp"  // no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 namespace sparsek::cli {
@@ -148,7 +149,7 @@ Backend Args::backend(const std::string& name) const {
 bool use_gpu(Backend requested) {
   const DeviceInfo& info = device_info();
   if (requested == Backend::cuda && !info.available)
-    throw Error(Status::no_device, "--backend cuda: no GPU found: " + info.why_not);
+    throw no_gpu_error("--backend cuda", "--backend cuda: no GPU found: ");
   return info.available && requested != Backend::cpu;
 }
 

@@ -1,6 +1,6 @@
 // `sparsek doctor`: what this machine and this build have, what is missing (with the fix), and
 // which variants can run here. Exits 0 whenever it could report, GPU or not.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -10,6 +10,7 @@
 
 #include "cli.hpp"
 #include "cpu/blas_cpu.hpp"
+#include "core/no_gpu.hpp"  // kBuiltWithCuda, no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 #ifndef SPARSEK_CUDA_GENCODE_LIST
@@ -53,6 +54,12 @@ struct GpuState {
 
 GpuState gpu_state(int driver, int runtime) {
   GpuState g;
+  if (!kBuiltWithCuda) {
+    g.state = "not_built";
+    g.text = kNoCudaBuild;
+    g.fix = "for the GPU backends, rebuild with the CUDA toolkit (nvcc on PATH, or -DSPARSEK_CUDA=ON)";
+    return g;
+  }
   const bool kernel_module = file_exists("/proc/driver/nvidia/version");
   if (driver == 0) {
     g.state = "no_driver";
@@ -94,6 +101,7 @@ GpuState gpu_state(int driver, int runtime) {
 std::string variant_blocker(const Variant& v, const GpuState& gpu, bool has_90a, const std::string& cublas,
                             const std::string& cusparse) {
   if (v.backend == Backend::cpu) return "";
+  if (!kBuiltWithCuda) return "not built (SPARSEK_CUDA=OFF)";
   if (gpu.state != "ok") return "no usable GPU (see above)";
   const DeviceInfo& d = device_info();
   const std::string name = v.name;
@@ -128,7 +136,7 @@ int doctor_main(const std::vector<std::string>& argv) {
   Json doc = json_header("doctor", argv);
   std::vector<std::string> missing;
   const std::string gencode = SPARSEK_CUDA_GENCODE_LIST;
-  const bool has_90a = gencode.find("90a") != std::string::npos;
+  const bool has_90a = kBuiltWithCuda && gencode.find("90a") != std::string::npos;
 
   std::printf("sparsek %s doctor\n\n", version());
   std::printf("build\n");
@@ -144,16 +152,25 @@ int doctor_main(const std::vector<std::string>& argv) {
       }
     }
   }
-  std::printf("  CUDA gencode           %s (SASS for:%s)\n", gencode.c_str(), sass.c_str());
+  std::printf("  CUDA                   %s\n", kBuiltWithCuda ? "built in (SPARSEK_CUDA=ON)" : "NOT built (SPARSEK_CUDA=OFF): CPU backend only");
   const std::string ptx = SPARSEK_CUDA_PTX_LIST;
-  std::printf("  PTX                    %s\n",
-              ptx.empty() ? "none (GPUs newer than the SASS targets get no kernel)"
-                          : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
-  std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
-  std::printf("  compiled against CUDA  %s\n", cuda_version(CUDART_VERSION).c_str());
+  if (kBuiltWithCuda) {
+    std::printf("  CUDA gencode           %s (SASS for:%s)\n", gencode.c_str(), sass.c_str());
+    std::printf("  PTX                    %s\n",
+                ptx.empty() ? "none (GPUs newer than the SASS targets get no kernel)"
+                            : ("compute_" + ptx + " (newer GPUs JIT-compile the portable kernel from it)").c_str());
+    std::printf("  sm_90a (Hopper path)   %s\n", has_90a ? "built in" : "NOT built");
+  }
+#ifdef CUDART_VERSION
+  const int compiled_cuda = CUDART_VERSION;
+#else
+  const int compiled_cuda = 0;  // built without CUDA
+#endif
+  std::printf("  compiled against CUDA  %s\n", cuda_version(compiled_cuda).c_str());
   const std::string blas = cpu_blas_description();
   std::printf("  CPU backend BLAS       %s\n", blas.c_str());
-  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(CUDART_VERSION)},
+  doc["build"] = {{"gencode", gencode}, {"ptx", ptx}, {"sm_90a", has_90a}, {"cuda", cuda_version(compiled_cuda)},
+                  {"cuda_built", kBuiltWithCuda},
                   {"cpu_blas", blas}};
 
   int runtime = 0, driver = 0;
@@ -161,13 +178,17 @@ int doctor_main(const std::vector<std::string>& argv) {
   cudaDriverGetVersion(&driver);  // 0 when no driver is installed
   const GpuState gpu = gpu_state(driver, runtime);
   std::printf("\nCUDA\n");
-  std::printf("  runtime (linked)       %s (needs NVIDIA driver %s or newer)\n", cuda_version(runtime).c_str(),
-              min_driver(runtime).c_str());
-  std::printf("  driver                 %s\n",
-              driver ? ("supports CUDA " + cuda_version(driver)).c_str() : "none found");
   const std::string cublas = peers::cublas_version(), cusparse = peers::cusparse_version();
-  std::printf("  cuBLAS                 %s\n", cublas.empty() ? "unavailable" : cublas.c_str());
-  std::printf("  cuSPARSE               %s\n", cusparse.empty() ? "unavailable" : cusparse.c_str());
+  if (!kBuiltWithCuda) {
+    std::printf("  none linked            this build has no CUDA code (SPARSEK_CUDA=OFF)\n");
+  } else {
+    std::printf("  runtime (linked)       %s (needs NVIDIA driver %s or newer)\n", cuda_version(runtime).c_str(),
+                min_driver(runtime).c_str());
+    std::printf("  driver                 %s\n",
+                driver ? ("supports CUDA " + cuda_version(driver)).c_str() : "none found");
+    std::printf("  cuBLAS                 %s\n", cublas.empty() ? "unavailable" : cublas.c_str());
+    std::printf("  cuSPARSE               %s\n", cusparse.empty() ? "unavailable" : cusparse.c_str());
+  }
   doc["cuda"] = {{"runtime", cuda_version(runtime)}, {"min_driver", min_driver(runtime)},
                  {"driver_supports", driver ? Json(cuda_version(driver)) : Json(nullptr)},
                  {"cublas", cublas}, {"cusparse", cusparse}};

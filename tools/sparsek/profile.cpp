@@ -2,8 +2,10 @@
 // as a normalized text file (fixed keys and order, 4 significant digits) that diffs against a
 // baseline profile. The tool runs itself under ncu in a child mode that warms up, then brackets
 // exactly one run with cudaProfilerStart/Stop (ncu --profile-from-start off).
+#ifndef SPARSEK_NO_CUDA
 #include <cuda_profiler_api.h>
-#include <cuda_runtime.h>
+#endif
+#include "core/cuda_host.hpp"
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -24,6 +26,7 @@
 
 #include "cli.hpp"
 #include "sparsek/plan.hpp"
+#include "core/no_gpu.hpp"  // no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 extern char** environ;
@@ -314,7 +317,7 @@ Workload parse_workload(const Args& args) {
 
 int child(const Args& args) {
   const Workload w = parse_workload(args);
-  if (!device_info().available) throw Error(Status::no_device, "profile: no GPU: " + device_info().why_not);
+  if (!device_info().available) throw no_gpu_error("profile", "profile: no GPU: ");
   const int64_t m = w.m, n = w.n, k = w.k;
   const int bm = w.bm, bk = w.bk;
   const double density = w.density;
@@ -423,7 +426,7 @@ int profile_main(const std::vector<std::string>& argv) {
                       "cuda-nsight-compute-13-0; else NVIDIA's Nsight Compute installer), then put it on PATH, "
                       "set NCU, or pass --ncu /path/to/ncu");
     if (!device_info().available)
-      throw Error(Status::no_device, "profile needs a GPU to run the kernel on: " + device_info().why_not);
+      throw no_gpu_error("profile (runs the kernel on a GPU)", "profile needs a GPU to run the kernel on: ");
     char dir_tmpl[] = "/tmp/sparsek-profile-XXXXXX";
     if (!::mkdtemp(dir_tmpl)) throw Error(Status::io_error, std::string("cannot make a temp directory: ") + std::strerror(errno));
     const std::string dir = dir_tmpl;

@@ -1,7 +1,7 @@
 // The benchmarks' timing (see timing.hpp).
 #include "timing.hpp"
 
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <atomic>

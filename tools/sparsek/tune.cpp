@@ -3,7 +3,7 @@
 // compares the pick with the best (`--spec-workloads`: over the GPU workload table); `--plan-time`
 // measures how long plan() takes on the workload; `--run-overhead` what run(plan) costs over the
 // bare variant launch.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <chrono>

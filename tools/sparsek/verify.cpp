@@ -13,7 +13,7 @@
 // that none of them supports is redrawn (draw t of case i is a function of (seed, i, t)), so a
 // narrow variant such as hopper checks every case instead of the few the full sweep hands it.
 // The summary always counts the cases each variant checked.
-#include <cuda_runtime.h>
+#include "core/cuda_host.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "core/no_gpu.hpp"  // no_gpu_error(): what a build without CUDA says
 #include "tools_internal.hpp"
 
 namespace sparsek::cli {
@@ -419,7 +420,8 @@ int verify_main(const std::vector<std::string>& argv) {
     }
   }
   if (forced && !explicit_backend && requested == Backend::cuda && !info.available)
-    throw Error(Status::no_device, "--variants " + first_named + ": a GPU variant, but no GPU found: " + info.why_not);
+    throw no_gpu_error("--variants " + first_named + ": a GPU variant",
+                       "--variants " + first_named + ": a GPU variant, but no GPU found: ");
   const Backend be = use_gpu(requested) ? Backend::cuda : Backend::cpu;
   const int cases = int(args.integer("--cases", be == Backend::cuda ? 1000 : 200, 1, 10000000));
   const uint64_t seed = args.seed("--seed", 1);
