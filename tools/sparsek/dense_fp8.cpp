@@ -26,6 +26,7 @@ struct DenseFp8Gemm::Impl {
   cublasLtMatmulAlgo_t algo{};
   void* ws = nullptr;
   size_t ws_bytes = size_t(32) << 20;
+  float* one = nullptr;  // device 1.0f: the scale a null scale pointer stands for
 
   ~Impl() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -34,6 +35,7 @@ struct DenseFp8Gemm::Impl {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (lt) cublasLtDestroy(lt);
     if (ws) cudaFree(ws);
+    if (one) cudaFree(one);
   }
 };
 
@@ -55,6 +57,16 @@ DenseFp8Gemm::DenseFp8Gemm(int64_t m, int64_t n, int64_t k, DType out) : impl_(n
     check_lt(cublasLtMatrixLayoutCreate(&s.lb, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k), "layout A");
     check_lt(cublasLtMatrixLayoutCreate(&s.ld, dt, uint64_t(n), uint64_t(m), n), "layout C");
     SPARSEK_CHECK_CUDA(cudaMalloc(&s.ws, s.ws_bytes));
+    // The scale pointers are part of what the heuristic answers for: set before it, to the same kind
+    // of value run() sets (a device float), never left null (an algorithm chosen without them was
+    // refused by cublasLtMatmul with status 15 once run() set them, on an H200).
+    const float host_one = 1.f;
+    SPARSEK_CHECK_CUDA(cudaMalloc(&s.one, sizeof(float)));
+    SPARSEK_CHECK_CUDA(cudaMemcpy(s.one, &host_one, sizeof(float), cudaMemcpyHostToDevice));
+    check_lt(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s.one, sizeof(s.one)),
+             "A_SCALE_POINTER");
+    check_lt(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s.one, sizeof(s.one)),
+             "B_SCALE_POINTER");
     check_lt(cublasLtMatmulPreferenceCreate(&s.pref), "preference");
     check_lt(cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s.ws_bytes,
                                                   sizeof(s.ws_bytes)),
@@ -78,7 +90,9 @@ DenseFp8Gemm::~DenseFp8Gemm() { delete impl_; }
 void DenseFp8Gemm::run(const void* a, const void* b, void* c, const float* a_scale, const float* b_scale,
                        void* stream) const {
   Impl& s = *impl_;
-  // cuBLASLt's A is our B and its B our A: the scales follow.
+  // cuBLASLt's A is our B and its B our A: the scales follow (null: 1).
+  if (!a_scale) a_scale = s.one;
+  if (!b_scale) b_scale = s.one;
   check_lt(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)),
            "A_SCALE_POINTER");
   check_lt(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)),
