@@ -4,18 +4,28 @@ JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 SPARSEK = ./$(BUILD)/sparsek
 
-.PHONY: all setup configure build test test-cpu test-python run bench verify doctor ncu fuzz clean
+.PHONY: all setup setup-cli configure build cli test test-cpu test-python run bench verify doctor ncu fuzz clean
 
 all: build
+
+CONFIGURE = test -f $(BUILD)/build.ninja || cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 
 setup:
 	@bash scripts/setup
 
+# What the CLI needs (no Python packages): run, bench, verify and doctor build the CLI alone.
+setup-cli:
+	@bash scripts/setup --no-python
+
 configure: setup
-	@test -f $(BUILD)/build.ninja || cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	@$(CONFIGURE)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+cli: setup-cli
+	@$(CONFIGURE)
+	cmake --build $(BUILD) -j $(JOBS) --target sparsek_cli
 
 # The whole suite: C++ (CPU tests run; GPU tests skip with the reason when no GPU answers) + Python,
 # then a short fuzzing run (fixed seed): 40 seconds for each of the two fuzz targets.
@@ -28,21 +38,21 @@ test: build
 test-python: build
 	@BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/python-tests
 
-run: build
+run: cli
 	$(SPARSEK) bench
 
-bench: build
+bench: cli
 	$(SPARSEK) bench --json $(BUILD)/bench.json
 
-verify: build
+verify: cli
 	$(SPARSEK) verify
 
-doctor: build
+doctor: cli
 	$(SPARSEK) doctor
 
 # Nsight Compute key metrics of one sparsek kernel launch (needs ncu and a GPU), as a diffable file.
 NCU_ARGS ?= --m 8192 --n 8192 --k 8192 --block 128x128 --density 0.125
-ncu: build
+ncu: cli
 	$(SPARSEK) profile $(NCU_ARGS) --out $(BUILD)/profile.txt
 
 # libFuzzer with ASan + UBSan (clang, its own build in $(FUZZ_BUILD)), FUZZ_SECONDS for each target:
