@@ -54,6 +54,7 @@ const std::pair<const char*, const char*> kCoreRows[] = {
 bool pattern_specific(const std::string& name) { return name == "cublas_batched" || name == kBatchedGemm; }
 // The dense peer of --dtype e4m3 (dense_fp8.hpp), and the variants that run e4m3.
 const char* kLtFp8 = "cublaslt_fp8_dense";
+const char* kCpuDense = "openblas_dense_sgemm";  // the CPU's dense peer: OpenBLAS on the densified operand
 bool runs_e4m3(const std::string& name) { return name == "cpu" || name == "hopper_fp8" || name == kLtFp8; }
 
 const std::vector<FlagSpec> kSpecs = {
@@ -270,6 +271,10 @@ void finish(const Workload& w, const Measured& m, bool gpu, BenchResult& r) {
       r.outro.push_back(strprintf("   the sparse operand's values %.1f MB read at:%s (median; compare with the GPU's DRAM bandwidth)",
                                   m.a_bytes / 1e6, line.c_str()));
     }
+  } else if (w.kind != OpKind::sdd && w.dtype != DType::e4m3) {
+    r.outro.push_back(std::string("   (* peer: ") + kCpuDense +
+                      ", OpenBLAS's dense product on the sparse operand densified beforehand, all its threads; "
+                      "x dense BLAS = its time over the row's: >1 is faster)");
   }
 
   r.fields = {{"m", w.m}, {"n", w.n}, {"k", w.k}, {"bm", w.bm}, {"bk", w.bk}, {"op", to_string(w.kind)},
@@ -408,6 +413,36 @@ BenchResult run_cpu(const Workload& w, const Settings& s, Steps& steps) {
         check_output(*out, w.out, ref, row);
       },
       r);
+  // Beside it, the dense product a NumPy user would call: OpenBLAS's sgemm with all its threads on
+  // the sparse operand densified beforehand (dsd and dds; f32 inputs as they are, f16 / bf16
+  // widened to f32 beforehand).
+  if (w.kind != OpKind::sdd && w.dtype != DType::e4m3 && cpu_blas_available() && wanted(s.only, kCpuDense)) {
+    const int64_t M = w.m, N = w.n, K = w.k;
+    const bool fits = cpu_blas_fits(M, N, K, K, N, N);
+    r.rows.push_back(measure_row(kCpuDense, true, fits ? "" : "an extent exceeds the BLAS interface's int", false,
+                                 [&](BenchRow& row) {
+      steps.at("timing " + std::string(kCpuDense));
+      const std::vector<float> sd = bsr_to_dense(hp.s);  // the sparse operand as stored
+      const int64_t cols = hp.s.cols();
+      const bool t = w.op == Op::trans;
+      std::vector<float> lhs(size_t(M * K)), rhs(size_t(K * N)), cf(size_t(M * N));
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t k = 0; k < K; ++k)
+          lhs[size_t(i * K + k)] = w.kind == OpKind::dsd ? sd[size_t(t ? k * cols + i : i * cols + k)]
+                                                         : load_as_float(g.a.data, g.a.dtype, g.a.index(i, k));
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j)
+          rhs[size_t(k * N + j)] = w.kind == OpKind::dds ? sd[size_t(t ? j * cols + k : k * cols + j)]
+                                                         : load_as_float(g.b.data, g.b.dtype, g.b.index(k, j));
+      auto gemm = [&] { cpu_sgemm(M, N, K, lhs.data(), K, rhs.data(), N, false, cf.data(), N); };
+      row.times_ms = timing::time_host(gemm, s.warmup, s.reps);
+      std::fill(out->begin(), out->end(), uint8_t(0xFF));
+      gemm();
+      for (int64_t e = 0; e < M * N; ++e) store_from_float(out->data(), w.out, e, cf[size_t(e)]);  // C: row-major, ld N
+      check_output(*out, w.out, ref, row);
+    }));
+    ++steps.done;
+  }
   finish(w, m, false, r);
   return r;
 }
@@ -768,7 +803,8 @@ int bench_main(const std::vector<std::string>& argv) {
                "12.5%; 4096^3 64x64 12.5%; 8192^3 128x128 25%; 8192^3 128x32 6.25%. dds: M=4096 N=14336\n"
                "K=4096 64x64 25%, 8192^3 128x128 12.5%. sdd: M=14336 N=4096 K=4096 64x64 25%, 8192^3\n"
                "128x128 12.5% (fixed_k, f16). Without a GPU it runs the CPU backend on 1024^3, 64x64, 12.5%,\n"
-               "says so, and reports effective GFLOPS. --suite serving runs what serving and training users\n"
+               "says so, and reports effective GFLOPS beside openblas_dense_sgemm (OpenBLAS's dense product\n"
+               "on the sparse operand densified beforehand, all its threads; DSD and DDS). --suite serving runs what serving and training users\n"
                "run instead (GPU only, DSD): decode with W 14336x4096 at 64x64, 25% and N = 1, 16, 128 (with\n"
                "the rate at which A's values are read); M 8256, K 8192 at N = 999 and 1000; 8 experts of\n"
                "1024x1024 (block-diagonal, 128x128); banded and lower-triangular 64x64; power-law and\n"
@@ -888,7 +924,7 @@ int bench_main(const std::vector<std::string>& argv) {
   // --variants names rows of one backend: the GPU's (and the peers' core rows) or the CPU's.
   for (const std::string& name : s.only) {
     const Variant* v = find_variant(name);
-    const bool gpu_row = !v || v->backend == Backend::cuda;
+    const bool gpu_row = name != kCpuDense && (!v || v->backend == Backend::cuda);
     if (gpu_row && !gpu) {
       if (backend == Backend::cpu) args.bad("--variants", "'" + name + "' is a GPU row, but --backend cpu");
       throw no_gpu_error("--variants " + name + ": a GPU row", "--variants " + name + ": a GPU row, but no GPU found: ");
@@ -940,7 +976,8 @@ int bench_main(const std::vector<std::string>& argv) {
   }
 
   Progress progress(stdout_is_tty());
-  Steps steps{progress, 0, std::max<size_t>(1, (candidates(gpu, s.only, fp8).size() + fp8) * table.size())};
+  Steps steps{progress, 0,
+              std::max<size_t>(1, (candidates(gpu, s.only, fp8).size() + fp8 + !gpu) * table.size())};  // + the CPU's dense peer
   Table t;
   if (gpu) {
     std::printf("sparsek %s bench on %s (compute capability %d.%d, %d SMs), CUDA runtime %d, driver %d\n", version(),
@@ -962,7 +999,9 @@ int bench_main(const std::vector<std::string>& argv) {
     else
       std::printf("no GPU found: %s; running the CPU backend, %d thread(s)\n", info.why_not.c_str(), threads);
     std::printf("block products through %s\n", cpu_blas_description().c_str());
-    t.columns = {median_column(), rate_column(false), sci_column("rel err", "rel_error")};
+    t.columns = {median_column(), rate_column(false)};
+    if (!fp8) t.columns.push_back(fixed_column("x dense BLAS", "ratio_vs_best_peer", 2));  // no e4m3 dense peer here
+    t.columns.push_back(sci_column("rel err", "rel_error"));
   }
   BenchRun run;
   run.gpu = gpu;
