@@ -552,14 +552,15 @@ TEST(Gate, KeyScratchBeyondThisMachinesMemoryIsRefusedByName) {
   a.block = 64;
   a.topk = 2;
   a.kmax = 4;
-  std::vector<int32_t> num(1, kPoisonIndex), idx(4, kPoisonIndex);
-  a.kv_num_blocks = num.data();
-  a.kv_indices = idx.data();
+  // One buffer: the outputs (num, then idx) below the given scores, whose 2^40-score row spans far
+  // past them: no output can overlap that input wherever the heap puts the buffer.
+  std::vector<int32_t> buf(6, kPoisonIndex);
+  a.kv_num_blocks = buf.data();
+  a.kv_indices = buf.data() + 1;
   expect_invalid([&] { gate(a); }, {"k.s = 1099511627776", "17179869184 key blocks", "more than this machine's memory"});
-  EXPECT_EQ(num[0], kPoisonIndex);
+  EXPECT_EQ(buf[0], kPoisonIndex);
   a.k = broadcast_row(krow, int64_t(1) << 46);  // given scores: still a row of Nk (2^40) scores
-  std::vector<float> given(1);
-  a.given_scores = given.data();
+  a.given_scores = reinterpret_cast<float*>(buf.data() + 5);
   expect_invalid([&] { gate(a); }, {"k.s = 70368744177664", "scratch"});
 }
 
