@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "sparsek/attention.hpp"
 #include "sparsek/plan.hpp"
 
 struct ncclComm;  // NCCL's communicator type: ncclComm_t is ncclComm* (nccl.h need not be included)
@@ -97,6 +98,48 @@ void run(const DistributedPlan& plan, const GemmArgs& args, void* stream = nullp
 // product is launched, then the all-gathers are grouped. The current device is restored.
 void run(const std::vector<DistributedPlan>& plans, const std::vector<GemmArgs>& args,
          const std::vector<void*>& streams);
+
+// ---- Context-parallel attention: the transfer plan (host only) ----
+//
+// Attention over one sequence split across ranks in block units needs, on each rank, the key/value
+// blocks its query rows name in the layout. plan_attention_shards() computes, without any GPU, who
+// computes which query blocks, who holds which key/value blocks, and which blocks each rank must
+// receive from which other rank: the transfers a block-sparse layout needs, to compare with ring
+// attention, which moves every other rank's whole shard to every rank. (Running attention across
+// GPUs on this plan is not built yet.)
+//
+// Query blocks are split into one contiguous range per rank by prefix sums of their work (stored
+// blocks of the row over batch and heads, each weighted by the query heads it serves; with causal,
+// a block on the diagonal counts half), each boundary nearest its ideal r * total / ranks. For
+// self-attention (sq == skv, block_q == block_kv) a rank holds the key/value blocks of its own
+// query range; otherwise the key/value blocks are split evenly. A needed block is identified by
+// (batch, key/value head, key block): id = (b * hkv + g) * kv_blocks + j.
+struct AttentionShardRank {
+  int64_t q_begin = 0, q_end = 0;    // query blocks computed here
+  int64_t kv_begin = 0, kv_end = 0;  // key/value blocks held here (every batch and head)
+  int64_t work = 0;                  // the weighted stored blocks of its rows (half-block units)
+  // recv[r]: the ids this rank needs that rank r holds, sorted, unique (recv[own rank] is empty).
+  std::vector<std::vector<int64_t>> recv;
+  int64_t recv_blocks() const;       // all of recv
+  int64_t needed_local = 0;          // needed blocks it already holds
+};
+
+struct AttentionShards {
+  int ranks = 1;
+  int64_t batch = 1, hq = 1, hkv = 1, q_blocks = 0, kv_blocks = 0;
+  int block_kv = 128;
+  std::vector<AttentionShardRank> rank;  // [ranks]
+  // Bytes rank r receives for K and V (d, element size): this plan's, and ring attention's.
+  double recv_bytes(int r, int64_t d, int64_t elem_bytes) const;
+  double ring_bytes(int r, int64_t d, int64_t elem_bytes) const;
+};
+
+// layout: host memory, the shapes of an attention problem with batch `batch`, hq query heads over
+// hkv key/value heads (layout.heads is 1, hq or hkv), sq query and skv key positions; causal
+// masks blocks past the diagonal (they are never needed). Throws Error(invalid_argument) naming the
+// argument and the value (ranks < 1, device memory, extents, a count or an index out of range).
+AttentionShards plan_attention_shards(const AttentionLayout& layout, int64_t batch, int64_t hq, int64_t hkv,
+                                      int64_t sq, int64_t skv, bool causal, int ranks);
 
 // The NCCL library sparsek loads and its version (e.g. 22807 for 2.28.7); throws
 // Error(unsupported) with the reason when it cannot be loaded.

@@ -1,0 +1,89 @@
+// The transfer plan of context-parallel block-sparse attention on its target layouts, on the CPU
+// (no GPU needed): per rank the query blocks it computes, its work (stored blocks), and the K/V
+// bytes it must receive against ring attention's (every other rank's whole shard).
+//
+// Layouts: causal top-k as the gate makes them: each query block keeps the diagonal block and
+// round(density * key blocks) - 1 random earlier ones (fewer near the start), per query head.
+//   build/attention_cp_plan [S ...]    (default 262144 and 1048576; ranks 2 and 4; Hq = Hkv = 16,
+//                                       D = 128, 128x128 blocks, bf16, density 12.5%)
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "sparsek/distributed.hpp"
+
+using namespace sparsek;
+
+namespace {
+
+struct CausalTopk {
+  std::vector<int32_t> num, idx;
+  AttentionLayout view;
+};
+
+CausalTopk causal_topk(int64_t heads, int64_t nb, double density, uint64_t seed) {
+  const int64_t kmax = std::max<int64_t>(1, std::llround(density * double(nb)));
+  CausalTopk l;
+  l.num.assign(size_t(heads * nb), 0);
+  l.idx.assign(size_t(heads * nb * kmax), 0);
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> pick;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < nb; ++i) {
+      const int64_t k = std::min(kmax, i + 1);
+      pick.clear();
+      // k - 1 distinct earlier blocks (Floyd's sampling), then the diagonal, ascending.
+      for (int64_t t = i - (k - 1); t < i; ++t) {
+        const int32_t v = int32_t(std::uniform_int_distribution<int64_t>(0, t)(rng));
+        pick.push_back(std::find(pick.begin(), pick.end(), v) == pick.end() ? v : int32_t(t));
+      }
+      pick.push_back(int32_t(i));
+      std::sort(pick.begin(), pick.end());
+      const int64_t row = h * nb + i;
+      l.num[size_t(row)] = int32_t(pick.size());
+      std::copy(pick.begin(), pick.end(), l.idx.begin() + row * kmax);
+    }
+  AttentionLayout& v = l.view;
+  v.kv_num_blocks = l.num.data(), v.kv_indices = l.idx.data();
+  v.batch = 1, v.heads = heads, v.q_blocks = nb, v.kmax = kmax;
+  v.block_q = v.block_kv = 128;
+  v.memory = Memory::host;
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> seqs;
+  for (int a = 1; a < argc; ++a) seqs.push_back(std::atoll(argv[a]));
+  if (seqs.empty()) seqs = {262144, 1048576};
+  const int64_t H = 16, D = 128, elem = 2;
+  std::printf("context-parallel attention, transfer plan: Hq = Hkv = %lld, D = %lld, bf16, 128x128 blocks, causal "
+              "top-k 12.5%% (the diagonal + random earlier blocks), one layout per head\n",
+              (long long)H, (long long)D);
+  std::printf("%9s %5s %4s | %10s %10s %12s | %12s %12s %7s\n", "S", "ranks", "rank", "q blocks", "work",
+              "needed held", "recv MB", "ring MB", "ring/x");
+  for (int64_t S : seqs) {
+    const int64_t nb = (S + 127) / 128;
+    const CausalTopk l = causal_topk(H, nb, 0.125, uint64_t(S));
+    for (int ranks : {2, 4}) {
+      if (S > 300000 && ranks == 2) continue;  // the 1M case is for 4 ranks
+      const AttentionShards p = plan_attention_shards(l.view, 1, H, H, S, S, true, ranks);
+      double recv = 0, ring = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const AttentionShardRank& x = p.rank[size_t(r)];
+        const double mb = p.recv_bytes(r, D, elem) / 1e6, rmb = p.ring_bytes(r, D, elem) / 1e6;
+        recv += mb, ring += rmb;
+        std::printf("%9lld %5d %4d | %4lld-%-5lld %10lld %12lld | %12.1f %12.1f %7.2f\n", (long long)S, ranks, r,
+                    (long long)x.q_begin, (long long)x.q_end, (long long)(x.work / 2), (long long)x.needed_local, mb,
+                    rmb, mb > 0 ? rmb / mb : 0.0);
+      }
+      std::printf("%9lld %5d  all | %10s %10s %12s | %12.1f %12.1f %7.2f\n", (long long)S, ranks, "", "", "", recv,
+                  ring, recv > 0 ? ring / recv : 0.0);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,157 @@
+// plan_attention_shards(): the host-side transfer plan of context-parallel block-sparse attention
+// (include/sparsek/distributed.hpp). Plain C++: no CUDA, no NCCL.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "sparsek/distributed.hpp"
+
+namespace sparsek {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) {
+  throw Error(Status::invalid_argument, "plan_attention_shards: " + what);
+}
+std::string num(int64_t v) { return std::to_string(v); }
+
+// Boundaries of `ranks` contiguous ranges of rows whose prefix sums of work lie nearest
+// r * total / ranks (exact integer comparison, as partition_block_rows does).
+std::vector<int64_t> split_by_work(const std::vector<int64_t>& prefix, int ranks) {
+  const int64_t rows = int64_t(prefix.size()) - 1, total = prefix.back();
+  std::vector<int64_t> bounds(size_t(ranks) + 1, 0);
+  bounds[size_t(ranks)] = rows;
+  for (int r = 1; r < ranks; ++r) {
+    if (total == 0) {  // no work anywhere: an even split of the rows
+      bounds[size_t(r)] = rows * r / ranks;
+      continue;
+    }
+    const __int128 want2 = __int128(2) * r * total;  // twice the ideal prefix, times ranks
+    auto below = [&](int64_t x) { return __int128(2) * ranks * x < want2; };
+    const auto hi = std::partition_point(prefix.begin(), prefix.end(), below);
+    auto pick = hi;
+    if (hi != prefix.begin() && (hi == prefix.end() || want2 - __int128(2) * ranks * hi[-1] <=
+                                                           __int128(2) * ranks * *hi - want2))
+      pick = hi - 1;
+    bounds[size_t(r)] = std::clamp<int64_t>(pick - prefix.begin(), bounds[size_t(r - 1)], rows);
+  }
+  return bounds;
+}
+
+}  // namespace
+
+int64_t AttentionShardRank::recv_blocks() const {
+  int64_t n = 0;
+  for (const auto& v : recv) n += int64_t(v.size());
+  return n;
+}
+
+double AttentionShards::recv_bytes(int r, int64_t d, int64_t elem_bytes) const {
+  return 2.0 * double(rank[size_t(r)].recv_blocks()) * double(block_kv) * double(d) * double(elem_bytes);
+}
+
+double AttentionShards::ring_bytes(int r, int64_t d, int64_t elem_bytes) const {
+  const AttentionShardRank& x = rank[size_t(r)];
+  const double others = double(batch * hkv) * double(kv_blocks - (x.kv_end - x.kv_begin));
+  return 2.0 * others * double(block_kv) * double(d) * double(elem_bytes);
+}
+
+AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, int64_t hq, int64_t hkv, int64_t sq,
+                                      int64_t skv, bool causal, int ranks) {
+  if (ranks < 1) bad("ranks = " + num(ranks) + " must be >= 1");
+  if (l.memory != Memory::host) bad("the layout must be in host memory (memory = " + num(int(l.memory)) + ")");
+  if (batch < 1) bad("batch = " + num(batch) + " must be >= 1");
+  if (hq < 1 || hkv < 1 || hq % hkv != 0) bad("hq = " + num(hq) + ", hkv = " + num(hkv) + ": hq must be a multiple of hkv >= 1");
+  if (sq < 1 || skv < 1) bad("sq = " + num(sq) + ", skv = " + num(skv) + " must be >= 1");
+  if (l.block_q < 1 || l.block_kv < 1) bad("block_q = " + num(l.block_q) + ", block_kv = " + num(l.block_kv) + " must be >= 1");
+  const int64_t mq = (sq + l.block_q - 1) / l.block_q, nk = (skv + l.block_kv - 1) / l.block_kv;
+  if (l.q_blocks != mq) bad("layout.q_blocks = " + num(l.q_blocks) + " differs from ceil(sq / block_q) = " + num(mq));
+  if (l.batch != 1 && l.batch != batch) bad("layout.batch = " + num(l.batch) + " is neither 1 nor batch = " + num(batch));
+  if (l.heads != 1 && l.heads != hq && l.heads != hkv)
+    bad("layout.heads = " + num(l.heads) + " is neither 1, hq = " + num(hq) + " nor hkv = " + num(hkv));
+  if (!l.kv_num_blocks || (l.kmax > 0 && !l.kv_indices)) bad("layout.kv_num_blocks or kv_indices is null");
+  if (l.has_full() && (!l.full_kv_indices && l.full_kmax > 0)) bad("layout.full_kv_indices is null");
+  const int64_t G = hq / hkv;
+  // Per layout head: the key/value heads it names and the query heads each of its rows serves.
+  const bool per_q = l.heads == hq && hq != hkv, per_kv = l.heads == hkv;
+  const int64_t weight = l.heads == 1 ? hq : per_kv ? G : 1;
+  auto kv_heads_of = [&](int64_t lh, int64_t& g0, int64_t& g1) {
+    if (l.heads == 1) g0 = 0, g1 = hkv;
+    else if (per_kv) g0 = lh, g1 = lh + 1;
+    else g0 = per_q ? lh / G : lh, g1 = g0 + 1;
+  };
+  auto last_row = [&](int64_t i) { return std::min((i + 1) * l.block_q, sq) - 1; };
+  auto allowed = [&](int64_t i, int64_t j) { return !causal || j * l.block_kv <= last_row(i); };
+  auto diagonal = [&](int64_t i, int64_t j) {
+    return causal && j * l.block_kv <= last_row(i) && (j + 1) * l.block_kv - 1 > i * l.block_q;  // a partial block
+  };
+  // Calls f(b_layout, layout head, j) for every entry of row i (both lists), checking counts and indices.
+  auto for_row = [&](int64_t i, auto&& f) {
+    for (int64_t lb = 0; lb < l.batch; ++lb)
+      for (int64_t lh = 0; lh < l.heads; ++lh)
+        for (int full = 0; full < (l.has_full() ? 2 : 1); ++full) {
+          const int32_t* cnt = full ? l.full_kv_num_blocks : l.kv_num_blocks;
+          const int32_t* idx = full ? l.full_kv_indices : l.kv_indices;
+          const int64_t kmax = full ? l.full_kmax : l.kmax;
+          const int64_t row = (lb * l.heads + lh) * mq + i;
+          const int64_t n = cnt[row];
+          const char* name = full ? "full_kv" : "kv";
+          if (n < 0 || n > kmax)
+            bad(std::string("layout.") + name + "_num_blocks[" + num(lb) + ", " + num(lh) + ", " + num(i) + "] = " + num(n) +
+                " is out of range [0, " + num(kmax) + "]");
+          for (int64_t e = 0; e < n; ++e) {
+            const int64_t j = idx[row * kmax + e];
+            if (j < 0 || j >= nk)
+              bad(std::string("layout.") + name + "_indices[" + num(lb) + ", " + num(lh) + ", " + num(i) + ", " + num(e) +
+                  "] = " + num(j) + " is out of range [0, " + num(nk) + ")");
+            if (allowed(i, j)) f(lb, lh, j);
+          }
+        }
+  };
+
+  // Work per query block row (half-block units): the batch copies a shared layout serves count too.
+  const int64_t copies = l.batch == 1 ? batch : 1;
+  std::vector<int64_t> prefix(size_t(mq) + 1, 0);
+  for (int64_t i = 0; i < mq; ++i) {
+    int64_t w = 0;
+    for_row(i, [&](int64_t, int64_t, int64_t j) { w += (diagonal(i, j) ? 1 : 2) * weight * copies; });
+    prefix[size_t(i + 1)] = prefix[size_t(i)] + w;
+  }
+  AttentionShards out;
+  out.ranks = ranks, out.batch = batch, out.hq = hq, out.hkv = hkv, out.q_blocks = mq, out.kv_blocks = nk;
+  out.block_kv = l.block_kv;
+  const std::vector<int64_t> qb = split_by_work(prefix, ranks);
+  const bool self = sq == skv && l.block_q == l.block_kv;
+  std::vector<int64_t> kb(size_t(ranks) + 1);
+  for (int r = 0; r <= ranks; ++r) kb[size_t(r)] = self ? qb[size_t(r)] : nk * r / ranks;
+  auto owner = [&](int64_t j) {  // the rank whose key/value range holds block j
+    return int(std::upper_bound(kb.begin(), kb.end(), j) - kb.begin()) - 1;
+  };
+  out.rank.resize(size_t(ranks));
+  std::vector<char> need(size_t(batch * hkv * nk));
+  for (int r = 0; r < ranks; ++r) {
+    AttentionShardRank& x = out.rank[size_t(r)];
+    x.q_begin = qb[size_t(r)], x.q_end = qb[size_t(r + 1)];
+    x.kv_begin = kb[size_t(r)], x.kv_end = kb[size_t(r + 1)];
+    x.work = prefix[size_t(x.q_end)] - prefix[size_t(x.q_begin)];
+    std::fill(need.begin(), need.end(), 0);
+    for (int64_t i = x.q_begin; i < x.q_end; ++i)
+      for_row(i, [&](int64_t lb, int64_t lh, int64_t j) {
+        int64_t g0, g1;
+        kv_heads_of(lh, g0, g1);
+        const int64_t b0 = l.batch == 1 ? 0 : lb, b1 = l.batch == 1 ? batch : lb + 1;
+        for (int64_t b = b0; b < b1; ++b)
+          for (int64_t g = g0; g < g1; ++g) need[size_t((b * hkv + g) * nk + j)] = 1;
+      });
+    x.recv.assign(size_t(ranks), {});
+    for (int64_t id = 0; id < int64_t(need.size()); ++id) {
+      if (!need[size_t(id)]) continue;
+      const int o = owner(id % nk);
+      if (o == r) ++x.needed_local;
+      else x.recv[size_t(o)].push_back(id);  // ascending: sorted and unique
+    }
+  }
+  return out;
+}
+
+}  // namespace sparsek
