@@ -51,21 +51,26 @@ void check_dtype(const char* name, DType t, Memory m, const char* op = "decode_a
     bad_in(op, std::string(name) + " dtype f32 runs on the host only (the GPU takes f16 and bf16)");
 }
 
+// The shapes decode attention and page selection share: q [T, Hq, D], the cache's heads, D and pages.
+void check_shapes(const TokensView& q, const PagedCacheView& k, const char* op) {
+  if (q.t < 1) bad_in(op, "q.t (new tokens) = " + num(q.t) + " must be >= 1");
+  if (q.h < 1) bad_in(op, "q.h = " + num(q.h) + " must be >= 1");
+  if (q.d != 64 && q.d != 128) bad_in(op, "q.d = " + num(q.d) + " is not supported (64 or 128)");
+  if (k.h < 1) bad_in(op, "k.h = " + num(k.h) + " must be >= 1");
+  if (q.h % k.h != 0) bad_in(op, "q.h = " + num(q.h) + " is not a multiple of k.h = " + num(k.h));
+  if (k.d != q.d) bad_in(op, "k.d = " + num(k.d) + " differs from q.d = " + num(q.d));
+  if (k.pages < 1) bad_in(op, "k.pages = " + num(k.pages) + " must be >= 1");
+  if (k.page_size < 16 || k.page_size > 128 || k.page_size % 16 != 0)
+    bad_in(op, "k.page_size = " + num(k.page_size) + " is not supported (a multiple of 16 in [16, 128])");
+}
+
 void check_cheap(const DecodeArgs& a) {
   const TokensView &q = a.q, &o = a.o;
   const PagedCacheView &k = a.k, &v = a.v;
   for (auto [m, name] : {std::pair{q.memory, "q"}, std::pair{a.index_memory, "index_memory"}})
     if (m != Memory::host && m != Memory::device)
       bad(std::string(name) + " memory = " + num(int(m)) + " is neither host (0) nor device (1)");
-  if (q.t < 1) bad("q.t (new tokens) = " + num(q.t) + " must be >= 1");
-  if (q.h < 1) bad("q.h = " + num(q.h) + " must be >= 1");
-  if (q.d != 64 && q.d != 128) bad("q.d = " + num(q.d) + " is not supported (64 or 128)");
-  if (k.h < 1) bad("k.h = " + num(k.h) + " must be >= 1");
-  if (q.h % k.h != 0) bad("q.h = " + num(q.h) + " is not a multiple of k.h = " + num(k.h));
-  if (k.d != q.d) bad("k.d = " + num(k.d) + " differs from q.d = " + num(q.d));
-  if (k.pages < 1) bad("k.pages = " + num(k.pages) + " must be >= 1");
-  if (k.page_size < 16 || k.page_size > 128 || k.page_size % 16 != 0)
-    bad("k.page_size = " + num(k.page_size) + " is not supported (a multiple of 16 in [16, 128])");
+  check_shapes(q, k, "decode_attention");
   const int64_t kf[7] = {k.pages, k.page_size, k.h, k.d, k.stride_page, k.stride_slot, k.stride_h};
   const int64_t vf[7] = {v.pages, v.page_size, v.h, v.d, v.stride_page, v.stride_slot, v.stride_h};
   static const char* cf[7] = {"pages", "page_size", "h", "d", "stride_page", "stride_slot", "stride_h"};
@@ -206,15 +211,7 @@ void validate(const PageSelectArgs& a, PageOp op_kind, bool check_contents, void
       fail(std::string(name) + " memory = " + num(int(m)) + " is neither host (0) nor device (1)");
   if (a.index_memory != k.memory)
     fail(std::string("the index arrays (index_memory) are in ") + to_string(a.index_memory) + " memory, k in " + to_string(k.memory));
-  if (q.t < 1) fail("q.t (new tokens) = " + num(q.t) + " must be >= 1");
-  if (q.h < 1) fail("q.h = " + num(q.h) + " must be >= 1");
-  if (q.d != 64 && q.d != 128) fail("q.d = " + num(q.d) + " is not supported (64 or 128)");
-  if (k.h < 1) fail("k.h = " + num(k.h) + " must be >= 1");
-  if (q.h % k.h != 0) fail("q.h = " + num(q.h) + " is not a multiple of k.h = " + num(k.h));
-  if (k.d != q.d) fail("k.d = " + num(k.d) + " differs from q.d = " + num(q.d));
-  if (k.pages < 1) fail("k.pages = " + num(k.pages) + " must be >= 1");
-  if (k.page_size < 16 || k.page_size > 128 || k.page_size % 16 != 0)
-    fail("k.page_size = " + num(k.page_size) + " is not supported (a multiple of 16 in [16, 128])");
+  check_shapes(q, k, op);
   check_dtype("k", k.dtype, k.memory, op);
   static const char* csn[4] = {"stride_page", "stride_slot", "stride_h", "d"};
   check_strides("k", {{k.pages, k.stride_page}, {k.page_size, k.stride_slot}, {k.h, k.stride_h}, {k.d, 1}}, csn, op);
