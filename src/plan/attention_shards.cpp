@@ -81,11 +81,15 @@ AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, i
     else g0 = per_q ? lh / G : lh, g1 = g0 + 1;
   };
   auto last_row = [&](int64_t i) { return std::min((i + 1) * l.block_q, sq) - 1; };
-  auto allowed = [&](int64_t i, int64_t j) { return !causal || j * l.block_kv <= last_row(i); };
-  auto diagonal = [&](int64_t i, int64_t j) {
-    return causal && j * l.block_kv <= last_row(i) && (j + 1) * l.block_kv - 1 > i * l.block_q;  // a partial block
+  // With causal a block of kv_indices past the row's last query is masked whole: never needed.
+  // full_kv_indices blocks are attended whole (no element mask), so always needed.
+  auto allowed = [&](int64_t i, int64_t j, int full) { return full || !causal || j * l.block_kv <= last_row(i); };
+  auto diagonal = [&](int64_t i, int64_t j, int full) {
+    return !full && causal && j * l.block_kv <= last_row(i) && (j + 1) * l.block_kv - 1 > i * l.block_q;  // a partial block
   };
-  // Calls f(b_layout, layout head, j) for every entry of row i (both lists), checking counts and indices.
+  // Calls f(b_layout, layout head, j, full) for every needed entry of row i (both lists), checking
+  // counts and indices (in range, sorted, unique, no block in both lists).
+  std::vector<int64_t> partial;
   auto for_row = [&](int64_t i, auto&& f) {
     for (int64_t lb = 0; lb < l.batch; ++lb)
       for (int64_t lh = 0; lh < l.heads; ++lh)
@@ -96,15 +100,22 @@ AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, i
           const int64_t row = (lb * l.heads + lh) * mq + i;
           const int64_t n = cnt[row];
           const char* name = full ? "full_kv" : "kv";
+          auto where = [&](int64_t e) {
+            return std::string("layout.") + name + "_indices[" + num(lb) + ", " + num(lh) + ", " + num(i) + ", " + num(e) + "] = ";
+          };
           if (n < 0 || n > kmax)
             bad(std::string("layout.") + name + "_num_blocks[" + num(lb) + ", " + num(lh) + ", " + num(i) + "] = " + num(n) +
                 " is out of range [0, " + num(kmax) + "]");
+          if (!full) partial.assign(idx + row * kmax, idx + row * kmax + n);
           for (int64_t e = 0; e < n; ++e) {
             const int64_t j = idx[row * kmax + e];
-            if (j < 0 || j >= nk)
-              bad(std::string("layout.") + name + "_indices[" + num(lb) + ", " + num(lh) + ", " + num(i) + ", " + num(e) +
-                  "] = " + num(j) + " is out of range [0, " + num(nk) + ")");
-            if (allowed(i, j)) f(lb, lh, j);
+            if (j < 0 || j >= nk) bad(where(e) + num(j) + " is out of range [0, " + num(nk) + ")");
+            if (e > 0 && j <= idx[row * kmax + e - 1])
+              bad(where(e) + num(j) + " is not above the entry before it (" + num(idx[row * kmax + e - 1]) +
+                  "): a row's indices are sorted and unique");
+            if (full && std::binary_search(partial.begin(), partial.end(), int32_t(j)))
+              bad(where(e) + num(j) + " is in kv_indices of the same row too");
+            if (allowed(i, j, full)) f(lb, lh, j, full);
           }
         }
   };
@@ -114,7 +125,7 @@ AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, i
   std::vector<int64_t> prefix(size_t(mq) + 1, 0);
   for (int64_t i = 0; i < mq; ++i) {
     int64_t w = 0;
-    for_row(i, [&](int64_t, int64_t, int64_t j) { w += (diagonal(i, j) ? 1 : 2) * weight * copies; });
+    for_row(i, [&](int64_t, int64_t, int64_t j, int full) { w += (diagonal(i, j, full) ? 1 : 2) * weight * copies; });
     prefix[size_t(i + 1)] = prefix[size_t(i)] + w;
   }
   AttentionShards out;
@@ -136,7 +147,7 @@ AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, i
     x.work = prefix[size_t(x.q_end)] - prefix[size_t(x.q_begin)];
     std::fill(need.begin(), need.end(), 0);
     for (int64_t i = x.q_begin; i < x.q_end; ++i)
-      for_row(i, [&](int64_t lb, int64_t lh, int64_t j) {
+      for_row(i, [&](int64_t lb, int64_t lh, int64_t j, int) {
         int64_t g0, g1;
         kv_heads_of(lh, g0, g1);
         const int64_t b0 = l.batch == 1 ? 0 : lb, b1 = l.batch == 1 ? batch : lb + 1;

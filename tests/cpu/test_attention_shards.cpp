@@ -29,20 +29,27 @@ Layout random_layout(int64_t lbatch, int64_t heads, int64_t mq, int64_t nk, int6
   std::mt19937_64 rng(seed);
   Layout l;
   const int64_t rows = lbatch * heads * mq;
-  auto fill = [&](std::vector<int32_t>& num, std::vector<int32_t>& idx, int64_t km) {
+  // A valid layout: each row's indices sorted and unique, the full list disjoint from the other.
+  auto fill = [&](std::vector<int32_t>& num, std::vector<int32_t>& idx, int64_t km, const std::vector<int32_t>* other,
+                  int64_t other_km) {
     num.assign(size_t(rows), 0);
     idx.assign(size_t(rows * km), -1);
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<int32_t> all(static_cast<size_t>(nk));
-      for (int64_t j = 0; j < nk; ++j) all[size_t(j)] = int32_t(j);
+      std::vector<int32_t> all;
+      for (int64_t j = 0; j < nk; ++j) {
+        const bool taken = other && std::find(other->begin() + r * other_km, other->begin() + (r + 1) * other_km,
+                                              int32_t(j)) != other->begin() + (r + 1) * other_km;
+        if (!taken) all.push_back(int32_t(j));
+      }
       std::shuffle(all.begin(), all.end(), rng);
-      const int64_t n = int64_t(rng() % uint64_t(std::min(km, nk) + 1));
+      const int64_t n = int64_t(rng() % uint64_t(std::min<int64_t>(km, int64_t(all.size())) + 1));
       num[size_t(r)] = int32_t(n);
+      std::sort(all.begin(), all.begin() + n);
       std::copy(all.begin(), all.begin() + n, idx.begin() + r * km);
     }
   };
-  fill(l.num, l.idx, kmax);
-  if (full) fill(l.fnum, l.fidx, 2);
+  fill(l.num, l.idx, kmax, nullptr, 0);
+  if (full) fill(l.fnum, l.fidx, 2, &l.idx, kmax);
   AttentionLayout& v = l.view;
   v.kv_num_blocks = l.num.data(), v.kv_indices = l.idx.data();
   if (full) v.full_kv_num_blocks = l.fnum.data(), v.full_kv_indices = l.fidx.data(), v.full_kmax = 2;
@@ -79,7 +86,7 @@ void check(const Case& c) {
           const int64_t km = full ? 2 : c.kmax, row = (lb * c.heads + lh) * mq + i;
           for (int64_t e = 0; e < num[size_t(row)]; ++e) {
             const int64_t j = idx[size_t(row * km + e)];
-            if (c.causal && j * 128 > std::min((i + 1) * 128, c.sq) - 1) continue;
+            if (!full && c.causal && j * 128 > std::min((i + 1) * 128, c.sq) - 1) continue;  // masked whole
             for (int64_t h = 0; h < c.hq; ++h) {  // every query head the row serves
               const bool serves = c.heads == 1 || (c.heads == c.hq && h == lh) || (c.heads == c.hkv && c.heads != c.hq && h / G == lh);
               if (!serves) continue;
@@ -193,6 +200,15 @@ TEST(AttentionShards, ErrorsNameTheArgumentAndValue) {
   expect(l.view, 2, 2, 1280, 2, "layout.kv_indices[0, 0, 0, 3] = 10 is out of range [0, 10)");
   l.num[0] = 9;
   expect(l.view, 2, 2, 1280, 2, "layout.kv_num_blocks[0, 0, 0] = 9 is out of range [0, 4]");
+  l.idx[3] = 2, l.num[0] = 4;
+  expect(l.view, 2, 2, 1280, 2,
+         "layout.kv_indices[0, 0, 0, 3] = 2 is not above the entry before it (2): a row's indices are sorted and unique");
+  l.idx[3] = 3;
+  std::vector<int32_t> fnum(20, 0), fidx(40, 0);
+  fnum[0] = 2, fidx[0] = 1, fidx[1] = 5;  // block 1 is in both lists of row (0, 0, 0)
+  AttentionLayout both = l.view;
+  both.full_kv_num_blocks = fnum.data(), both.full_kv_indices = fidx.data(), both.full_kmax = 2;
+  expect(both, 2, 2, 1280, 2, "layout.full_kv_indices[0, 0, 0, 0] = 1 is in kv_indices of the same row too");
 }
 
 }  // namespace
