@@ -105,14 +105,16 @@ void run(const std::vector<DistributedPlan>& plans, const std::vector<GemmArgs>&
 // blocks its query rows name in the layout. plan_attention_shards() computes, without any GPU, who
 // computes which query blocks, who holds which key/value blocks, and which blocks each rank must
 // receive from which other rank: the transfers a block-sparse layout needs, to compare with ring
-// attention, which moves every other rank's whole shard to every rank. (Running attention across
-// GPUs on this plan is not built yet.)
+// attention, which moves every other rank's whole shard to every rank. plan_distributed_attention()
+// below runs attention on this plan.
 //
 // Query blocks are split into one contiguous range per rank by prefix sums of their work (stored
 // blocks of the row over batch and heads, each weighted by the query heads it serves; with causal,
 // a block on the diagonal counts half), each boundary nearest its ideal r * total / ranks. For
 // self-attention (sq == skv, block_q == block_kv) a rank holds the key/value blocks of its own
-// query range; otherwise the key/value blocks are split evenly. A needed block is identified by
+// query range; otherwise the key/value blocks are split evenly. With causal, a block of kv_indices
+// past a row's last query is never needed (it is masked whole); blocks of full_kv_indices are
+// attended whole and always needed. A needed block is identified by
 // (batch, key/value head, key block): id = (b * hkv + g) * kv_blocks + j.
 struct AttentionShardRank {
   int64_t q_begin = 0, q_end = 0;    // query blocks computed here
@@ -140,6 +142,84 @@ struct AttentionShards {
 // argument and the value (ranks < 1, device memory, extents, a count or an index out of range).
 AttentionShards plan_attention_shards(const AttentionLayout& layout, int64_t batch, int64_t hq, int64_t hkv,
                                       int64_t sq, int64_t skv, bool causal, int ranks);
+
+// ---- Context-parallel attention: running it ----
+//
+// Attention over one sequence whose query rows and key/value rows are split over ranks as
+// plan_attention_shards() says. Each rank holds, packed ([B, H, rows, D] contiguous):
+//   q, o  [B, Hq, q_rows, D] and lse [B, Hq, q_rows]: its query rows [q_row_begin, q_row_end)
+//   k, v  [B, Hkv, kv_rows, D]: its key/value rows [kv_row_begin, kv_row_end)
+// (in the backward also dout and dq like q, dk and dv like k). run() sends every other rank the
+// key/value blocks its rows name (nothing else), computes attention over the blocks it holds while
+// its own arrive (the transfers on a second stream), then over the received blocks, and merges the
+// two partial results by their LSE. run_backward() moves the same blocks, computes both parts'
+// gradients, adds the two dq, and sends the received blocks' dk and dv back to their holders, which
+// add them to their own in rank order. Transfers are NCCL send/receive of packed blocks.
+//
+// Results: with one rank, bit-identical to attention() / attention_backward() on the whole
+// problem. With several, the same bits from run to run (fixed-order merges and sums, the parts'
+// deterministic backward) but not the one-GPU bits: a row's softmax is merged from two partial
+// results rounded to the output dtype, and a received block's dk and dv arrive rounded to the
+// tensors' dtype before they are added (error of the order of that dtype's rounding).
+//
+// Restrictions: the layout in host memory (its contents are fixed at plan time: a new layout needs
+// a new plan); with causal, self-attention (sq == skv, block_q == block_kv); a rank whose query
+// rows need blocks but which holds no key/value rows and receives none is refused at plan time.
+class DistributedAttentionPlan {
+ public:
+  DistributedAttentionPlan();  // empty: run() on it throws
+  ~DistributedAttentionPlan();
+  DistributedAttentionPlan(const DistributedAttentionPlan&);
+  DistributedAttentionPlan& operator=(const DistributedAttentionPlan&);
+  DistributedAttentionPlan(DistributedAttentionPlan&&) noexcept;
+  DistributedAttentionPlan& operator=(DistributedAttentionPlan&&) noexcept;
+  explicit operator bool() const { return impl_ != nullptr; }
+
+  int rank() const;
+  int ranks() const;
+  const AttentionShards& shards() const;  // the transfer plan (every rank's)
+  int64_t q_row_begin() const;            // this rank's query rows [q_row_begin, q_row_end)
+  int64_t q_row_end() const;
+  int64_t kv_row_begin() const;           // its key/value rows [kv_row_begin, kv_row_end)
+  int64_t kv_row_end() const;
+  double recv_bytes() const;              // K and V bytes it receives per run (the backward sends as many back)
+  double ring_bytes() const;              // what ring attention would move to it
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  friend struct DistributedAttentionAccess;
+};
+
+// problem: the whole attention problem: q [B, Hq, Sq, D], k, v [B, Hkv, Skv, D] (shapes, dtype and
+// memory; data pointers, strides, o and lse are ignored), the layout in host memory, causal, scale.
+// A collective call: every rank of comm passes the same problem (shapes and layout contents are
+// compared across ranks; a difference is an Error on every rank naming the field). Allocates this
+// rank's buffers (received blocks, a second partial output, the backward's sums) and a stream.
+DistributedAttentionPlan plan_distributed_attention(const AttentionArgs& problem, ncclComm* comm,
+                                                    const Options& options = {});
+// One process driving several GPUs: one communicator per rank, in rank order.
+std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem,
+                                                                 const std::vector<ncclComm*>& comms,
+                                                                 const Options& options = {});
+// Host memory (the CPU backend): `ranks` ranks in this process, the transfers plain copies (to
+// check a layout's split and its results without GPUs). problem.q.memory must be Memory::host.
+std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem, int ranks,
+                                                                 const Options& options = {});
+
+// This rank's forward on its shards (shard.layout, causal and scale are the plan's and are
+// ignored; lse is required). stream: a cudaStream_t of the rank's device. The first run of a plan
+// plans its two local attention calls (and allocates their workspace); later runs allocate nothing
+// and never synchronize the host (capturable in a CUDA graph). Every rank must call it.
+void run(const DistributedAttentionPlan& plan, const AttentionArgs& shard, void* stream = nullptr);
+void run_backward(const DistributedAttentionPlan& plan, const AttentionBackwardArgs& shard, void* stream = nullptr);
+// Several ranks of this process (a plan each, in rank order; streams: one per rank, or empty for
+// each device's default stream). Host plans run here, one rank after another.
+void run(const std::vector<DistributedAttentionPlan>& plans, const std::vector<AttentionArgs>& shards,
+         const std::vector<void*>& streams = {});
+void run_backward(const std::vector<DistributedAttentionPlan>& plans, const std::vector<AttentionBackwardArgs>& shards,
+                  const std::vector<void*>& streams = {});
 
 // The NCCL library sparsek loads and its version (e.g. 22807 for 2.28.7); throws
 // Error(unsupported) with the reason when it cannot be loaded.

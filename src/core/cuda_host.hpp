@@ -122,7 +122,10 @@ inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* 
 }
 inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) { return cudaErrorNoDevice; }
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = nullptr; return cudaErrorNoDevice; }
+inline constexpr unsigned cudaEventDisableTiming = 0x02;
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { *e = nullptr; return cudaErrorNoDevice; }
 inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaErrorNoDevice; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaErrorNoDevice; }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaErrorNoDevice; }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaErrorNoDevice; }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0; return cudaErrorNoDevice; }

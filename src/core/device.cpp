@@ -17,6 +17,12 @@ void check_cuda(int err, const char* what) {
                                       cudaGetErrorString(e) + ")");
 }
 
+DeviceScope::DeviceScope(int dev) {
+  check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+  if (dev != prev_) check_cuda(cudaSetDevice(dev), "cudaSetDevice");
+}
+DeviceScope::~DeviceScope() { cudaSetDevice(prev_); }
+
 Error no_gpu_error(const std::string& what, const std::string& no_device_text) {
   if (!kBuiltWithCuda) return Error(Status::unsupported, what + ": " + kNoCudaBuild);
   return Error(Status::no_device, no_device_text + device_info().why_not);

@@ -16,6 +16,18 @@ struct DeviceInfo {
   int driver_version = 0, runtime_version = 0;
 };
 
+// Makes `dev` current for the scope (restores the previous device).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int dev);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
 // Info of the current device, queried once per device and cached (thread-safe).
 const DeviceInfo& device_info();
 

@@ -40,6 +40,8 @@ std::unique_ptr<Api> load() {
   sym(a->CommUserRank, "ncclCommUserRank");
   sym(a->Broadcast, "ncclBroadcast");
   sym(a->AllGather, "ncclAllGather");
+  sym(a->Send, "ncclSend");
+  sym(a->Recv, "ncclRecv");
   sym(a->GroupStart, "ncclGroupStart");
   sym(a->GroupEnd, "ncclGroupEnd");
   sym(a->CommInitAll, "ncclCommInitAll");

@@ -22,6 +22,8 @@ struct Api {
   Result (*Broadcast)(const void* send, void* recv, size_t count, int dtype, int root, ncclComm* comm,
                       void* stream);
   Result (*AllGather)(const void* send, void* recv, size_t count, int dtype, ncclComm* comm, void* stream);
+  Result (*Send)(const void* send, size_t count, int dtype, int peer, ncclComm* comm, void* stream);
+  Result (*Recv)(void* recv, size_t count, int dtype, int peer, ncclComm* comm, void* stream);
   Result (*GroupStart)();
   Result (*GroupEnd)();
   // Not used by the library (it never makes a communicator): for tests and benchmarks.

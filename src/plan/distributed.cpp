@@ -68,21 +68,6 @@ namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(Status::invalid_argument, "distributed plan: " + what); }
 
-// Makes `dev` current for the scope (restores the previous device).
-class DeviceScope {
- public:
-  explicit DeviceScope(int dev) {
-    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (dev != prev_) check_cuda(cudaSetDevice(dev), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(prev_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
 // The checks a distributed product adds to the product's own, before anything touches NCCL.
 void check_problem(const GemmArgs& g, const DistributedOptions& o) {
   check_enums(g);

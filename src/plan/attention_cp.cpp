@@ -1,0 +1,851 @@
+// Context-parallel attention (include/sparsek/distributed.hpp). A rank's work is two ordinary
+// attention calls on its query rows: one over the key/value blocks it holds ("local"), one over
+// the blocks it receives, kept in a compact buffer ("remote"); the two partial results are merged
+// by their LSE. The plan holds, per rank, both calls' layouts (the whole layout's rows of this
+// rank, split by where each block lives and renumbered), the packed transfer buffers, and the
+// spans that move blocks between shards, transfer buffers and the compact buffer.
+#include "sparsek/distributed.hpp"
+
+#include "core/cuda_host.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/nccl.hpp"
+#include "kernels/cp/cp.hpp"
+
+namespace sparsek {
+
+namespace {
+
+using cp_gpu::Span;
+
+[[noreturn]] void bad(const std::string& what) { throw Error(Status::invalid_argument, "distributed attention: " + what); }
+std::string num(int64_t v) { return std::to_string(v); }
+
+// One allocation of a rank: device memory on its device, or host memory.
+struct Buffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  bool host = false;
+  int device = -1;
+  Buffer() = default;
+  Buffer(size_t n, bool on_host, int dev) : bytes(n), host(on_host), device(dev) {
+    if (n == 0) return;
+    if (host) {
+      p = ::operator new(n);
+      std::memset(p, 0, n);
+    } else {
+      check_cuda(cudaMalloc(&p, n), "cudaMalloc (distributed attention)");
+      check_cuda(cudaMemset(p, 0, n), "cudaMemset (distributed attention)");
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(p, o.p), std::swap(bytes, o.bytes), std::swap(host, o.host), std::swap(device, o.device);
+    return *this;
+  }
+  ~Buffer() {
+    if (!p) return;
+    if (host) {
+      ::operator delete(p);
+    } else {
+      DeviceScope d(device);
+      cudaFree(p);
+    }
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+// A range of the plan's spans: [first, first + count), the longest `longest` (bytes or elements).
+struct Spans {
+  int64_t first = 0, count = 0, longest = 0;
+};
+
+// One of a rank's two attention calls.
+struct Part {
+  bool on = false;
+  bool causal = false;
+  int64_t skv = 0;  // key rows of the call
+  std::vector<int32_t> num, idx, fnum, fidx;  // its layout, host
+  Buffer dlayout;                             // the same four arrays on the device (GPU plans)
+  AttentionLayout layout;
+  AttentionPlan fwd;  // planned at the first run (the shards' pointers are needed)
+  AttentionBackwardPlan bwd;
+};
+
+}  // namespace
+
+struct DistributedAttentionPlan::Impl {
+  AttentionArgs problem;  // the whole problem's shapes (pointers cleared; the layout lives in the parts)
+  Options options;
+  ncclComm* comm = nullptr;
+  bool host = false;
+  int rank = 0, ranks = 1, device = -1;
+  AttentionShards shards;
+  int64_t q0 = 0, q1 = 0, kv0 = 0, kv1 = 0;  // rows
+  DType dtype = DType::bf16;
+  int64_t d = 0, es = 0, block_bytes = 0;  // a packed key/value block: block_kv * d * es bytes
+  Part local, remote;
+  int64_t remote_rows = 0;  // rows per (batch, key/value head) of the compact buffer
+  // Transfer buffers: per peer a section of K blocks then V blocks, in the order of the ids.
+  std::vector<int64_t> send_off, send_bytes, recv_off, recv_bytes;
+  Buffer sendbuf, recvbuf, kc, vc, o2, lse2, dq2, dkc, dvc;
+  // Spans (bytes for copies, elements for sums), on the host and (GPU) the device.
+  std::vector<Span> spans;
+  Buffer dspans;
+  Spans pack_k, pack_v, unpack_k, unpack_v, back_k, back_v;
+  std::vector<Spans> sum_k, sum_v;  // per peer: its returned dk / dv added into the shards
+  Spans dq_sum;                     // one span over the whole dq shard (elements)
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+
+  bool transfers() const {
+    for (int p = 0; p < ranks; ++p)
+      if (send_bytes[size_t(p)] || recv_bytes[size_t(p)]) return true;
+    return false;
+  }
+  int64_t sq_r() const { return q1 - q0; }
+  int64_t skv_r() const { return kv1 - kv0; }
+  ~Impl() {
+    if (side || fork || join) {
+      DeviceScope s(device);
+      if (side) cudaStreamDestroy(side);
+      if (fork) cudaEventDestroy(fork);
+      if (join) cudaEventDestroy(join);
+    }
+  }
+};
+
+DistributedAttentionPlan::DistributedAttentionPlan() = default;
+DistributedAttentionPlan::~DistributedAttentionPlan() = default;
+DistributedAttentionPlan::DistributedAttentionPlan(const DistributedAttentionPlan&) = default;
+DistributedAttentionPlan& DistributedAttentionPlan::operator=(const DistributedAttentionPlan&) = default;
+DistributedAttentionPlan::DistributedAttentionPlan(DistributedAttentionPlan&&) noexcept = default;
+DistributedAttentionPlan& DistributedAttentionPlan::operator=(DistributedAttentionPlan&&) noexcept = default;
+
+struct DistributedAttentionAccess {
+  static DistributedAttentionPlan::Impl& impl(const DistributedAttentionPlan& p) {
+    if (!p.impl_) throw Error(Status::invalid_argument, "distributed attention: the plan is empty");
+    return *p.impl_;
+  }
+  static DistributedAttentionPlan make(std::shared_ptr<DistributedAttentionPlan::Impl> im) {
+    DistributedAttentionPlan p;
+    p.impl_ = std::move(im);
+    return p;
+  }
+};
+using DAA = DistributedAttentionAccess;
+
+int DistributedAttentionPlan::rank() const { return DAA::impl(*this).rank; }
+int DistributedAttentionPlan::ranks() const { return DAA::impl(*this).ranks; }
+const AttentionShards& DistributedAttentionPlan::shards() const { return DAA::impl(*this).shards; }
+int64_t DistributedAttentionPlan::q_row_begin() const { return DAA::impl(*this).q0; }
+int64_t DistributedAttentionPlan::q_row_end() const { return DAA::impl(*this).q1; }
+int64_t DistributedAttentionPlan::kv_row_begin() const { return DAA::impl(*this).kv0; }
+int64_t DistributedAttentionPlan::kv_row_end() const { return DAA::impl(*this).kv1; }
+double DistributedAttentionPlan::recv_bytes() const {
+  const auto& im = DAA::impl(*this);
+  return im.shards.recv_bytes(im.rank, im.d, im.es);
+}
+double DistributedAttentionPlan::ring_bytes() const {
+  const auto& im = DAA::impl(*this);
+  return im.shards.ring_bytes(im.rank, im.d, im.es);
+}
+
+namespace {
+
+// The checks of the whole problem that need no data (the two attention calls check the rest when
+// they are planned).
+void check_problem(const AttentionArgs& a) {
+  const Tensor4View &q = a.q, &k = a.k, &v = a.v;
+  if (q.dtype != k.dtype || q.dtype != v.dtype)
+    bad(std::string("q, k and v must share one dtype (") + to_string(q.dtype) + ", " + to_string(k.dtype) + ", " +
+        to_string(v.dtype) + ")");
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16 && q.dtype != DType::f32)
+    bad(std::string("dtype ") + to_string(q.dtype) + " is not f16, bf16 or f32");
+  if (q.memory != k.memory || q.memory != v.memory) bad("q, k and v must be in one kind of memory");
+  if (q.b < 1 || q.h < 1 || q.s < 1 || q.d < 1) bad("q is [" + num(q.b) + ", " + num(q.h) + ", " + num(q.s) + ", " + num(q.d) + "]: every extent must be >= 1");
+  if (k.b != q.b || v.b != q.b) bad("k.b = " + num(k.b) + ", v.b = " + num(v.b) + " differ from q.b = " + num(q.b));
+  if (k.d != q.d || v.d != q.d) bad("k.d = " + num(k.d) + ", v.d = " + num(v.d) + " differ from q.d = " + num(q.d));
+  if (k.h < 1 || v.h != k.h || q.h % k.h != 0)
+    bad("q.h = " + num(q.h) + ", k.h = " + num(k.h) + ", v.h = " + num(v.h) + ": k.h = v.h must divide q.h");
+  if (k.s < 1 || v.s != k.s) bad("k.s = " + num(k.s) + ", v.s = " + num(v.s) + " must be equal and >= 1");
+  if (a.causal && (q.s != k.s || a.layout.block_q != a.layout.block_kv))
+    throw Error(Status::unsupported, "distributed attention: causal needs self-attention (q.s = k.s, block_q = block_kv); got q.s = " +
+                                         num(q.s) + ", k.s = " + num(k.s) + ", blocks " + num(a.layout.block_q) + "x" + num(a.layout.block_kv));
+}
+
+// FNV-1a over bytes: the problem compared across ranks.
+struct Hash {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void* p, size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  }
+  void add(int64_t v) { add(&v, sizeof v); }
+};
+
+void hash_problem(const AttentionArgs& a, uint64_t& shapes, uint64_t& layout) {
+  Hash s;
+  for (const Tensor4View* t : {&a.q, &a.k, &a.v}) {
+    for (int64_t x : {t->b, t->h, t->s, t->d, int64_t(t->dtype), int64_t(t->memory)}) s.add(x);
+  }
+  const AttentionLayout& l = a.layout;
+  for (int64_t x : {l.batch, l.heads, l.q_blocks, l.kmax, l.has_full() ? l.full_kmax : -1, int64_t(l.block_q),
+                    int64_t(l.block_kv), int64_t(a.causal)})
+    s.add(x);
+  const float sc = a.softmax_scale();
+  s.add(&sc, sizeof sc);
+  shapes = s.h;
+  Hash h;
+  const int64_t rows = l.batch * l.heads * l.q_blocks;
+  h.add(l.kv_num_blocks, size_t(rows) * 4);
+  h.add(l.kv_indices, size_t(rows * l.kmax) * 4);
+  if (l.has_full()) {
+    h.add(l.full_kv_num_blocks, size_t(rows) * 4);
+    h.add(l.full_kv_indices, size_t(rows * l.full_kmax) * 4);
+  }
+  layout = h.h;
+}
+
+// Builds one rank's plan (host work, then its buffers). The layout was checked by
+// plan_attention_shards().
+std::shared_ptr<DistributedAttentionPlan::Impl> plan_rank(const AttentionArgs& a, const AttentionShards& sh, int rank,
+                                                         int device, bool host, ncclComm* comm, const Options& o) {
+  auto imp = std::make_shared<DistributedAttentionPlan::Impl>();
+  auto& im = *imp;
+  im.problem = a;
+  for (Tensor4View* t : {&im.problem.q, &im.problem.k, &im.problem.v, &im.problem.o}) t->data = nullptr;
+  im.problem.lse = nullptr;
+  im.problem.layout = AttentionLayout{};
+  im.options = o;
+  im.comm = comm, im.host = host, im.rank = rank, im.ranks = sh.ranks, im.device = device;
+  im.shards = sh;
+  const AttentionLayout& l = a.layout;
+  const int64_t B = a.q.b, hq = a.q.h, hkv = a.k.h, G = hq / hkv, sq = a.q.s, skv = a.k.s;
+  const int bq = l.block_q, bk = l.block_kv;
+  const int64_t nk = sh.kv_blocks;
+  const AttentionShardRank& me = sh.rank[size_t(rank)];
+  im.q0 = std::min(me.q_begin * bq, sq), im.q1 = std::min(me.q_end * bq, sq);
+  im.kv0 = std::min(me.kv_begin * bk, skv), im.kv1 = std::min(me.kv_end * bk, skv);
+  im.dtype = a.q.dtype, im.d = a.q.d, im.es = int64_t(dtype_size(a.q.dtype));
+  im.block_bytes = int64_t(bk) * im.d * im.es;
+  auto rows_of = [&](int64_t j) { return std::min<int64_t>(bk, skv - j * bk); };
+
+  // The compact buffer: per (batch, kv head) the received blocks ascending in slots; the sequence's
+  // last block, when it is partial, always in the last slot (the call masks keys past its rows).
+  std::vector<std::vector<int32_t>> got(size_t(B * hkv));
+  for (int p = 0; p < sh.ranks; ++p)
+    for (int64_t id : me.recv[size_t(p)]) got[size_t(id / nk)].push_back(int32_t(id % nk));
+  int64_t slots = 0;
+  bool tail = false;
+  for (auto& g : got) {
+    std::sort(g.begin(), g.end());
+    slots = std::max<int64_t>(slots, int64_t(g.size()));
+    tail = tail || (!g.empty() && g.back() == nk - 1 && rows_of(nk - 1) < bk);
+  }
+  im.remote_rows = slots == 0 ? 0 : tail ? (slots - 1) * bk + rows_of(nk - 1) : slots * bk;
+  auto slot_of = [&](int64_t bg, int64_t j) {
+    if (j == nk - 1 && tail) return slots - 1;
+    const auto& g = got[size_t(bg)];
+    return int64_t(std::lower_bound(g.begin(), g.end(), int32_t(j)) - g.begin());
+  };
+
+  // The two layouts: rows [q_begin, q_end) of the whole one; each entry goes to the call that has
+  // its block (local index j - kv_begin, or its slot), in its own list; under causal a kv_indices
+  // block of another rank past the row is dropped (masked whole: plan_attention_shards never sends it).
+  const int64_t mq = me.q_end - me.q_begin, lrows = l.batch * l.heads;
+  auto last_row = [&](int64_t i) { return std::min((i + 1) * bq, sq) - 1; };
+  for (Part* part : {&im.local, &im.remote}) {
+    const bool is_local = part == &im.local;
+    int64_t kmax = 1, fkmax = 1;
+    std::vector<std::vector<int32_t>> rows(size_t(lrows * mq)), frows(size_t(lrows * mq));
+    for (int64_t lb = 0; lb < l.batch; ++lb)
+      for (int64_t lh = 0; lh < l.heads; ++lh) {
+        const int64_t bg = (l.batch == 1 ? 0 : lb) * hkv + (l.heads == 1 ? 0 : l.heads == hkv ? lh : lh / G);
+        for (int64_t i = me.q_begin; i < me.q_end; ++i)
+          for (int full = 0; full < (l.has_full() ? 2 : 1); ++full) {
+            const int64_t row = (lb * l.heads + lh) * l.q_blocks + i;
+            const int32_t* idx = full ? l.full_kv_indices : l.kv_indices;
+            const int64_t km = full ? l.full_kmax : l.kmax, n = (full ? l.full_kv_num_blocks : l.kv_num_blocks)[row];
+            auto& out = (full ? frows : rows)[size_t((lb * l.heads + lh) * mq + i - me.q_begin)];
+            for (int64_t e = 0; e < n; ++e) {
+              const int64_t j = idx[row * km + e];
+              const bool held = j >= me.kv_begin && j < me.kv_end;
+              if (held != is_local) continue;
+              if (is_local) out.push_back(int32_t(j - me.kv_begin));
+              else if (full || !a.causal || j * bk <= last_row(i)) out.push_back(int32_t(slot_of(bg, j)));
+            }
+            (full ? fkmax : kmax) = std::max<int64_t>(full ? fkmax : kmax, int64_t(out.size()));
+          }
+      }
+    part->num.assign(size_t(lrows * mq), 0), part->idx.assign(size_t(lrows * mq * kmax), 0);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      part->num[r] = int32_t(rows[r].size());
+      std::copy(rows[r].begin(), rows[r].end(), part->idx.begin() + ptrdiff_t(r * size_t(kmax)));
+    }
+    AttentionLayout& pl = part->layout;
+    pl.batch = l.batch, pl.heads = l.heads, pl.q_blocks = mq, pl.kmax = kmax;
+    pl.block_q = bq, pl.block_kv = bk;
+    if (l.has_full()) {
+      part->fnum.assign(size_t(lrows * mq), 0), part->fidx.assign(size_t(lrows * mq * fkmax), 0);
+      for (size_t r = 0; r < frows.size(); ++r) {
+        part->fnum[r] = int32_t(frows[r].size());
+        std::copy(frows[r].begin(), frows[r].end(), part->fidx.begin() + ptrdiff_t(r * size_t(fkmax)));
+      }
+      pl.full_kmax = fkmax;
+    }
+    part->skv = is_local ? im.skv_r() : im.remote_rows;
+    part->causal = is_local && a.causal;
+    part->on = mq > 0 && part->skv > 0;
+  }
+  if (im.sq_r() > 0 && !im.local.on && !im.remote.on)
+    throw Error(Status::unsupported, "distributed attention: rank " + num(rank) + " computes query rows [" + num(im.q0) + ", " +
+                                         num(im.q1) + ") but holds no key/value row and receives none: use fewer ranks");
+
+  // Transfers and spans.
+  const int R = sh.ranks;
+  im.send_off.assign(size_t(R), 0), im.send_bytes.assign(size_t(R), 0);
+  im.recv_off.assign(size_t(R), 0), im.recv_bytes.assign(size_t(R), 0);
+  int64_t send_total = 0, recv_total = 0;
+  for (int p = 0; p < R; ++p) {
+    im.send_off[size_t(p)] = send_total;
+    im.send_bytes[size_t(p)] = 2 * int64_t(sh.rank[size_t(p)].recv[size_t(rank)].size()) * im.block_bytes;
+    send_total += im.send_bytes[size_t(p)];
+    im.recv_off[size_t(p)] = recv_total;
+    im.recv_bytes[size_t(p)] = 2 * int64_t(me.recv[size_t(p)].size()) * im.block_bytes;
+    recv_total += im.recv_bytes[size_t(p)];
+  }
+  auto list = [&](Spans& s, auto&& fill) {
+    s.first = int64_t(im.spans.size());
+    fill();
+    s.count = int64_t(im.spans.size()) - s.first;
+    for (int64_t i = s.first; i < s.first + s.count; ++i) s.longest = std::max(s.longest, im.spans[size_t(i)].n);
+  };
+  const int64_t skv_r = im.skv_r(), bb = im.block_bytes, es = im.es;
+  // Byte offset of block j (held here) of (b, g) in a k or v shard, and of slot s in the compact buffer.
+  auto shard_at = [&](int64_t bg, int64_t j) { return (bg * skv_r + j * bk - im.kv0) * im.d * es; };
+  auto compact_at = [&](int64_t bg, int64_t j) { return (bg * im.remote_rows + slot_of(bg, j) * bk) * im.d * es; };
+  for (int kv = 0; kv < 2; ++kv)  // pack: the shard's blocks other ranks need -> send sections
+    list(kv ? im.pack_v : im.pack_k, [&] {
+      for (int p = 0; p < R; ++p) {
+        const auto& ids = sh.rank[size_t(p)].recv[size_t(rank)];
+        for (size_t t = 0; t < ids.size(); ++t) {
+          const int64_t j = ids[t] % nk;
+          im.spans.push_back({shard_at(ids[t] / nk, j), im.send_off[size_t(p)] + (int64_t(kv * ids.size()) + int64_t(t)) * bb,
+                              rows_of(j) * im.d * es});
+        }
+      }
+    });
+  for (int kv = 0; kv < 2; ++kv)  // unpack: receive sections -> compact buffer
+    list(kv ? im.unpack_v : im.unpack_k, [&] {
+      for (int p = 0; p < R; ++p) {
+        const auto& ids = me.recv[size_t(p)];
+        for (size_t t = 0; t < ids.size(); ++t) {
+          const int64_t j = ids[t] % nk;
+          im.spans.push_back({im.recv_off[size_t(p)] + (int64_t(kv * ids.size()) + int64_t(t)) * bb,
+                              compact_at(ids[t] / nk, j), rows_of(j) * im.d * es});
+        }
+      }
+    });
+  for (int kv = 0; kv < 2; ++kv) {  // back: the compact dk, dv -> receive sections (the unpack reversed)
+    const Spans& u = kv ? im.unpack_v : im.unpack_k;
+    list(kv ? im.back_v : im.back_k, [&] {
+      for (int64_t i = u.first; i < u.first + u.count; ++i) {
+        const Span s = im.spans[size_t(i)];
+        im.spans.push_back({s.to, s.from, s.n});
+      }
+    });
+  }
+  im.sum_k.assign(size_t(R), {}), im.sum_v.assign(size_t(R), {});
+  for (int kv = 0; kv < 2; ++kv)  // sums: what peer p returns (in its send section) -> + the shard, in elements
+    for (int p = 0; p < R; ++p)
+      list((kv ? im.sum_v : im.sum_k)[size_t(p)], [&] {
+        const auto& ids = sh.rank[size_t(p)].recv[size_t(rank)];
+        for (size_t t = 0; t < ids.size(); ++t) {
+          const int64_t j = ids[t] % nk;
+          im.spans.push_back({(im.send_off[size_t(p)] + (int64_t(kv * ids.size()) + int64_t(t)) * bb) / es,
+                              shard_at(ids[t] / nk, j) / es, rows_of(j) * im.d});
+        }
+      });
+
+  const int64_t qrows = a.q.b * a.q.h * im.sq_r();
+  list(im.dq_sum, [&] { im.spans.push_back({0, 0, qrows * im.d}); });
+
+  // Buffers.
+  im.sendbuf = Buffer(size_t(send_total), host, device);
+  im.recvbuf = Buffer(size_t(recv_total), host, device);
+  if (im.remote.on) {
+    const size_t kc_bytes = size_t(B * hkv * im.remote_rows * im.d * es);
+    im.kc = Buffer(kc_bytes, host, device), im.vc = Buffer(kc_bytes, host, device);
+    im.dkc = Buffer(kc_bytes, host, device), im.dvc = Buffer(kc_bytes, host, device);
+    if (im.local.on) {
+      im.o2 = Buffer(size_t(qrows * im.d * es), host, device);
+      im.lse2 = Buffer(size_t(qrows) * 4, host, device);
+      im.dq2 = Buffer(size_t(qrows * im.d * es), host, device);
+    }
+  }
+  for (Part* part : {&im.local, &im.remote}) {
+    AttentionLayout& pl = part->layout;
+    pl.memory = host ? Memory::host : Memory::device;
+    if (host) {
+      pl.kv_num_blocks = part->num.data(), pl.kv_indices = part->idx.data();
+      if (l.has_full()) pl.full_kv_num_blocks = part->fnum.data(), pl.full_kv_indices = part->fidx.data();
+      continue;
+    }
+    const size_t n0 = part->num.size(), n1 = part->idx.size(), n2 = part->fnum.size(), n3 = part->fidx.size();
+    part->dlayout = Buffer((n0 + n1 + n2 + n3) * 4, false, device);
+    int32_t* base = part->dlayout.as<int32_t>();
+    auto put = [&](int32_t* at, const std::vector<int32_t>& v) {
+      if (!v.empty()) check_cuda(cudaMemcpy(at, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (layout)");
+      return at;
+    };
+    pl.kv_num_blocks = put(base, part->num), pl.kv_indices = put(base + n0, part->idx);
+    if (l.has_full()) pl.full_kv_num_blocks = put(base + n0 + n1, part->fnum), pl.full_kv_indices = put(base + n0 + n1 + n2, part->fidx);
+  }
+  if (!host) {
+    im.dspans = Buffer(im.spans.size() * sizeof(Span), false, device);
+    if (!im.spans.empty())
+      check_cuda(cudaMemcpy(im.dspans.p, im.spans.data(), im.spans.size() * sizeof(Span), cudaMemcpyHostToDevice),
+                 "cudaMemcpy (spans)");
+    if (im.transfers()) {
+      check_cuda(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&im.fork, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&im.join, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+  }
+  return imp;
+}
+
+// What every rank sends the others at plan time: its problem's hashes, or the error it met.
+struct RankCheck {
+  uint64_t shapes = 0, layout = 0;
+  int64_t status = 0;
+  char error[400] = {};
+};
+
+void all_gather_checks(const std::vector<ncclComm*>& comms, const std::vector<int>& rank_of, const std::vector<int>& device_of,
+                       int ranks, const std::vector<RankCheck>& mine) {
+  const nccl::Api& api = nccl::api();
+  const size_t n = comms.size(), bytes = sizeof(RankCheck);
+  std::vector<Buffer> buf;
+  std::vector<std::vector<RankCheck>> all(n, std::vector<RankCheck>(size_t(ranks)));
+  for (size_t i = 0; i < n; ++i) {
+    DeviceScope d(device_of[i]);
+    buf.emplace_back();
+    buf.back() = Buffer(bytes * size_t(ranks), false, device_of[i]);
+    check_cuda(cudaMemcpy(buf.back().as<char>() + bytes * size_t(rank_of[i]), &mine[i], bytes, cudaMemcpyHostToDevice),
+               "cudaMemcpy (plan check)");
+  }
+  nccl::check(api.GroupStart(), "ncclGroupStart");
+  nccl::Result r = 0;
+  for (size_t i = 0; i < n && r == 0; ++i)
+    r = api.AllGather(buf[i].as<char>() + bytes * size_t(rank_of[i]), buf[i].p, bytes, nccl::kUint8, comms[i], nullptr);
+  const nccl::Result end = api.GroupEnd();
+  nccl::check(r, "ncclAllGather (plan check)");
+  nccl::check(end, "ncclGroupEnd");
+  for (size_t i = 0; i < n; ++i) {
+    DeviceScope d(device_of[i]);
+    check_cuda(cudaMemcpy(all[i].data(), buf[i].p, bytes * size_t(ranks), cudaMemcpyDeviceToHost), "cudaMemcpy (plan check)");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = all[i];
+    for (int p = 0; p < ranks; ++p)
+      if (v[size_t(p)].status != 0)
+        throw Error(Status(v[size_t(p)].status), "distributed attention: on rank " + num(p) + ": " + v[size_t(p)].error);
+    for (int p = 1; p < ranks; ++p) {
+      if (v[size_t(p)].shapes != v[0].shapes)
+        bad("rank " + num(p) + "'s problem (shapes, dtype, blocks, causal or scale) differs from rank 0's");
+      if (v[size_t(p)].layout != v[0].layout) bad("rank " + num(p) + "'s layout contents differ from rank 0's");
+    }
+  }
+}
+
+std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, const std::vector<ncclComm*>& comms, int host_ranks,
+                                               const Options& o) {
+  const bool host = host_ranks > 0;
+  const size_t n = host ? size_t(host_ranks) : comms.size();
+  std::vector<int> rank_of(n), device_of(n, -1);
+  int ranks = host_ranks;
+  if (!host) {
+    if (comms.empty()) bad("comms is empty (one communicator per rank driven by this process)");
+    const nccl::Api& api = nccl::api();
+    for (size_t i = 0; i < n; ++i) {
+      if (!comms[i]) bad("comms[" + num(int64_t(i)) + "] is null (pass this rank's ncclComm_t)");
+      int count = 0;
+      nccl::check(api.CommCount(comms[i], &count), "ncclCommCount");
+      nccl::check(api.CommUserRank(comms[i], &rank_of[i]), "ncclCommUserRank");
+      nccl::check(api.CommCuDevice(comms[i], &device_of[i]), "ncclCommCuDevice");
+      if (i > 0 && count != ranks) bad("comms[" + num(int64_t(i)) + "] has " + num(count) + " ranks but comms[0] has " + num(ranks));
+      ranks = count;
+    }
+    if (n == 1) {
+      int cur = -1;
+      check_cuda(cudaGetDevice(&cur), "cudaGetDevice");
+      if (cur != device_of[0])
+        bad("the communicator is on CUDA device " + num(device_of[0]) + " but device " + num(cur) + " is current");
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) rank_of[i] = int(i);
+  }
+  // Every rank plans, keeping its error for the exchange (a rank that threw here would leave the
+  // others waiting in the all-gather).
+  std::vector<std::shared_ptr<DistributedAttentionPlan::Impl>> impls(n);
+  std::vector<RankCheck> checks(n);
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      check_problem(problem);
+      if (host != (problem.q.memory == Memory::host))
+        bad(host ? "the ranks of one process without communicators run on host memory: q.memory must be host"
+                 : "with NCCL communicators q, k and v must be in device memory");
+      const AttentionShards sh = plan_attention_shards(problem.layout, problem.q.b, problem.q.h, problem.k.h, problem.q.s,
+                                                       problem.k.s, problem.causal, ranks);
+      hash_problem(problem, checks[i].shapes, checks[i].layout);
+      if (host) {
+        impls[i] = plan_rank(problem, sh, rank_of[i], -1, true, nullptr, o);
+      } else {
+        DeviceScope d(device_of[i]);
+        impls[i] = plan_rank(problem, sh, rank_of[i], device_of[i], false, comms[i], o);
+      }
+    } catch (const Error& e) {
+      if (host) throw;
+      checks[i].status = int64_t(e.status());
+      std::strncpy(checks[i].error, e.what(), sizeof checks[i].error - 1);
+    } catch (const std::exception& e) {
+      if (host) throw;
+      checks[i].status = int64_t(Status::internal);
+      std::strncpy(checks[i].error, e.what(), sizeof checks[i].error - 1);
+    }
+  }
+  if (!host) all_gather_checks(comms, rank_of, device_of, ranks, checks);
+  std::vector<DistributedAttentionPlan> plans;
+  for (auto& im : impls) plans.push_back(DAA::make(std::move(im)));
+  return plans;
+}
+
+}  // namespace
+
+DistributedAttentionPlan plan_distributed_attention(const AttentionArgs& problem, ncclComm* comm, const Options& options) {
+  return plan_all(problem, std::vector<ncclComm*>{comm}, 0, options).front();
+}
+std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem,
+                                                                 const std::vector<ncclComm*>& comms, const Options& options) {
+  return plan_all(problem, comms, 0, options);
+}
+std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem, int ranks,
+                                                                 const Options& options) {
+  if (ranks < 1) bad("ranks = " + num(ranks) + " must be >= 1");
+  return plan_all(problem, {}, ranks, options);
+}
+
+// ---- running ----
+
+namespace {
+
+using Impl = DistributedAttentionPlan::Impl;
+
+// Copies (bytes) or sums (elements) of a span range, on the host or the GPU.
+void copy_spans(const Impl& im, const Spans& s, const void* src, void* dst, cudaStream_t stream) {
+  if (s.count == 0) return;
+  if (!im.host) return cp_gpu::copy(im.dspans.as<Span>() + s.first, s.count, s.longest, src, dst, stream);
+  for (int64_t i = s.first; i < s.first + s.count; ++i) {
+    const Span& x = im.spans[size_t(i)];
+    std::memcpy(static_cast<char*>(dst) + x.to, static_cast<const char*>(src) + x.from, size_t(x.n));
+  }
+}
+void add_spans(const Impl& im, const Spans& s, const void* src, void* dst, cudaStream_t stream) {
+  if (s.count == 0) return;
+  if (!im.host) return cp_gpu::add(im.dspans.as<Span>() + s.first, s.count, s.longest, src, dst, im.dtype, stream);
+  for (int64_t i = s.first; i < s.first + s.count; ++i) {
+    const Span& x = im.spans[size_t(i)];
+    for (int64_t e = 0; e < x.n; ++e)
+      store_from_float(dst, im.dtype, x.to + e, load_as_float(dst, im.dtype, x.to + e) + load_as_float(src, im.dtype, x.from + e));
+  }
+}
+void merge(const Impl& im, const AttentionArgs& s, cudaStream_t stream) {
+  const int64_t rows = s.q.b * s.q.h * im.sq_r();
+  if (!im.host) return cp_gpu::merge(s.o.data, s.lse, im.o2.p, im.lse2.as<float>(), rows, im.d, im.dtype, stream);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l1 = s.lse[r], l2 = im.lse2.as<float>()[r], m = std::max(l1, l2);
+    float w1 = 0, w2 = 0, l = -INFINITY;
+    if (m != -INFINITY) {
+      w1 = std::exp(l1 - m), w2 = std::exp(l2 - m);
+      const float sum = w1 + w2;
+      l = m + std::log(sum);
+      w1 /= sum, w2 /= sum;
+    }
+    for (int64_t e = r * im.d; e < (r + 1) * im.d; ++e)
+      store_from_float(s.o.data, im.dtype, e, w1 * load_as_float(s.o.data, im.dtype, e) + w2 * load_as_float(im.o2.p, im.dtype, e));
+    s.lse[r] = l;
+  }
+}
+
+std::string shape(int64_t b, int64_t h, int64_t s, int64_t d) {
+  return "[" + num(b) + ", " + num(h) + ", " + num(s) + ", " + num(d) + "]";
+}
+
+// A shard tensor: [b, h, s, d] packed, the plan's dtype and memory (16-byte aligned on the GPU).
+void check_shard(const Impl& im, const Tensor4View& t, const std::string& name, int64_t b, int64_t h, int64_t s) {
+  const std::string who = "rank " + num(im.rank) + ": " + name;
+  if (t.b != b || t.h != h || t.s != s || t.d != im.d)
+    bad(who + " is " + shape(t.b, t.h, t.s, t.d) + " but this rank's shard is " + shape(b, h, s, im.d));
+  if (t.dtype != im.dtype) bad(who + " is " + to_string(t.dtype) + ", the plan's dtype is " + to_string(im.dtype));
+  const Memory want = im.host ? Memory::host : Memory::device;
+  if (t.memory != want) bad(who + " is in " + to_string(t.memory) + " memory, the plan's is " + to_string(want));
+  if (s == 0) return;
+  if (t.stride_s != im.d || t.stride_h != s * im.d || t.stride_b != h * s * im.d)
+    bad(who + " must be packed: strides (" + num(t.stride_b) + ", " + num(t.stride_h) + ", " + num(t.stride_s) + "), packed (" +
+        num(h * s * im.d) + ", " + num(s * im.d) + ", " + num(im.d) + ")");
+  if (!t.data) bad(who + " is null");
+  if (!im.host && reinterpret_cast<uintptr_t>(t.data) % 16 != 0) bad(who + " is not 16-byte aligned");
+}
+
+void check_forward(const Impl& im, const AttentionArgs& s) {
+  const AttentionArgs& P = im.problem;
+  check_shard(im, s.q, "q", P.q.b, P.q.h, im.sq_r());
+  check_shard(im, s.o, "o", P.q.b, P.q.h, im.sq_r());
+  check_shard(im, s.k, "k", P.k.b, P.k.h, im.skv_r());
+  check_shard(im, s.v, "v", P.k.b, P.k.h, im.skv_r());
+  if (im.sq_r() > 0 && !s.lse) bad("rank " + num(im.rank) + ": lse is null (the two parts are merged by it)");
+}
+
+void check_backward(const Impl& im, const AttentionBackwardArgs& s) {
+  const AttentionArgs& P = im.problem;
+  check_forward(im, s.forward);
+  check_shard(im, s.dout, "dout", P.q.b, P.q.h, im.sq_r());
+  check_shard(im, s.dq, "dq", P.q.b, P.q.h, im.sq_r());
+  check_shard(im, s.dk, "dk", P.k.b, P.k.h, im.skv_r());
+  check_shard(im, s.dv, "dv", P.k.b, P.k.h, im.skv_r());
+}
+
+// One part's attention arguments on the shard s: its layout and keys; o and lse the shard's, or
+// (second: the remote part's forward when the local part ran) the plan's second partial result.
+AttentionArgs part_args(const Impl& im, const Part& part, const AttentionArgs& s, bool second) {
+  const Memory m = im.host ? Memory::host : Memory::device;
+  AttentionArgs a;
+  a.q = s.q;
+  a.layout = part.layout;
+  a.causal = part.causal;
+  a.scale = im.problem.softmax_scale();
+  if (&part == &im.local) {
+    a.k = s.k, a.v = s.v;
+  } else {
+    a.k = Tensor4View::packed(im.kc.p, im.dtype, m, im.problem.k.b, im.problem.k.h, im.remote_rows, im.d);
+    a.v = Tensor4View::packed(im.vc.p, im.dtype, m, im.problem.k.b, im.problem.k.h, im.remote_rows, im.d);
+  }
+  if (second) {
+    a.o = Tensor4View::packed(im.o2.p, im.dtype, m, s.q.b, s.q.h, s.q.s, im.d);
+    a.lse = im.lse2.as<float>();
+  } else {
+    a.o = s.o, a.lse = s.lse;
+  }
+  return a;
+}
+
+// Pack the blocks other ranks need (on the side stream, forked from the caller's).
+void start(Impl& im, const Tensor4View& k, const Tensor4View& v, cudaStream_t main) {
+  if (!im.transfers()) return;
+  if (!im.host) {
+    check_cuda(cudaEventRecord(im.fork, main), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(im.side, im.fork, 0), "cudaStreamWaitEvent");
+  }
+  copy_spans(im, im.pack_k, k.data, im.sendbuf.p, im.side);
+  copy_spans(im, im.pack_v, v.data, im.sendbuf.p, im.side);
+}
+
+// The sends and receives of every rank of this process. back = false: the packed blocks to the
+// ranks that need them (side streams); true: the received blocks' dk and dv back to their holders
+// (the callers' streams).
+void exchange(const std::vector<Impl*>& ims, const std::vector<cudaStream_t>& mains, bool back) {
+  if (ims[0]->host) {  // every rank is here: copies
+    for (Impl* r : ims)
+      for (int p = 0; p < r->ranks; ++p) {
+        const Impl& q = *ims[size_t(p)];
+        if (!back && r->recv_bytes[size_t(p)])
+          std::memcpy(r->recvbuf.as<char>() + r->recv_off[size_t(p)], q.sendbuf.as<char>() + q.send_off[size_t(r->rank)],
+                      size_t(r->recv_bytes[size_t(p)]));
+        if (back && r->send_bytes[size_t(p)])
+          std::memcpy(r->sendbuf.as<char>() + r->send_off[size_t(p)], q.recvbuf.as<char>() + q.recv_off[size_t(r->rank)],
+                      size_t(r->send_bytes[size_t(p)]));
+      }
+    return;
+  }
+  bool any = false;
+  for (const Impl* im : ims) any = any || im->transfers();
+  if (!any) return;
+  const nccl::Api& api = nccl::api();
+  nccl::check(api.GroupStart(), "ncclGroupStart");
+  nccl::Result r = 0;
+  for (size_t i = 0; i < ims.size() && r == 0; ++i) {
+    const Impl& im = *ims[i];
+    void* stream = back ? static_cast<void*>(mains[i]) : static_cast<void*>(im.side);
+    for (int p = 0; p < im.ranks && r == 0; ++p) {
+      const size_t sb = size_t(im.send_bytes[size_t(p)]), rb = size_t(im.recv_bytes[size_t(p)]);
+      char* send = im.sendbuf.as<char>() + im.send_off[size_t(p)];
+      char* recv = im.recvbuf.as<char>() + im.recv_off[size_t(p)];
+      if (!back) {
+        if (sb && r == 0) r = api.Send(send, sb, nccl::kUint8, p, im.comm, stream);
+        if (rb && r == 0) r = api.Recv(recv, rb, nccl::kUint8, p, im.comm, stream);
+      } else {
+        if (rb && r == 0) r = api.Send(recv, rb, nccl::kUint8, p, im.comm, stream);
+        if (sb && r == 0) r = api.Recv(send, sb, nccl::kUint8, p, im.comm, stream);
+      }
+    }
+  }
+  const nccl::Result end = api.GroupEnd();
+  nccl::check(r, back ? "ncclSend/ncclRecv (dk, dv back to their holders)" : "ncclSend/ncclRecv (key/value blocks)");
+  nccl::check(end, "ncclGroupEnd");
+}
+
+// The received blocks into the compact buffer; the side stream joins back later (wait()).
+void unpack(Impl& im) {
+  if (!im.transfers()) return;
+  if (im.remote.on) {
+    copy_spans(im, im.unpack_k, im.recvbuf.p, im.kc.p, im.side);
+    copy_spans(im, im.unpack_v, im.recvbuf.p, im.vc.p, im.side);
+  }
+  if (!im.host) check_cuda(cudaEventRecord(im.join, im.side), "cudaEventRecord");
+}
+void wait(const Impl& im, cudaStream_t main) {
+  if (im.transfers() && !im.host) check_cuda(cudaStreamWaitEvent(main, im.join, 0), "cudaStreamWaitEvent");
+}
+
+void forward(Impl& im, const AttentionArgs& s, cudaStream_t main) {
+  if (im.local.on) {
+    const AttentionArgs a = part_args(im, im.local, s, false);
+    if (!im.local.fwd) im.local.fwd = plan(a, im.options);
+    run(im.local.fwd, a, main);
+  }
+  wait(im, main);
+  if (im.remote.on) {
+    const AttentionArgs a = part_args(im, im.remote, s, im.local.on);
+    if (!im.remote.fwd) im.remote.fwd = plan(a, im.options);
+    run(im.remote.fwd, a, main);
+    if (im.local.on) merge(im, s, main);
+  }
+}
+
+void zero(const Impl& im, const Tensor4View& t, cudaStream_t main) {
+  const size_t bytes = size_t(t.b * t.h * t.s * t.d * im.es);
+  if (bytes == 0) return;
+  if (im.host) std::memset(t.data, 0, bytes);
+  else check_cuda(cudaMemsetAsync(t.data, 0, bytes, main), "cudaMemsetAsync (dk, dv)");
+}
+
+// Both parts' gradients; the remote part's dk and dv packed for their holders.
+void backward(Impl& im, const AttentionBackwardArgs& s, cudaStream_t main) {
+  const Memory m = im.host ? Memory::host : Memory::device;
+  if (im.local.on) {
+    AttentionBackwardArgs b = s;
+    b.forward = part_args(im, im.local, s.forward, false);
+    if (!im.local.bwd) im.local.bwd = plan(b, im.options);
+    run(im.local.bwd, b, main);
+  } else {
+    zero(im, s.dk, main), zero(im, s.dv, main);
+  }
+  wait(im, main);
+  if (im.remote.on) {
+    AttentionBackwardArgs b = s;
+    b.forward = part_args(im, im.remote, s.forward, false);  // the merged o and lse
+    if (im.local.on) b.dq = Tensor4View::packed(im.dq2.p, im.dtype, m, s.dq.b, s.dq.h, s.dq.s, im.d);
+    b.dk = Tensor4View::packed(im.dkc.p, im.dtype, m, im.problem.k.b, im.problem.k.h, im.remote_rows, im.d);
+    b.dv = Tensor4View::packed(im.dvc.p, im.dtype, m, im.problem.k.b, im.problem.k.h, im.remote_rows, im.d);
+    if (!im.remote.bwd) im.remote.bwd = plan(b, im.options);
+    run(im.remote.bwd, b, main);
+    if (im.local.on) add_spans(im, im.dq_sum, im.dq2.p, s.dq.data, main);
+    copy_spans(im, im.back_k, im.dkc.p, im.recvbuf.p, main);
+    copy_spans(im, im.back_v, im.dvc.p, im.recvbuf.p, main);
+  }
+}
+
+// What the other ranks returned, added to this rank's dk and dv in rank order.
+void sum_returned(const Impl& im, const AttentionBackwardArgs& s, cudaStream_t main) {
+  for (int p = 0; p < im.ranks; ++p) {
+    add_spans(im, im.sum_k[size_t(p)], im.sendbuf.p, s.dk.data, main);
+    add_spans(im, im.sum_v[size_t(p)], im.sendbuf.p, s.dv.data, main);
+  }
+}
+
+std::vector<Impl*> impls_of(const std::vector<DistributedAttentionPlan>& plans, size_t shards, const std::vector<void*>& streams,
+                            std::vector<cudaStream_t>& mains) {
+  if (plans.empty()) bad("plans is empty");
+  if (shards != plans.size()) bad("plans has " + num(int64_t(plans.size())) + " entries but shards has " + num(int64_t(shards)));
+  if (!streams.empty() && streams.size() != plans.size())
+    bad("streams has " + num(int64_t(streams.size())) + " entries: pass one per plan, or none");
+  std::vector<Impl*> ims;
+  for (const auto& p : plans) ims.push_back(&DAA::impl(p));
+  if (ims[0]->host) {
+    if (int(ims.size()) != ims[0]->ranks)
+      bad("the " + num(ims[0]->ranks) + " ranks of a host plan run together: pass every rank's plan, in rank order");
+    for (size_t i = 0; i < ims.size(); ++i)
+      if (!ims[i]->host || ims[i]->rank != int(i) || ims[i]->ranks != ims[0]->ranks)
+        bad("plans[" + num(int64_t(i)) + "] is not rank " + num(int64_t(i)) + " of the first plan's host ranks");
+  } else {
+    for (size_t i = 0; i < ims.size(); ++i)
+      if (ims[i]->host) bad("plans mixes host and GPU plans");
+  }
+  mains.assign(ims.size(), nullptr);
+  for (size_t i = 0; i < streams.size(); ++i) mains[i] = static_cast<cudaStream_t>(streams[i]);
+  return ims;
+}
+
+// Runs f(i) with rank i's device current (GPU plans).
+template <class F>
+void each(const std::vector<Impl*>& ims, F&& f) {
+  for (size_t i = 0; i < ims.size(); ++i) {
+    if (ims[i]->host) {
+      f(i);
+    } else {
+      DeviceScope d(ims[i]->device);
+      f(i);
+    }
+  }
+}
+
+}  // namespace
+
+void run(const std::vector<DistributedAttentionPlan>& plans, const std::vector<AttentionArgs>& shards,
+         const std::vector<void*>& streams) {
+  std::vector<cudaStream_t> mains;
+  const std::vector<Impl*> ims = impls_of(plans, shards.size(), streams, mains);
+  for (size_t i = 0; i < ims.size(); ++i) check_forward(*ims[i], shards[i]);
+  each(ims, [&](size_t i) { start(*ims[i], shards[i].k, shards[i].v, mains[i]); });
+  exchange(ims, mains, false);
+  each(ims, [&](size_t i) {
+    unpack(*ims[i]);
+    forward(*ims[i], shards[i], mains[i]);
+  });
+}
+
+void run(const DistributedAttentionPlan& plan, const AttentionArgs& shard, void* stream) {
+  run(std::vector<DistributedAttentionPlan>{plan}, std::vector<AttentionArgs>{shard}, std::vector<void*>{stream});
+}
+
+void run_backward(const std::vector<DistributedAttentionPlan>& plans, const std::vector<AttentionBackwardArgs>& shards,
+                  const std::vector<void*>& streams) {
+  std::vector<cudaStream_t> mains;
+  const std::vector<Impl*> ims = impls_of(plans, shards.size(), streams, mains);
+  for (size_t i = 0; i < ims.size(); ++i) check_backward(*ims[i], shards[i]);
+  each(ims, [&](size_t i) { start(*ims[i], shards[i].forward.k, shards[i].forward.v, mains[i]); });
+  exchange(ims, mains, false);
+  each(ims, [&](size_t i) {
+    unpack(*ims[i]);
+    backward(*ims[i], shards[i], mains[i]);
+  });
+  exchange(ims, mains, true);
+  each(ims, [&](size_t i) { sum_returned(*ims[i], shards[i], mains[i]); });
+}
+
+void run_backward(const DistributedAttentionPlan& plan, const AttentionBackwardArgs& shard, void* stream) {
+  run_backward(std::vector<DistributedAttentionPlan>{plan}, std::vector<AttentionBackwardArgs>{shard},
+               std::vector<void*>{stream});
+}
+
+}  // namespace sparsek
