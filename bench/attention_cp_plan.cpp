@@ -13,48 +13,12 @@
 #include <random>
 #include <vector>
 
+#include "causal_topk.hpp"
 #include "sparsek/distributed.hpp"
 
 using namespace sparsek;
-
-namespace {
-
-struct CausalTopk {
-  std::vector<int32_t> num, idx;
-  AttentionLayout view;
-};
-
-CausalTopk causal_topk(int64_t heads, int64_t nb, double density, uint64_t seed) {
-  const int64_t kmax = std::max<int64_t>(1, std::llround(density * double(nb)));
-  CausalTopk l;
-  l.num.assign(size_t(heads * nb), 0);
-  l.idx.assign(size_t(heads * nb * kmax), 0);
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> pick;
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < nb; ++i) {
-      const int64_t k = std::min(kmax, i + 1);
-      pick.clear();
-      // k - 1 distinct earlier blocks (Floyd's sampling), then the diagonal, ascending.
-      for (int64_t t = i - (k - 1); t < i; ++t) {
-        const int32_t v = int32_t(std::uniform_int_distribution<int64_t>(0, t)(rng));
-        pick.push_back(std::find(pick.begin(), pick.end(), v) == pick.end() ? v : int32_t(t));
-      }
-      pick.push_back(int32_t(i));
-      std::sort(pick.begin(), pick.end());
-      const int64_t row = h * nb + i;
-      l.num[size_t(row)] = int32_t(pick.size());
-      std::copy(pick.begin(), pick.end(), l.idx.begin() + row * kmax);
-    }
-  AttentionLayout& v = l.view;
-  v.kv_num_blocks = l.num.data(), v.kv_indices = l.idx.data();
-  v.batch = 1, v.heads = heads, v.q_blocks = nb, v.kmax = kmax;
-  v.block_q = v.block_kv = 128;
-  v.memory = Memory::host;
-  return l;
-}
-
-}  // namespace
+using bench::causal_topk;
+using bench::CausalTopk;
 
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs;

@@ -1,8 +1,10 @@
+// `--op attention` is context-parallel attention (distributed_attention.cpp); otherwise (or with
+// `--op dsd`):
 // The distributed DSD on 1, 2, 4 ranks (one process, one rank per visible GPU, communicators from
 // ncclCommInitAll through the library's NCCL loader), on the same problem for every rank count:
 //   A 65536 x 8192 in 128x128 blocks, 12.5% stored (uniform rows, and power-law rows of the same
 //   nnzb), B 8192 x 8192, C 65536 x 8192, fp16 in and out.
-//   build/sparsek_distributed_bench [--m M --k K --n N --block BM --density D --reps R]
+//   build/sparsek_distributed_bench [--op dsd] [--m M --k K --n N --block BM --density D --reps R]
 // Per rank count: plan once, 3 warm-up runs, then R timed runs. A run's time is the slowest rank's
 // (CUDA events on each rank's stream around the run); the median is reported as effective TFLOPS
 // (2 * nnzb * bm * bk * N / time), the speed-up over one rank and the scaling efficiency
@@ -119,9 +121,21 @@ std::vector<uint8_t> rank0_rows(const RankData& r, const DistributedPlan& p, int
 
 }  // namespace
 
+int distributed_attention_main(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  int first = 1;
+  if (argc >= 3 && std::string(argv[1]) == "--op") {
+    const std::string op = argv[2];
+    if (op == "attention") return distributed_attention_main(argc - 3, argv + 3);
+    if (op != "dsd") {
+      std::fprintf(stderr, "unknown --op '%s' (dsd or attention)\n", op.c_str());
+      return 2;
+    }
+    first = 3;
+  }
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = first; i + 1 < argc; i += 2) {
     std::string f = argv[i], v = argv[i + 1];
     if (f == "--m") a.m = std::atoll(v.c_str());
     else if (f == "--k") a.k = std::atoll(v.c_str());

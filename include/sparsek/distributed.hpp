@@ -203,8 +203,9 @@ DistributedAttentionPlan plan_distributed_attention(const AttentionArgs& problem
 std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem,
                                                                  const std::vector<ncclComm*>& comms,
                                                                  const Options& options = {});
-// Host memory (the CPU backend): `ranks` ranks in this process, the transfers plain copies (to
-// check a layout's split and its results without GPUs). problem.q.memory must be Memory::host.
+// Without communicators: `ranks` ranks in this process, the transfers plain copies: on host memory
+// (the CPU backend), or on the current GPU (device memory; every rank's stream then waits for the
+// copies, so nothing overlaps). To check a layout's split and its results without several GPUs.
 std::vector<DistributedAttentionPlan> plan_distributed_attention(const AttentionArgs& problem, int ranks,
                                                                  const Options& options = {});
 

@@ -13,6 +13,7 @@
 
 #include "core/device.hpp"
 #include "core/no_gpu.hpp"
+#include "kernels/cp/cp.hpp"
 #include "kernels/decode/launch.hpp"
 #include "kernels/peers/peers.hpp"
 #include "kernels/quant/quant.hpp"
@@ -59,6 +60,12 @@ size_t workspace_bytes(const DecodeArgs&, int) { return 0; }
 void prepare(const DecodeArgs&, Flavor) { no_cuda("decode on the GPU"); }
 void launch(const DecodeArgs&, int, void*, void*, Flavor) { no_cuda("decode on the GPU"); }
 }  // namespace decode_gpu
+
+namespace cp_gpu {
+void copy(const Span*, int64_t, int64_t, const void*, void*, void*) { no_cuda("distributed attention on the GPU"); }
+void add(const Span*, int64_t, int64_t, const void*, void*, DType, void*) { no_cuda("distributed attention on the GPU"); }
+void merge(void*, float*, const void*, const float*, int64_t, int64_t, DType, void*) { no_cuda("distributed attention on the GPU"); }
+}  // namespace cp_gpu
 
 namespace page_select_gpu {
 std::string why_not(const PageSelectArgs&, PageOp) { return kNoCudaBuild; }

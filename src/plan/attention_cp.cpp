@@ -86,7 +86,8 @@ struct DistributedAttentionPlan::Impl {
   AttentionArgs problem;  // the whole problem's shapes (pointers cleared; the layout lives in the parts)
   Options options;
   ncclComm* comm = nullptr;
-  bool host = false;
+  bool host = false;    // host memory (the CPU backend)
+  bool inproc = false;  // every rank in this process without NCCL: transfers are copies
   int rank = 0, ranks = 1, device = -1;
   AttentionShards shards;
   int64_t q0 = 0, q1 = 0, kv0 = 0, kv1 = 0;  // rows
@@ -105,6 +106,7 @@ struct DistributedAttentionPlan::Impl {
   Spans dq_sum;                     // one span over the whole dq shard (elements)
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
+  cudaEvent_t ready = nullptr;  // in-process GPU ranks: this rank's buffer is ready for the others' copies
 
   bool transfers() const {
     for (int p = 0; p < ranks; ++p)
@@ -114,11 +116,11 @@ struct DistributedAttentionPlan::Impl {
   int64_t sq_r() const { return q1 - q0; }
   int64_t skv_r() const { return kv1 - kv0; }
   ~Impl() {
-    if (side || fork || join) {
+    if (side || fork || join || ready) {
       DeviceScope s(device);
       if (side) cudaStreamDestroy(side);
-      if (fork) cudaEventDestroy(fork);
-      if (join) cudaEventDestroy(join);
+      for (cudaEvent_t e : {fork, join, ready})
+        if (e) cudaEventDestroy(e);
     }
   }
 };
@@ -218,7 +220,7 @@ void hash_problem(const AttentionArgs& a, uint64_t& shapes, uint64_t& layout) {
 // Builds one rank's plan (host work, then its buffers). The layout was checked by
 // plan_attention_shards().
 std::shared_ptr<DistributedAttentionPlan::Impl> plan_rank(const AttentionArgs& a, const AttentionShards& sh, int rank,
-                                                         int device, bool host, ncclComm* comm, const Options& o) {
+                                                         int device, bool host, bool inproc, ncclComm* comm, const Options& o) {
   auto imp = std::make_shared<DistributedAttentionPlan::Impl>();
   auto& im = *imp;
   im.problem = a;
@@ -226,7 +228,7 @@ std::shared_ptr<DistributedAttentionPlan::Impl> plan_rank(const AttentionArgs& a
   im.problem.lse = nullptr;
   im.problem.layout = AttentionLayout{};
   im.options = o;
-  im.comm = comm, im.host = host, im.rank = rank, im.ranks = sh.ranks, im.device = device;
+  im.comm = comm, im.host = host, im.inproc = inproc, im.rank = rank, im.ranks = sh.ranks, im.device = device;
   im.shards = sh;
   const AttentionLayout& l = a.layout;
   const int64_t B = a.q.b, hq = a.q.h, hkv = a.k.h, G = hq / hkv, sq = a.q.s, skv = a.k.s;
@@ -419,6 +421,7 @@ std::shared_ptr<DistributedAttentionPlan::Impl> plan_rank(const AttentionArgs& a
       check_cuda(cudaStreamCreateWithFlags(&im.side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check_cuda(cudaEventCreateWithFlags(&im.fork, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       check_cuda(cudaEventCreateWithFlags(&im.join, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
   }
   return imp;
@@ -468,13 +471,13 @@ void all_gather_checks(const std::vector<ncclComm*>& comms, const std::vector<in
   }
 }
 
-std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, const std::vector<ncclComm*>& comms, int host_ranks,
+std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, const std::vector<ncclComm*>& comms, int inproc_ranks,
                                                const Options& o) {
-  const bool host = host_ranks > 0;
-  const size_t n = host ? size_t(host_ranks) : comms.size();
+  const bool inproc = inproc_ranks > 0, host = problem.q.memory == Memory::host;
+  const size_t n = inproc ? size_t(inproc_ranks) : comms.size();
   std::vector<int> rank_of(n), device_of(n, -1);
-  int ranks = host_ranks;
-  if (!host) {
+  int ranks = inproc_ranks;
+  if (!inproc) {
     if (comms.empty()) bad("comms is empty (one communicator per rank driven by this process)");
     const nccl::Api& api = nccl::api();
     for (size_t i = 0; i < n; ++i) {
@@ -493,7 +496,9 @@ std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, con
         bad("the communicator is on CUDA device " + num(device_of[0]) + " but device " + num(cur) + " is current");
     }
   } else {
-    for (size_t i = 0; i < n; ++i) rank_of[i] = int(i);
+    int cur = -1;
+    if (!host) check_cuda(cudaGetDevice(&cur), "cudaGetDevice");
+    for (size_t i = 0; i < n; ++i) rank_of[i] = int(i), device_of[i] = cur;
   }
   // Every rank plans, keeping its error for the exchange (a rank that threw here would leave the
   // others waiting in the all-gather).
@@ -502,29 +507,27 @@ std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, con
   for (size_t i = 0; i < n; ++i) {
     try {
       check_problem(problem);
-      if (host != (problem.q.memory == Memory::host))
-        bad(host ? "the ranks of one process without communicators run on host memory: q.memory must be host"
-                 : "with NCCL communicators q, k and v must be in device memory");
+      if (!inproc && host) bad("with NCCL communicators q, k and v must be in device memory");
       const AttentionShards sh = plan_attention_shards(problem.layout, problem.q.b, problem.q.h, problem.k.h, problem.q.s,
                                                        problem.k.s, problem.causal, ranks);
       hash_problem(problem, checks[i].shapes, checks[i].layout);
       if (host) {
-        impls[i] = plan_rank(problem, sh, rank_of[i], -1, true, nullptr, o);
+        impls[i] = plan_rank(problem, sh, rank_of[i], -1, true, true, nullptr, o);
       } else {
         DeviceScope d(device_of[i]);
-        impls[i] = plan_rank(problem, sh, rank_of[i], device_of[i], false, comms[i], o);
+        impls[i] = plan_rank(problem, sh, rank_of[i], device_of[i], false, inproc, inproc ? nullptr : comms[i], o);
       }
     } catch (const Error& e) {
-      if (host) throw;
+      if (inproc) throw;
       checks[i].status = int64_t(e.status());
       std::strncpy(checks[i].error, e.what(), sizeof checks[i].error - 1);
     } catch (const std::exception& e) {
-      if (host) throw;
+      if (inproc) throw;
       checks[i].status = int64_t(Status::internal);
       std::strncpy(checks[i].error, e.what(), sizeof checks[i].error - 1);
     }
   }
-  if (!host) all_gather_checks(comms, rank_of, device_of, ranks, checks);
+  if (!inproc) all_gather_checks(comms, rank_of, device_of, ranks, checks);
   std::vector<DistributedAttentionPlan> plans;
   for (auto& im : impls) plans.push_back(DAA::make(std::move(im)));
   return plans;
@@ -664,17 +667,36 @@ void start(Impl& im, const Tensor4View& k, const Tensor4View& v, cudaStream_t ma
 // ranks that need them (side streams); true: the received blocks' dk and dv back to their holders
 // (the callers' streams).
 void exchange(const std::vector<Impl*>& ims, const std::vector<cudaStream_t>& mains, bool back) {
-  if (ims[0]->host) {  // every rank is here: copies
-    for (Impl* r : ims)
+  if (ims[0]->inproc) {  // every rank is here: copies, each rank pulling what it receives
+    auto stream_of = [&](size_t i) { return back ? mains[i] : ims[i]->side; };
+    if (!ims[0]->host)  // every rank's copies wait for every rank's packed buffers
+      for (size_t i = 0; i < ims.size(); ++i)
+        if (ims[i]->ready) check_cuda(cudaEventRecord(ims[i]->ready, stream_of(i)), "cudaEventRecord");
+    for (size_t i = 0; i < ims.size(); ++i) {
+      Impl* r = ims[i];
+      if (!r->transfers()) continue;
+      if (!r->host)
+        for (const Impl* q : ims)
+          if (q->ready) check_cuda(cudaStreamWaitEvent(stream_of(i), q->ready, 0), "cudaStreamWaitEvent");
       for (int p = 0; p < r->ranks; ++p) {
         const Impl& q = *ims[size_t(p)];
-        if (!back && r->recv_bytes[size_t(p)])
-          std::memcpy(r->recvbuf.as<char>() + r->recv_off[size_t(p)], q.sendbuf.as<char>() + q.send_off[size_t(r->rank)],
-                      size_t(r->recv_bytes[size_t(p)]));
-        if (back && r->send_bytes[size_t(p)])
-          std::memcpy(r->sendbuf.as<char>() + r->send_off[size_t(p)], q.recvbuf.as<char>() + q.recv_off[size_t(r->rank)],
-                      size_t(r->send_bytes[size_t(p)]));
+        char* dst = back ? r->sendbuf.as<char>() + r->send_off[size_t(p)] : r->recvbuf.as<char>() + r->recv_off[size_t(p)];
+        const char* src = back ? q.recvbuf.as<char>() + q.recv_off[size_t(r->rank)] : q.sendbuf.as<char>() + q.send_off[size_t(r->rank)];
+        const size_t bytes = size_t(back ? r->send_bytes[size_t(p)] : r->recv_bytes[size_t(p)]);
+        if (bytes == 0) continue;
+        if (r->host) std::memcpy(dst, src, bytes);
+        else check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(i)), "cudaMemcpyAsync (transfer)");
       }
+    }
+    // The senders' buffers are reused by their next run: every rank's stream waits for these copies
+    // (so in this mode a rank's local part does not overlap the transfers).
+    if (!ims[0]->host)
+      for (size_t i = 0; i < ims.size(); ++i)
+        if (ims[i]->ready) {
+          check_cuda(cudaEventRecord(ims[i]->ready, stream_of(i)), "cudaEventRecord");
+          for (size_t j = 0; j < ims.size(); ++j)
+            if (j != i) check_cuda(cudaStreamWaitEvent(mains[j], ims[i]->ready, 0), "cudaStreamWaitEvent");
+        }
     return;
   }
   bool any = false;
@@ -781,15 +803,15 @@ std::vector<Impl*> impls_of(const std::vector<DistributedAttentionPlan>& plans, 
     bad("streams has " + num(int64_t(streams.size())) + " entries: pass one per plan, or none");
   std::vector<Impl*> ims;
   for (const auto& p : plans) ims.push_back(&DAA::impl(p));
-  if (ims[0]->host) {
+  if (ims[0]->inproc) {
     if (int(ims.size()) != ims[0]->ranks)
-      bad("the " + num(ims[0]->ranks) + " ranks of a host plan run together: pass every rank's plan, in rank order");
+      bad("the " + num(ims[0]->ranks) + " ranks of a plan without communicators run together: pass every rank's plan, in rank order");
     for (size_t i = 0; i < ims.size(); ++i)
-      if (!ims[i]->host || ims[i]->rank != int(i) || ims[i]->ranks != ims[0]->ranks)
-        bad("plans[" + num(int64_t(i)) + "] is not rank " + num(int64_t(i)) + " of the first plan's host ranks");
+      if (!ims[i]->inproc || ims[i]->rank != int(i) || ims[i]->ranks != ims[0]->ranks || ims[i]->host != ims[0]->host)
+        bad("plans[" + num(int64_t(i)) + "] is not rank " + num(int64_t(i)) + " of the first plan's ranks");
   } else {
     for (size_t i = 0; i < ims.size(); ++i)
-      if (ims[i]->host) bad("plans mixes host and GPU plans");
+      if (ims[i]->inproc) bad("plans mixes plans with and without communicators");
   }
   mains.assign(ims.size(), nullptr);
   for (size_t i = 0; i < streams.size(); ++i) mains[i] = static_cast<cudaStream_t>(streams[i]);

@@ -11,100 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "attention_cp_util.hpp"
 #include "sparsek/attention.hpp"
 #include "sparsek/distributed.hpp"
 
 namespace sparsek::test {
 namespace {
-
-struct Case {
-  int64_t batch = 1, hq = 2, hkv = 2, sq = 640, skv = 640, d = 64;
-  int block = 128;
-  int64_t lbatch = 1, heads = 1;  // the layout's extents
-  bool causal = false, full = false;
-  int ranks = 2;
-  DType dtype = DType::f32;
-  uint64_t seed = 1;
-};
-
-std::string name(const Case& c) {
-  return "B" + std::to_string(c.batch) + " hq" + std::to_string(c.hq) + " hkv" + std::to_string(c.hkv) + " sq" +
-         std::to_string(c.sq) + " skv" + std::to_string(c.skv) + " d" + std::to_string(c.d) + " block" +
-         std::to_string(c.block) + " layout[" + std::to_string(c.lbatch) + "," + std::to_string(c.heads) + "]" +
-         (c.causal ? " causal" : "") + (c.full ? " full" : "") + " ranks" + std::to_string(c.ranks) + " " +
-         to_string(c.dtype) + " seed" + std::to_string(c.seed);
-}
-
-struct Layout {
-  std::vector<int32_t> num, idx, fnum, fidx;
-  AttentionLayout view;
-};
-
-// Random rows, sorted and unique, the full list disjoint; with causal the diagonal block is in the
-// partial list (a row always attends its own block) and the other blocks are earlier ones.
-Layout random_layout(const Case& c, std::mt19937_64& rng) {
-  const int64_t mq = (c.sq + c.block - 1) / c.block, nk = (c.skv + c.block - 1) / c.block, kmax = 4, fkmax = 2;
-  const int64_t rows = c.lbatch * c.heads * mq;
-  Layout l;
-  l.num.assign(size_t(rows), 0), l.idx.assign(size_t(rows * kmax), 0);
-  l.fnum.assign(size_t(rows), 0), l.fidx.assign(size_t(rows * fkmax), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % mq;
-    std::vector<int32_t> all;
-    const int64_t top = c.causal ? std::min(i, nk - 1) : nk - 1;  // with causal: the diagonal and earlier blocks
-    for (int64_t j = 0; j <= top; ++j)
-      if (!c.causal || j != i) all.push_back(int32_t(j));
-    std::shuffle(all.begin(), all.end(), rng);
-    std::vector<int32_t> part, full;
-    if (c.causal) part.push_back(int32_t(i));
-    size_t at = 0;
-    const int64_t np = int64_t(rng() % 3), nf = c.full ? int64_t(rng() % 3) : 0;
-    for (; at < all.size() && int64_t(part.size()) < (c.causal ? 1 : 0) + np && int64_t(part.size()) < kmax; ++at)
-      part.push_back(all[at]);
-    for (; at < all.size() && int64_t(full.size()) < std::min(nf, fkmax); ++at) full.push_back(all[at]);
-    std::sort(part.begin(), part.end()), std::sort(full.begin(), full.end());
-    l.num[size_t(r)] = int32_t(part.size()), l.fnum[size_t(r)] = int32_t(full.size());
-    std::copy(part.begin(), part.end(), l.idx.begin() + r * kmax);
-    std::copy(full.begin(), full.end(), l.fidx.begin() + r * fkmax);
-  }
-  AttentionLayout& v = l.view;
-  v.kv_num_blocks = l.num.data(), v.kv_indices = l.idx.data();
-  if (c.full) v.full_kv_num_blocks = l.fnum.data(), v.full_kv_indices = l.fidx.data(), v.full_kmax = fkmax;
-  v.batch = c.lbatch, v.heads = c.heads, v.q_blocks = mq, v.kmax = kmax;
-  v.block_q = v.block_kv = c.block;
-  v.memory = Memory::host;
-  return l;
-}
-
-// A packed host tensor; f32 storage for any dtype is not needed: bytes of the dtype.
-struct T4 {
-  std::vector<uint8_t> bytes;
-  Tensor4View v;
-  T4(DType t, int64_t b, int64_t h, int64_t s, int64_t d)
-      : bytes(size_t(std::max<int64_t>(1, b * h * s * d)) * dtype_size(t)) {
-    v = Tensor4View::packed(bytes.data(), t, Memory::host, b, h, s, d);
-  }
-  float at(int64_t e) const { return load_as_float(bytes.data(), v.dtype, e); }
-  void set(int64_t e, float x) { store_from_float(bytes.data(), v.dtype, e, x); }
-  int64_t size() const { return v.b * v.h * v.s * v.d; }
-};
-
-void randomize(T4& t, std::mt19937_64& rng) {
-  std::normal_distribution<float> n(0.f, 1.f);
-  for (int64_t e = 0; e < t.size(); ++e) t.set(e, n(rng));
-}
-void poison(T4& t) {
-  for (int64_t e = 0; e < t.size(); ++e) t.set(e, std::numeric_limits<float>::quiet_NaN());
-}
-
-// Rows [r0, r1) of every (b, h) of a whole tensor, packed.
-T4 slice(const T4& w, int64_t r0, int64_t r1) {
-  T4 s(w.v.dtype, w.v.b, w.v.h, r1 - r0, w.v.d);
-  for (int64_t bh = 0; bh < w.v.b * w.v.h; ++bh)
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t e = 0; e < w.v.d; ++e) s.set((bh * (r1 - r0) + r - r0) * w.v.d + e, w.at((bh * w.v.s + r) * w.v.d + e));
-  return s;
-}
 
 int reported = 0;  // failures reported by this check(): the first few are enough
 
@@ -121,11 +33,11 @@ void expect_near(const char* what, float got, float want, double tol, int64_t at
     ++reported, ADD_FAILURE() << what << "[" << at << "] on rank " << rank << ": " << got << " vs " << want;
 }
 
-void check(const Case& c) {
+void check(const CpCase& c) {
   SCOPED_TRACE(name(c));
   reported = 0;
   std::mt19937_64 rng(c.seed);
-  Layout l = random_layout(c, rng);
+  CpLayout l = random_layout(c, rng);
   T4 q(c.dtype, c.batch, c.hq, c.sq, c.d), k(c.dtype, c.batch, c.hkv, c.skv, c.d), v(c.dtype, c.batch, c.hkv, c.skv, c.d);
   T4 o(c.dtype, c.batch, c.hq, c.sq, c.d), dout(c.dtype, c.batch, c.hq, c.sq, c.d);
   randomize(q, rng), randomize(k, rng), randomize(v, rng), randomize(dout, rng);
@@ -214,7 +126,7 @@ void check(const Case& c) {
 
 TEST(ContextParallelAttention, OneRankIsBitIdenticalToAttention) {
   for (bool causal : {false, true}) {
-    Case c;
+    CpCase c;
     c.ranks = 1, c.causal = causal, c.full = true, c.seed = 3;
     check(c);
     c.dtype = DType::bf16;
@@ -227,7 +139,7 @@ TEST(ContextParallelAttention, SeveralRanksMatchTheWholeProblem) {
   for (int ranks : {2, 3, 4})
     for (bool causal : {false, true})
       for (bool full : {false, true}) {
-        Case c;
+        CpCase c;
         c.ranks = ranks, c.causal = causal, c.full = full, c.seed = seed++;
         check(c);
       }
@@ -237,18 +149,18 @@ TEST(ContextParallelAttention, GqaBatchesLayoutExtentsTailsAndBlocks) {
   uint64_t seed = 100;
   for (int64_t heads : {1, 4, 2})
     for (int64_t lbatch : {1, 2}) {
-      Case c;
+      CpCase c;
       c.batch = 2, c.hq = 4, c.hkv = 2, c.heads = heads, c.lbatch = lbatch;
       c.sq = c.skv = 600, c.block = 64, c.causal = heads != 2, c.full = true, c.ranks = 3, c.seed = seed++;
       check(c);
     }
-  Case c;  // D = 128, bf16, a tail
+  CpCase c;  // D = 128, bf16, a tail
   c.d = 128, c.dtype = DType::bf16, c.sq = c.skv = 700, c.causal = true, c.ranks = 2, c.seed = 8;
   check(c);
 }
 
 TEST(ContextParallelAttention, CrossAttentionAndMoreRanksThanRows) {
-  Case c;
+  CpCase c;
   c.sq = 384, c.skv = 1000, c.ranks = 3, c.full = true, c.seed = 21;  // key/value blocks split evenly
   check(c);
   c.sq = c.skv = 256, c.ranks = 4, c.seed = 23;  // two query blocks over four ranks: two ranks idle
@@ -256,9 +168,9 @@ TEST(ContextParallelAttention, CrossAttentionAndMoreRanksThanRows) {
 }
 
 TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
-  Case c;
+  CpCase c;
   std::mt19937_64 rng(5);
-  Layout l = random_layout(c, rng);
+  CpLayout l = random_layout(c, rng);
   T4 q(c.dtype, 1, 2, 640, 64), k(c.dtype, 1, 2, 640, 64);
   AttentionArgs whole;
   whole.q = q.v, whole.k = k.v, whole.v = k.v, whole.layout = l.view;
@@ -275,16 +187,16 @@ TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
   AttentionArgs cross = whole;
   cross.k.s = cross.v.s = 512, cross.causal = true;
   expect([&] { plan_distributed_attention(cross, 2); }, Status::unsupported, "causal needs self-attention");
-  AttentionArgs dev = whole;
-  dev.q.memory = dev.k.memory = dev.v.memory = Memory::device;
-  expect([&] { plan_distributed_attention(dev, 2); }, Status::invalid_argument, "q.memory must be host");
+  AttentionArgs mixed = whole;
+  mixed.k.memory = Memory::device;
+  expect([&] { plan_distributed_attention(mixed, 2); }, Status::invalid_argument, "q, k and v must be in one kind of memory");
   const auto plans = plan_distributed_attention(whole, 2);
   const auto& p0 = plans[0];
   T4 sq(c.dtype, 1, 2, p0.q_row_end(), 64), so(c.dtype, 1, 2, p0.q_row_end(), 64), sk(c.dtype, 1, 2, p0.kv_row_end(), 64);
   std::vector<float> lse(size_t(2 * p0.q_row_end()));
   AttentionArgs s;
   s.q = sq.v, s.o = so.v, s.k = sk.v, s.v = sk.v, s.lse = lse.data();
-  expect([&] { run(p0, s); }, Status::invalid_argument, "ranks of a host plan run together");
+  expect([&] { run(p0, s); }, Status::invalid_argument, "ranks of a plan without communicators run together");
   std::vector<AttentionArgs> two{s, s};
   two[1].q.s = 3;
   expect([&] { run(plans, two); }, Status::invalid_argument, "rank 1: q is [1, 2, 3, 64] but this rank's shard is");

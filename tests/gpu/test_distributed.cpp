@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/nccl.hpp"
+#include "distributed_util.hpp"
 #include "sparsek/distributed.hpp"
 #include "test_util.hpp"
 
@@ -36,38 +37,6 @@ namespace {
   std::fprintf(stderr, "[   STEP   ] %s\n", std::string(text).c_str())
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// Communicators over devices 0..n-1, made by one process (destroyed at the end).
-struct Comms {
-  std::vector<ncclComm*> c;
-  explicit Comms(int n) : c(size_t(n), nullptr) {
-    std::vector<int> devs(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) devs[size_t(i)] = i;
-    nccl::check(nccl::api().CommInitAll(c.data(), n, devs.data()), "ncclCommInitAll");
-  }
-  ~Comms() {
-    for (ncclComm* x : c)
-      if (x) nccl::api().CommDestroy(x);
-  }
-};
-
-// A device allocation holding a copy of host bytes, on the current device.
-struct Dev {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const void* host, size_t bytes) : n(bytes) {
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    if (bytes && cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("cudaMemcpy");
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<uint8_t> download() const {
-    std::vector<uint8_t> h(n);
-    if (n && cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("cudaMemcpy D2H");
-    return h;
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
 
 // The product, on the host: C = A * B, f16 in, f16 out, 64x64 blocks, N = 520 (not a tile multiple).
 struct Problem {
