@@ -241,21 +241,25 @@ std::shared_ptr<DistributedAttentionPlan::Impl> plan_rank(const AttentionArgs& a
   im.block_bytes = int64_t(bk) * im.d * im.es;
   auto rows_of = [&](int64_t j) { return std::min<int64_t>(bk, skv - j * bk); };
 
-  // The compact buffer: per (batch, kv head) the received blocks ascending in slots; the sequence's
-  // last block, when it is partial, always in the last slot (the call masks keys past its rows).
+  // The compact buffer: per (batch, kv head) the received blocks ascending in slots. When the
+  // sequence's last block is partial and received anywhere, it has a slot of its own after every
+  // other block's (the call masks the keys past its rows only in its last slot, so no whole block
+  // may sit there).
   std::vector<std::vector<int32_t>> got(size_t(B * hkv));
   for (int p = 0; p < sh.ranks; ++p)
     for (int64_t id : me.recv[size_t(p)]) got[size_t(id / nk)].push_back(int32_t(id % nk));
-  int64_t slots = 0;
+  const bool partial_last = rows_of(nk - 1) < bk;
+  int64_t slots = 0;  // for whole blocks
   bool tail = false;
   for (auto& g : got) {
     std::sort(g.begin(), g.end());
-    slots = std::max<int64_t>(slots, int64_t(g.size()));
-    tail = tail || (!g.empty() && g.back() == nk - 1 && rows_of(nk - 1) < bk);
+    const bool has_tail = partial_last && !g.empty() && g.back() == nk - 1;
+    tail = tail || has_tail;
+    slots = std::max<int64_t>(slots, int64_t(g.size()) - (has_tail ? 1 : 0));
   }
-  im.remote_rows = slots == 0 ? 0 : tail ? (slots - 1) * bk + rows_of(nk - 1) : slots * bk;
+  im.remote_rows = slots * bk + (tail ? rows_of(nk - 1) : 0);
   auto slot_of = [&](int64_t bg, int64_t j) {
-    if (j == nk - 1 && tail) return slots - 1;
+    if (j == nk - 1 && partial_last) return slots;
     const auto& g = got[size_t(bg)];
     return int64_t(std::lower_bound(g.begin(), g.end(), int32_t(j)) - g.begin());
   };

@@ -167,6 +167,14 @@ TEST(ContextParallelAttention, CrossAttentionAndMoreRanksThanRows) {
   check(c);
 }
 
+// Per-head layouts give each key/value head its own set of received blocks (gaps in the compact
+// buffer), and the partial last block is received too: it must sit alone in the last slot.
+TEST(ContextParallelAttention, PerHeadLayoutsWithAPartialLastBlock) {
+  CpCase c;
+  c.hq = 4, c.hkv = 2, c.heads = 4, c.sq = c.skv = 2008, c.full = true, c.ranks = 4, c.seed = 5;
+  check(c);
+}
+
 TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
   CpCase c;
   std::mt19937_64 rng(5);

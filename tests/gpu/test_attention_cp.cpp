@@ -84,7 +84,8 @@ void check(const CpCase& c, Mode mode, bool graph = false) {
     DevT4 dq_(q), dk_(k), dv_(v), do_(o), ddout(dout), ddq(dq), ddk(dk), ddv(dv);
     DevF dl(lse);
     whole.q = dq_.v, whole.k = dk_.v, whole.v = dv_.v, whole.o = do_.v, whole.lse = dl.p;
-    AttentionLayout hl = l.view;  // the one-shot call on the GPU takes a device layout
+    const AttentionLayout hl = l.view;  // the one-shot call on the GPU takes a device layout
+    whole.layout = l.view;
     Dev num(l.num.data(), l.num.size() * 4), idx(l.idx.data(), l.idx.size() * 4);
     Dev fnum(l.fnum.data(), l.fnum.size() * 4), fidx(l.fidx.data(), l.fidx.size() * 4);
     whole.layout.kv_num_blocks = static_cast<const int32_t*>(num.p), whole.layout.kv_indices = static_cast<const int32_t*>(idx.p);
