@@ -651,14 +651,17 @@ BenchResult run_gpu(const Workload& w, const Settings& s, Steps& steps, const st
         copy0(dr, in.rhs, in.rhs.size());
         dc.emplace_back(c_dense);
       }
-      const float scales[2] = {in.lhs_scale, in.rhs_scale};
-      DeviceBuffer d_scales(sizeof scales);
-      d_scales.upload(scales, sizeof scales);
-      const float* sl = static_cast<const float*>(d_scales.p);
+      // One allocation per scale: with both scales in one 8-byte buffer cublasLtMatmul refused the
+      // second (status 15 on an H200: cuBLASLt wants more than 4-byte aligned scale pointers).
+      DeviceBuffer d_lhs_scale(sizeof(float)), d_rhs_scale(sizeof(float));
+      d_lhs_scale.upload(&in.lhs_scale, sizeof(float));
+      d_rhs_scale.upload(&in.rhs_scale, sizeof(float));
+      const float* sl = static_cast<const float*>(d_lhs_scale.p);
+      const float* sr = static_cast<const float*>(d_rhs_scale.p);
       steps.at(prefix + "timing " + kLtFp8);
       const timing::DenseFp8Gemm gemm(w.m, w.n, w.k, w.out);
       auto run_on = [&](int set) {
-        gemm.run(dl[size_t(set)].p, dr[size_t(set)].p, dc[size_t(set)].p, sl, sl + 1, o.stream);
+        gemm.run(dl[size_t(set)].p, dr[size_t(set)].p, dc[size_t(set)].p, sl, sr, o.stream);
       };
       row.times_ms = timing::time_gpu(run_on, s.warmup, s.reps, sets, w.calls);
       check_cuda(cudaMemset(dc[0].p, 0xFF, c_dense), "cudaMemset(poison the output)");
