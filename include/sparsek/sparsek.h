@@ -415,6 +415,28 @@ sparsek_status sparsek_dist_plan_run(sparsek_dist_plan plan, const sparsek_gemm_
 sparsek_status sparsek_dist_plan_destroy(sparsek_dist_plan plan); /* NULL is accepted */
 /* This rank's block rows [*row_begin, *row_end) (C's rows times bm). */
 sparsek_status sparsek_dist_plan_rows(sparsek_dist_plan plan, int64_t* row_begin, int64_t* row_end);
+/* Context-parallel attention: one sequence's attention split across the ranks of an NCCL
+ * communicator, each rank receiving only the key/value blocks its query rows name (see
+ * include/sparsek/distributed.hpp and docs/guide-distributed.md). problem: the whole problem's
+ * shapes, dtype and memory (device), the layout in host memory, causal and scale (data pointers,
+ * o and lse ignored). Collective: every rank passes the same problem; a difference (or any rank's
+ * failure) is reported on every rank. On failure *plan is set to NULL. */
+typedef struct sparsek_attention_cp_plan_s* sparsek_attention_cp_plan;
+sparsek_status sparsek_attention_cp_plan_create(sparsek_attention_cp_plan* plan, const sparsek_attention_args* problem,
+                                                struct ncclComm* comm);
+/* This rank's query rows [*q_begin, *q_end) and key/value rows [*kv_begin, *kv_end): its shards hold
+ * them, packed [B, H, rows, D]. */
+sparsek_status sparsek_attention_cp_plan_rows(sparsek_attention_cp_plan plan, int64_t* q_begin, int64_t* q_end,
+                                              int64_t* kv_begin, int64_t* kv_end);
+/* The forward on this rank's shards (q, k, v, o, lse required; layout, causal and scale are the
+ * plan's), and the backward (forward's o and lse as the forward wrote them; dout, dq, dk, dv), on
+ * `stream` of the communicator's device; every rank calls them. The first run of a plan plans its
+ * local attention calls; later runs allocate nothing and never synchronize (CUDA-graph capturable). */
+sparsek_status sparsek_attention_cp_plan_run(sparsek_attention_cp_plan plan, const sparsek_attention_args* shard,
+                                             void* stream);
+sparsek_status sparsek_attention_cp_plan_run_backward(sparsek_attention_cp_plan plan,
+                                                      const sparsek_attention_backward_args* shard, void* stream);
+sparsek_status sparsek_attention_cp_plan_destroy(sparsek_attention_cp_plan plan); /* NULL is accepted */
 /* The loaded NCCL's version (e.g. 22807 for 2.28.7), or SPARSEK_UNSUPPORTED when it cannot be loaded. */
 sparsek_status sparsek_nccl_version(int* version);
 

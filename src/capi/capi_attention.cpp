@@ -6,6 +6,7 @@
 
 #include "capi/capi_internal.hpp"
 #include "sparsek/attention.hpp"
+#include "sparsek/distributed.hpp"
 #include "sparsek/sparsek.h"
 
 struct sparsek_attention_plan_s {
@@ -13,6 +14,9 @@ struct sparsek_attention_plan_s {
 };
 struct sparsek_attention_backward_plan_s {
   sparsek::AttentionBackwardPlan plan;
+};
+struct sparsek_attention_cp_plan_s {
+  sparsek::DistributedAttentionPlan plan;
 };
 
 namespace {
@@ -23,6 +27,10 @@ using namespace sparsek::capi;
 // Leaked on purpose: handles may be destroyed during exit.
 Registry<sparsek_attention_plan_s>& registry() {
   static auto* r = new Registry<sparsek_attention_plan_s>("sparsek_attention_plan_create");
+  return *r;
+}
+Registry<sparsek_attention_cp_plan_s>& cp_registry() {
+  static auto* r = new Registry<sparsek_attention_cp_plan_s>("sparsek_attention_cp_plan_create");
   return *r;
 }
 Registry<sparsek_attention_backward_plan_s>& backward_registry() {
@@ -170,6 +178,57 @@ sparsek_status sparsek_attention_backward_plan_workspace_bytes(sparsek_attention
     if (!p) null_arg("plan");
     if (!bytes) null_arg("bytes");
     *bytes = backward_registry().get(p).workspace_bytes();
+  });
+}
+
+sparsek_status sparsek_attention_cp_plan_create(sparsek_attention_cp_plan* out, const sparsek_attention_args* problem,
+                                                struct ncclComm* comm) {
+  if (out) *out = nullptr;
+  return guarded("sparsek_attention_cp_plan_create", [&] {
+    if (!out) null_arg("plan");
+    if (!problem) null_arg("problem");
+    auto h = std::make_unique<sparsek_attention_cp_plan_s>();
+    h->plan = plan_distributed_attention(to_args(*problem), comm);
+    cp_registry().add(h.get());
+    *out = h.release();
+  });
+}
+
+sparsek_status sparsek_attention_cp_plan_rows(sparsek_attention_cp_plan p, int64_t* q_begin, int64_t* q_end,
+                                              int64_t* kv_begin, int64_t* kv_end) {
+  return guarded("sparsek_attention_cp_plan_rows", [&] {
+    if (!p) null_arg("plan");
+    const DistributedAttentionPlan plan = cp_registry().get(p);
+    if (q_begin) *q_begin = plan.q_row_begin();
+    if (q_end) *q_end = plan.q_row_end();
+    if (kv_begin) *kv_begin = plan.kv_row_begin();
+    if (kv_end) *kv_end = plan.kv_row_end();
+  });
+}
+
+sparsek_status sparsek_attention_cp_plan_run(sparsek_attention_cp_plan p, const sparsek_attention_args* shard,
+                                             void* stream) {
+  return guarded("sparsek_attention_cp_plan_run", [&] {
+    if (!p) null_arg("plan");
+    if (!shard) null_arg("shard");
+    run(cp_registry().get(p), to_args(*shard), stream);
+  });
+}
+
+sparsek_status sparsek_attention_cp_plan_run_backward(sparsek_attention_cp_plan p,
+                                                      const sparsek_attention_backward_args* shard, void* stream) {
+  return guarded("sparsek_attention_cp_plan_run_backward", [&] {
+    if (!p) null_arg("plan");
+    if (!shard) null_arg("shard");
+    run_backward(cp_registry().get(p), to_backward_args(*shard), stream);
+  });
+}
+
+sparsek_status sparsek_attention_cp_plan_destroy(sparsek_attention_cp_plan p) {
+  return guarded("sparsek_attention_cp_plan_destroy", [&] {
+    if (!p) return;
+    if (!cp_registry().remove(p)) cp_registry().not_live(p);
+    delete p;
   });
 }
 

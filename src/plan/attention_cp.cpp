@@ -483,9 +483,11 @@ std::vector<DistributedAttentionPlan> plan_all(const AttentionArgs& problem, con
   int ranks = inproc_ranks;
   if (!inproc) {
     if (comms.empty()) bad("comms is empty (one communicator per rank driven by this process)");
+    for (size_t i = 0; i < n; ++i)
+      if (!comms[i]) bad(n == 1 ? std::string("comm is null (pass this rank's ncclComm_t)")
+                                : "comms[" + num(int64_t(i)) + "] is null (pass this rank's ncclComm_t)");
     const nccl::Api& api = nccl::api();
     for (size_t i = 0; i < n; ++i) {
-      if (!comms[i]) bad("comms[" + num(int64_t(i)) + "] is null (pass this rank's ncclComm_t)");
       int count = 0;
       nccl::check(api.CommCount(comms[i], &count), "ncclCommCount");
       nccl::check(api.CommUserRank(comms[i], &rank_of[i]), "ncclCommUserRank");

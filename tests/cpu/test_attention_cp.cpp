@@ -14,6 +14,7 @@
 #include "attention_cp_util.hpp"
 #include "sparsek/attention.hpp"
 #include "sparsek/distributed.hpp"
+#include "sparsek/sparsek.h"
 
 namespace sparsek::test {
 namespace {
@@ -217,6 +218,32 @@ TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
   expect([&] { run(std::vector<DistributedAttentionPlan>{plans[1], plans[0]}, std::vector<AttentionArgs>{s, s}); },
          Status::invalid_argument, "plans[0] is not rank 0");
   expect([&] { run(DistributedAttentionPlan(), s); }, Status::invalid_argument, "the plan is empty");
+  expect([&] { plan_distributed_attention(whole, static_cast<ncclComm*>(nullptr)); }, Status::invalid_argument,
+         "distributed attention: comm is null");
+}
+
+TEST(ContextParallelAttention, CApiNamedErrors) {
+  int dummy = 0;
+  sparsek_attention_args args{};
+  sparsek_attention_cp_plan p = reinterpret_cast<sparsek_attention_cp_plan>(&dummy);  // must be reset to NULL
+  EXPECT_EQ(sparsek_attention_cp_plan_create(&p, &args, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_NE(std::string(sparsek_last_error()).find("sparsek_attention_cp_plan_create: distributed attention: comm is null"),
+            std::string::npos)
+      << sparsek_last_error();
+  EXPECT_EQ(sparsek_attention_cp_plan_create(&p, nullptr, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("'problem' is NULL"), std::string::npos) << sparsek_last_error();
+  EXPECT_EQ(sparsek_attention_cp_plan_run(nullptr, &args, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("argument 'plan' is NULL"), std::string::npos);
+  sparsek_attention_backward_args b{};
+  EXPECT_EQ(sparsek_attention_cp_plan_run_backward(reinterpret_cast<sparsek_attention_cp_plan>(&dummy), &b, nullptr),
+            SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("not made by sparsek_attention_cp_plan_create"), std::string::npos)
+      << sparsek_last_error();
+  int64_t r[4] = {};
+  EXPECT_EQ(sparsek_attention_cp_plan_rows(nullptr, r, r + 1, r + 2, r + 3), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_EQ(sparsek_attention_cp_plan_destroy(nullptr), SPARSEK_OK);
+  EXPECT_EQ(sparsek_attention_cp_plan_destroy(reinterpret_cast<sparsek_attention_cp_plan>(&dummy)), SPARSEK_INVALID_ARGUMENT);
 }
 
 }  // namespace

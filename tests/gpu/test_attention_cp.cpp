@@ -13,6 +13,7 @@
 #include "core/nccl.hpp"
 #include "distributed_util.hpp"
 #include "sparsek/distributed.hpp"
+#include "sparsek/sparsek.h"
 #include "test_util.hpp"
 
 namespace sparsek::test {
@@ -63,14 +64,48 @@ void expect_near(const char* what, float got, float want, double tol, int64_t at
   if (!ok) ++reported, ADD_FAILURE() << what << "[" << at << "] on rank " << rank << ": " << got << " vs " << want << (tol == 0 ? " (bit-identical expected)" : "");
 }
 
-// How the ranks run: in this process without NCCL, or over NCCL communicators (one per GPU).
-enum class Mode { inproc, nccl };
+// How the ranks run: in this process without NCCL, over NCCL communicators (one per GPU), or one
+// NCCL rank through the C API.
+enum class Mode { inproc, nccl, capi };
+
+sparsek_tensor4 c_tensor(const Tensor4View& t) {
+  return {t.data, sparsek_dtype(int(t.dtype)), sparsek_memory(int(t.memory)), t.b, t.h, t.s, t.d, t.stride_b, t.stride_h, t.stride_s};
+}
+sparsek_attention_args c_args(const AttentionArgs& a) {
+  sparsek_attention_args c{};
+  c.q = c_tensor(a.q), c.k = c_tensor(a.k), c.v = c_tensor(a.v), c.o = c_tensor(a.o), c.lse = a.lse;
+  const AttentionLayout& l = a.layout;
+  c.layout = {l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices, l.batch, l.heads, l.q_blocks,
+              l.kmax, l.full_kmax, l.block_q, l.block_kv, sparsek_memory(int(l.memory))};
+  c.causal = a.causal, c.scale = a.scale;
+  return c;
+}
+
+// One NCCL rank through the C API: a plan made once, its rows, a forward and a backward.
+struct CApiRank {
+  sparsek_attention_cp_plan plan = nullptr;
+  CApiRank(const AttentionArgs& whole, ncclComm* comm) {
+    const sparsek_attention_args c = c_args(whole);
+    if (sparsek_attention_cp_plan_create(&plan, &c, comm) != SPARSEK_OK) throw std::runtime_error(sparsek_last_error());
+  }
+  ~CApiRank() { sparsek_attention_cp_plan_destroy(plan); }
+  void forward(const AttentionArgs& a, void* stream) {
+    const sparsek_attention_args c = c_args(a);
+    if (sparsek_attention_cp_plan_run(plan, &c, stream) != SPARSEK_OK) throw std::runtime_error(sparsek_last_error());
+  }
+  void backward(const AttentionBackwardArgs& a, void* stream) {
+    sparsek_attention_backward_args c{};
+    c.forward = c_args(a.forward), c.dout = c_tensor(a.dout), c.dq = c_tensor(a.dq), c.dk = c_tensor(a.dk), c.dv = c_tensor(a.dv);
+    c.nondeterministic = a.deterministic ? 0 : 1;
+    if (sparsek_attention_cp_plan_run_backward(plan, &c, stream) != SPARSEK_OK) throw std::runtime_error(sparsek_last_error());
+  }
+};
 
 // The whole problem on the GPU (attention, attention_backward), then the distributed forward and
 // backward on the ranks' shards, compared row by row. graph: the second runs replayed from a CUDA
 // graph (every rank on one stream: in this process, or one NCCL rank).
 void check(const CpCase& c, Mode mode, bool graph = false) {
-  SCOPED_TRACE(name(c) + (mode == Mode::nccl ? " nccl" : " in-process") + (graph ? " graph" : ""));
+  SCOPED_TRACE(name(c) + (mode == Mode::nccl ? " nccl" : mode == Mode::capi ? " C API" : " in-process") + (graph ? " graph" : ""));
   reported = 0;
   std::mt19937_64 rng(c.seed);
   CpLayout l = random_layout(c, rng);
@@ -105,7 +140,16 @@ void check(const CpCase& c, Mode mode, bool graph = false) {
 
   std::vector<std::unique_ptr<Comms>> comms;
   std::vector<DistributedAttentionPlan> plans;
-  if (mode == Mode::nccl) {
+  std::unique_ptr<CApiRank> capi;
+  if (mode == Mode::capi) {  // the C API's plan, and a C++ plan of the same rank for its rows
+    comms.push_back(std::make_unique<Comms>(1));
+    capi = std::make_unique<CApiRank>(whole, comms[0]->c[0]);
+    plans = plan_distributed_attention(whole, 1);
+    int64_t r[4] = {};
+    ASSERT_EQ(sparsek_attention_cp_plan_rows(capi->plan, r, r + 1, r + 2, r + 3), SPARSEK_OK);
+    EXPECT_EQ(r[1], c.sq);
+    EXPECT_EQ(r[3], c.skv);
+  } else if (mode == Mode::nccl) {
     comms.push_back(std::make_unique<Comms>(c.ranks));
     plans = plan_distributed_attention(whole, comms[0]->c);
   } else {
@@ -129,7 +173,7 @@ void check(const CpCase& c, Mode mode, bool graph = false) {
   std::vector<AttentionBackwardArgs> bwd;
   std::vector<void*> streams;
   for (int r = 0; r < c.ranks; ++r) {
-    const int dev = mode == Mode::nccl ? r : 0;
+    const int dev = mode == Mode::inproc ? 0 : r;
     CUDA_OK(cudaSetDevice(dev));
     for (T4* t : {&hq_[size_t(r)], &hk[size_t(r)], &hv[size_t(r)], &ho[size_t(r)], &hdo[size_t(r)], &hdq[size_t(r)],
                   &hdk[size_t(r)], &hdv[size_t(r)]})
@@ -150,13 +194,18 @@ void check(const CpCase& c, Mode mode, bool graph = false) {
   CUDA_OK(cudaSetDevice(0));
   auto sync = [&] {
     for (int r = 0; r < c.ranks; ++r) {
-      cudaSetDevice(mode == Mode::nccl ? r : 0);
+      cudaSetDevice(mode == Mode::inproc ? 0 : r);
       EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(streams[size_t(r)])), cudaSuccess);
     }
     cudaSetDevice(0);
   };
-  run(plans, fwd, streams);  // the first run plans the two local calls
-  run_backward(plans, bwd, streams);
+  if (capi) {
+    capi->forward(fwd[0], streams[0]);
+    capi->backward(bwd[0], streams[0]);
+  } else {
+    run(plans, fwd, streams);  // the first run plans the two local calls
+    run_backward(plans, bwd, streams);
+  }
   sync();
   if (graph) {  // poison again, then the forward and backward replayed from a graph
     for (int r = 0; r < c.ranks; ++r)
@@ -224,6 +273,7 @@ TEST(ContextParallelGpu, OneNcclRankIsBitIdenticalAndCapturable) {
   }
   check(gpu_case(1, true, 31), Mode::nccl, true);
   check(gpu_case(1, false, 32), Mode::nccl);
+  check(gpu_case(1, true, 33), Mode::capi);
 }
 
 TEST(ContextParallelGpu, NcclRanksOnSeveralGpus) {
