@@ -74,7 +74,8 @@ elseif(STEP STREQUAL "symbols")
   set(exports "${out}")
   foreach(sym "T sparsek_dsd\n" "T sparsek_plan_create\n" "T sparsek::plan\\(sparsek::GemmArgs const&"
               "T sparsek::dsd\\(" "T sparsek::tune\\(" "sparsek::BsrMatrix::fill_random\\("
-              "T sparsek_dist_plan_create\n" "T sparsek::plan_distributed\\(" "T sparsek::partition_block_rows\\(")
+              "T sparsek_dist_plan_create\n" "T sparsek::plan_distributed\\(" "T sparsek::partition_block_rows\\("
+              "T sparsek_attention_cp_plan_create\n" "T sparsek::plan_distributed_attention\\(")
     string(REGEX MATCH "[^\n]*${sym}" hit "${exports}")
     if(hit STREQUAL "")
       message(FATAL_ERROR "libsparsek.so does not export /${sym}/")
@@ -84,7 +85,7 @@ elseif(STEP STREQUAL "symbols")
   foreach(sym "sparsek::variants\\(\\)" "sparsek::device_info\\(\\)" "sparsek::capi::" "sparsek::peers::"
               "sparsek::json::" "sparsek::tune_detail::" "sparsek::oracle" "sparsek::make_plan"
               "sparsek::cpu_variants" "sparsek::portable_variants" "sparsek::hopper_variants"
-              "sparsek::nccl::" "sparsek::check_same_problem")
+              "sparsek::nccl::" "sparsek::check_same_problem" "sparsek::cp_gpu::")
     string(REGEX MATCH "[^\n]*${sym}[^\n]*" hit "${exports}")
     if(NOT hit STREQUAL "")
       message(FATAL_ERROR "libsparsek.so exports an internal symbol: ${hit}")
