@@ -12,7 +12,8 @@
 // timed forwards and R timed backwards; a run's time is the slowest rank's (CUDA events on each
 // rank's stream), the median is printed. The last rank's o is compared with the whole problem's
 // (bit-identical expected with one rank); the K/V bytes each rank receives are printed beside ring
-// attention's.
+// attention's, and the most memory a rank holds (its shards and its plan's buffers; the one-GPU row:
+// the whole problem's tensors). The attention calls' own workspaces are not counted.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -136,10 +137,10 @@ int distributed_attention_main(int argc, char** argv) {
     const AttentionBackwardPlan pb = plan(wb);
     const double t1f = timing::median(timing::time_gpu([&](int) { run(pf, whole, s0); }, 1, o.reps, 1, 1, s0));
     const double t1b = timing::median(timing::time_gpu([&](int) { run(pb, wb, s0); }, 1, o.reps, 1, 1, s0));
-    std::printf("%-26s %5s %10s %10s %10s %8s %13s %14s %14s\n", "", "ranks", "fwd ms", "bwd ms", "step ms", "speedup",
-                "last rank o", "recv MB max", "ring MB max");
-    std::printf("%-26s %5d %10.3f %10.3f %10.3f %8s %13s %14s %14s\n", "attention (one GPU)", 1, t1f, t1b, t1f + t1b, "1.00",
-                "-", "-", "-");
+    std::printf("%-26s %5s %10s %10s %10s %8s %15s %12s %12s %12s\n", "", "ranks", "fwd ms", "bwd ms", "step ms", "speedup",
+                "last rank o", "recv MB max", "ring MB max", "mem GB max");
+    std::printf("%-26s %5d %10.3f %10.3f %10.3f %8s %15s %12s %12s %12.1f\n", "attention (one GPU)", 1, t1f, t1b, t1f + t1b,
+                "1.00", "-", "-", "-", double(9 * tbytes + size_t(H * S) * 4) / 1e9);
     std::vector<uint16_t> want(tbytes / 2);
     SPARSEK_CHECK_CUDA(cudaMemcpy(want.data(), out.p, tbytes, cudaMemcpyDeviceToHost));
     whole.layout = l.view;  // the distributed plan reads the layout on the host
@@ -164,13 +165,15 @@ int distributed_attention_main(int argc, char** argv) {
         std::vector<AttentionBackwardArgs> ba;
         std::vector<void*> streams;
         std::vector<cudaEvent_t> start(static_cast<size_t>(n)), stop(static_cast<size_t>(n));
-        double recv_max = 0, ring_max = 0;
+        double recv_max = 0, ring_max = 0, mem_max = 0;
         for (int r = 0; r < n; ++r) {
           const int dev = nccl_mode ? r : 0;
           const auto& p = plans[size_t(r)];
           const int64_t q0 = p.q_row_begin(), q1 = p.q_row_end(), k0 = p.kv_row_begin(), k1 = p.kv_row_end();
           recv_max = std::max(recv_max, p.recv_bytes()), ring_max = std::max(ring_max, p.ring_bytes());
           const size_t qb = size_t(H * (q1 - q0) * D) * 2, kb = size_t(H * (k1 - k0) * D) * 2;
+          // This rank's memory: its shards (q k v o dout dq dk dv, lse) and the plan's buffers.
+          mem_max = std::max(mem_max, double(5 * qb + 4 * kb + size_t(H * (q1 - q0)) * 4 + p.workspace_bytes()));
           for (size_t b : {qb, kb, kb, qb, size_t(H * (q1 - q0)) * 4, qb, qb, kb, kb}) t.push_back(std::make_unique<DevTensor>(dev, b));
           const size_t b = size_t(r) * 9;
           copy_rows(q, S, H, D, q0, q1, *t[b]), copy_rows(k, S, H, D, k0, k1, *t[b + 1]);
@@ -237,8 +240,8 @@ int distributed_attention_main(int argc, char** argv) {
         const std::string label = nccl_mode ? "NCCL, one rank per GPU" : "one GPU, ranks serial";
         char speedup[16] = "-";
         if (nccl_mode) std::snprintf(speedup, sizeof speedup, "%.2f", (t1f + t1b) / (tf + tb));
-        std::printf("%-26s %5d %10.3f %10.3f %10.3f %8s %13s %14.1f %14.1f\n", label.c_str(), n, tf, tb, tf + tb, speedup, cmp,
-                    recv_max / 1e6, ring_max / 1e6);
+        std::printf("%-26s %5d %10.3f %10.3f %10.3f %8s %15s %12.1f %12.1f %12.1f\n", label.c_str(), n, tf, tb, tf + tb, speedup,
+                    cmp, recv_max / 1e6, ring_max / 1e6, mem_max / 1e9);
         std::fflush(stdout);
         for (int r = 0; r < n; ++r) {
           cudaSetDevice(nccl_mode ? r : 0);

@@ -184,6 +184,9 @@ class DistributedAttentionPlan {
   int64_t kv_row_end() const;
   double recv_bytes() const;              // K and V bytes it receives per run (the backward sends as many back)
   double ring_bytes() const;              // what ring attention would move to it
+  size_t workspace_bytes() const;         // device (or host) memory the plan holds for this rank: the
+                                          // transfer buffers, the received blocks and their gradients,
+                                          // the second partial result (not its attention calls' own)
 
   struct Impl;
 

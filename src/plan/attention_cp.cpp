@@ -156,6 +156,12 @@ double DistributedAttentionPlan::recv_bytes() const {
   const auto& im = DAA::impl(*this);
   return im.shards.recv_bytes(im.rank, im.d, im.es);
 }
+size_t DistributedAttentionPlan::workspace_bytes() const {
+  const auto& im = DAA::impl(*this);
+  size_t n = im.dspans.bytes + im.local.dlayout.bytes + im.remote.dlayout.bytes;
+  for (const Buffer* b : {&im.sendbuf, &im.recvbuf, &im.kc, &im.vc, &im.o2, &im.lse2, &im.dq2, &im.dkc, &im.dvc}) n += b->bytes;
+  return n;
+}
 double DistributedAttentionPlan::ring_bytes() const {
   const auto& im = DAA::impl(*this);
   return im.shards.ring_bytes(im.rank, im.d, im.es);
