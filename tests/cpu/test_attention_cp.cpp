@@ -74,8 +74,10 @@ void check(const CpCase& c) {
   EXPECT_EQ(prev_q, c.sq);
   EXPECT_EQ(prev_kv, c.skv);
   double moved = 0;
-  for (const auto& p : plans) moved += p.recv_bytes();
+  size_t held = 0;
+  for (const auto& p : plans) moved += p.recv_bytes(), held += p.workspace_bytes();
   if (c.ranks > 1) EXPECT_GT(moved, 0) << "no block crosses ranks: the case tests nothing";
+  if (c.ranks > 1) EXPECT_GE(double(held), 2 * moved) << "the received blocks and their gradients are held";
   for (int r = 0; r < c.ranks; ++r) {
     AttentionArgs a;
     a.q = sq_[size_t(r)].v, a.k = sk[size_t(r)].v, a.v = sv[size_t(r)].v, a.o = so[size_t(r)].v;
