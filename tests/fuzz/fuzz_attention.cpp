@@ -18,6 +18,10 @@
 //     not an internal error; an accepted call equals the fp64 decode oracle (O, and LSE; a row
 //     that sees nothing has O = 0, LSE = -inf); a plan run on index arrays edited after plan()
 //     (any int32 values) neither crashes nor reads out of bounds;
+//   - context-parallel attention with 1-4 ranks in this process (host memory), on a problem
+//     attention() ran: planned (or refused as unsupported: causal cross-attention, a rank with rows
+//     and no key/value block at all), run on packed shards, its O and LSE within the rounding of
+//     the merge of attention()'s; the backward runs on them;
 //   - an accepted gate gives a well-formed layout: counts in [0, kmax], indices ascending, unique,
 //     in range and allowed (causal, candidates), the allowed sink and local blocks kept, at most
 //     topk others, zeros past the count; scores -inf where a block is not allowed; a broadcast key
@@ -41,6 +45,7 @@
 #include "plan/gate_internal.hpp"
 #include "sparsek/attention.hpp"
 #include "sparsek/decode.hpp"
+#include "sparsek/distributed.hpp"
 #include "sparsek/sparsek.h"
 
 namespace {
@@ -59,8 +64,9 @@ Count g_counts[] = {{"sparsek_attention"},
                     {"backward plan on an edited layout"},
                     {"sparsek_gate"},
                     {"decode_attention (paged)"},
-                    {"decode plan run on edited indices"}};
-enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited };
+                    {"decode plan run on edited indices"},
+                    {"context-parallel ranks (host)"}};
+enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited, kCp };
 void count(int which, bool refused, bool checked = false) {
   Count& c = g_counts[which];
   ++c.calls;
@@ -670,6 +676,110 @@ void fuzz_decode(Reader& r) {
   }
 }
 
+// ---- context-parallel attention (ranks in this process, host memory) ----
+
+// Rows [r0, r1) of every (b, h) of a view (any strides), packed, as f32/f16/bf16 bytes.
+std::vector<uint8_t> packed_rows(const Tensor4View& t, int64_t r0, int64_t r1) {
+  std::vector<uint8_t> out(size_t(std::max<int64_t>(1, t.b * t.h * (r1 - r0) * t.d)) * dtype_size(t.dtype));
+  int64_t e = 0;
+  for (int64_t b = 0; b < t.b; ++b)
+    for (int64_t h = 0; h < t.h; ++h)
+      for (int64_t s = r0; s < r1; ++s)
+        for (int64_t d = 0; d < t.d; ++d) store_from_float(out.data(), t.dtype, e++, load_as_float(t.data, t.dtype, t.index(b, h, s, d)));
+  return out;
+}
+
+void fuzz_context_parallel(Reader& r) {
+  Problem p;
+  make_problem(r, p);
+  const int ranks = 1 + r.u8() % 4;
+  if (p.skip || p.must_refuse || !p.args.lse) return;
+  if (sparsek_attention(&p.args, nullptr) != SPARSEK_OK) return;  // only what attention() runs
+  const AttentionArgs whole = cpp_args(p.args);
+  std::vector<DistributedAttentionPlan> plans;
+  try {
+    plans = plan_distributed_attention(whole, ranks);
+  } catch (const Error& e) {
+    check_error(e, "plan_distributed_attention");
+    if (e.status() != Status::unsupported)
+      finding(std::string("plan_distributed_attention refused a problem attention() ran: ") + e.what());
+    count(kCp, true);
+    return;
+  }
+  const DType dt = whole.q.dtype;
+  std::vector<std::vector<uint8_t>> store;  // per rank: q k v o dout dq dk dv
+  std::vector<std::vector<float>> lse(static_cast<size_t>(ranks));
+  std::vector<AttentionArgs> fwd;
+  for (int i = 0; i < ranks; ++i) {
+    const auto& pl = plans[size_t(i)];
+    const int64_t q0 = pl.q_row_begin(), q1 = pl.q_row_end(), k0 = pl.kv_row_begin(), k1 = pl.kv_row_end();
+    store.push_back(packed_rows(whole.q, q0, q1));
+    store.push_back(packed_rows(whole.k, k0, k1));
+    store.push_back(packed_rows(whole.v, k0, k1));
+    store.push_back(std::vector<uint8_t>(store[size_t(i) * 4].size(), 0xFF));  // o: poison (NaN)
+    lse[size_t(i)].assign(size_t(std::max<int64_t>(1, p.B * p.Hq * (q1 - q0))), NAN);
+  }
+  for (int i = 0; i < ranks; ++i) {
+    const auto& pl = plans[size_t(i)];
+    const int64_t nq = pl.q_row_end() - pl.q_row_begin(), nkv = pl.kv_row_end() - pl.kv_row_begin();
+    AttentionArgs a;
+    auto view = [&](int j, int64_t h, int64_t rows) {
+      return Tensor4View::packed(store[size_t(i) * 4 + size_t(j)].data(), dt, Memory::host, p.B, h, rows, p.D);
+    };
+    a.q = view(0, p.Hq, nq), a.k = view(1, p.Hkv, nkv), a.v = view(2, p.Hkv, nkv), a.o = view(3, p.Hq, nq);
+    a.lse = lse[size_t(i)].data();
+    fwd.push_back(a);
+  }
+  try {
+    run(plans, fwd);
+  } catch (const Error& e) {
+    finding(std::string("a context-parallel plan refused its own shards: ") + e.what());
+  }
+  const bool checked = oracle_affordable(p);
+  count(kCp, false, checked);
+  const double tol = 4 * tol_of(p.dtype);
+  for (int i = 0; i < ranks; ++i) {
+    const auto& pl = plans[size_t(i)];
+    const int64_t q0 = pl.q_row_begin(), nq = pl.q_row_end() - q0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.Hq; ++h)
+        for (int64_t s = 0; s < nq; ++s) {
+          const int64_t row = (b * p.Hq + h) * nq + s;
+          const double lw = whole.lse[(b * p.Hq + h) * p.Sq + q0 + s], lg = lse[size_t(i)][size_t(row)];
+          if (std::isfinite(lw) && !(std::fabs(lg - lw) <= 1e-4 * (1 + std::fabs(lw))))
+            finding("context-parallel LSE on rank " + std::to_string(i) + " row " + std::to_string(row) + " = " + num(lg) +
+                    ", attention() " + num(lw));
+          if (std::isinf(lw) && lg != lw) finding("context-parallel LSE " + num(lg) + " where attention() gives " + num(lw));
+          for (int64_t d = 0; d < p.D; ++d) {
+            const double want = load_as_float(whole.o.data, dt, whole.o.index(b, h, q0 + s, d));
+            const double got = load_as_float(fwd[size_t(i)].o.data, dt, row * p.D + d);
+            if (std::isfinite(want) && std::isfinite(lw) && !(std::fabs(got - want) <= tol * (1 + std::fabs(want))))
+              finding("context-parallel O on rank " + std::to_string(i) + " [" + std::to_string(b) + ", " + std::to_string(h) +
+                      ", " + std::to_string(q0 + s) + ", " + std::to_string(d) + "] = " + num(got) + ", attention() " + num(want));
+          }
+        }
+  }
+  // The backward on those outputs: it must run (values are checked by the C++ tests).
+  std::vector<std::vector<uint8_t>> grads;
+  std::vector<AttentionBackwardArgs> bwd;
+  for (int i = 0; i < ranks; ++i) {
+    AttentionBackwardArgs g;
+    g.forward = fwd[size_t(i)];
+    for (const Tensor4View* t : {&g.forward.q, &g.forward.q, &g.forward.k, &g.forward.v})  // dout, dq, dk, dv
+      grads.emplace_back(std::max<size_t>(1, size_t(t->b * t->h * t->s * t->d)) * dtype_size(dt), uint8_t(0x3C));
+    const size_t at = size_t(i) * 4;
+    auto like = [&](size_t j, const Tensor4View& t) { Tensor4View x = t; x.data = grads[at + j].data(); return x; };
+    g.dout = like(0, g.forward.q), g.dq = like(1, g.forward.q), g.dk = like(2, g.forward.k), g.dv = like(3, g.forward.v);
+    g.deterministic = r.u8() < 192;
+    bwd.push_back(g);
+  }
+  try {
+    run_backward(plans, bwd);
+  } catch (const Error& e) {
+    finding(std::string("a context-parallel plan refused its own backward shards: ") + e.what());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -683,7 +793,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = r.u8();
   switch (which % 4) {
     case 0: which >= 128 ? fuzz_decode(r) : fuzz_forward(r, false); break;
-    case 1: fuzz_forward(r, true); break;
+    case 1: which >= 128 ? fuzz_context_parallel(r) : fuzz_forward(r, true); break;
     case 2: fuzz_backward(r); break;
     default: fuzz_gate(r); break;
   }
