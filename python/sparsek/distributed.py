@@ -1,4 +1,5 @@
-"""DSD over several GPUs, through a ``torch.distributed`` process group with the NCCL backend.
+"""DSD over several GPUs, through a ``torch.distributed`` process group with the NCCL backend (and
+context-parallel attention: ``ContextParallelAttention`` at the end of this module).
 
 Every rank holds the whole block-sparse matrix ``A`` (a BSRMatrix of torch CUDA tensors on its own
 GPU) and calls the product together with the other ranks; ``A``'s block rows are split into one
@@ -24,7 +25,7 @@ from . import _arrays as A
 from . import _sparsek as _ext
 from ._bsr import BSRMatrix
 
-__all__ = ["DistributedDSD", "dsd", "partition_block_rows", "nccl_version", "NcclError"]
+__all__ = ["DistributedDSD", "dsd", "ContextParallelAttention", "partition_block_rows", "nccl_version", "NcclError"]
 
 # An NCCL call failed (a RuntimeError; the message names the call and NCCL's error, e.g. an invalid
 # communicator).
@@ -147,3 +148,134 @@ def dsd(a, b, *, group=None, broadcast_from=None, all_gather=True, out=None, alp
     collective); keep a DistributedDSD to plan once and run many times."""
     return DistributedDSD(a, group=group, broadcast_from=broadcast_from, all_gather=all_gather)(
         b, out=out, alpha=alpha, beta=beta)
+
+
+class ContextParallelAttention:
+    """Block-sparse attention over one sequence split across ranks (context parallelism).
+
+    Rank r holds the query rows ``q_rows(r)`` of q (and of o, lse, dout, dq) and the key/value rows
+    ``kv_rows(r)`` of k and v (and dk, dv), as contiguous [B, H, rows, D] arrays; each rank receives
+    from the others only the key/value blocks its query rows name in the layout, computes attention
+    over the blocks it holds while they arrive, then over the received ones, and merges the two. The
+    backward returns the received blocks' dk and dv to their holders, which add them in rank order.
+
+    layout: a BlockLayout or a FlexAttention BlockMask of the whole sequence; its contents are read
+    once, here (a new layout needs a new object). q_shape: (B, Hq, Sq, D) of the whole sequence;
+    kv_shape: (B, Hkv, Skv, D), default q_shape. With causal, self-attention only (Sq == Skv).
+
+    Two ways to run it:
+      - ``group=`` (default: torch's WORLD group, the ``nccl`` backend): one rank per process, over the
+        group's NCCL communicator (a collective: every rank constructs it with the same arguments);
+        ``forward(q, k, v)`` and ``backward(...)`` take this rank's shards (torch CUDA tensors).
+      - ``ranks=N``: N ranks run one after another in this process, the transfers plain copies (NumPy
+        arrays or CPU tensors on the CPU backend, or CUDA tensors all on ``device``): to check a split
+        without several GPUs. ``forward_all([(q, k, v), ...])`` and ``backward_all(...)``.
+
+    One rank gives attention()'s bits exactly; several give the same bits from run to run, but differ
+    from one GPU's by about the dtype's rounding (two partial results are merged, and dk, dv arrive
+    rounded before they are added).
+    """
+
+    def __init__(self, layout, q_shape, kv_shape=None, *, dtype, causal=False, scale=None, group=None, ranks=None,
+                 device=None):
+        import numpy as np
+        from ._attention import as_layout, _scale
+        layout = as_layout(layout)
+        q_shape = tuple(A.dim(x, "q_shape") for x in q_shape)
+        kv_shape = q_shape if kv_shape is None else tuple(A.dim(x, "kv_shape") for x in kv_shape)
+        if len(q_shape) != 4 or len(kv_shape) != 4:
+            raise ValueError(f"q_shape and kv_shape are (B, H, S, D), got {q_shape} and {kv_shape}")
+        if isinstance(dtype, str) or type(dtype).__module__.startswith("torch"):
+            dtype_name = str(dtype).replace("torch.", "")
+        else:
+            try:
+                dtype_name = np.dtype(dtype).name
+            except TypeError:
+                dtype_name = repr(dtype)
+        if dtype_name not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+
+        def host(x):
+            if x is None:
+                return None
+            x = x.detach().cpu().numpy() if A.is_torch(x) else np.asarray(x)
+            return np.ascontiguousarray(x, dtype=np.int32)
+
+        arrays = [host(x) for x in layout.arrays()]
+        comm, n, dev = 0, 0, -1
+        if ranks is not None:
+            if group is not None:
+                raise ValueError("pass group= (one rank per process) or ranks= (every rank here), not both")
+            n = A.dim(ranks, "ranks", A.INT32_MAX)
+            if device is not None:
+                import torch
+                dev = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+        else:
+            import torch
+            _point_at_torchs_nccl()
+            dev = torch.cuda.current_device()
+            comm = _comm_ptr(group)
+        self.shapes = (q_shape, kv_shape)
+        self.dtype = dtype
+        self.device = dev
+        self._plans = _ext.plan_attention_cp(q_shape[0], q_shape[1], kv_shape[1], q_shape[2], kv_shape[2], q_shape[3],
+                                             dtype_name, dev, *arrays, layout.block, A.flag(causal, "causal"),
+                                             _scale(scale), comm, n)
+
+    def _index(self, rank):
+        if rank is None:
+            if self._plans.size != 1:
+                raise ValueError("this object runs several ranks: name one (rank=...)")
+            return 0
+        return A.dim(rank, "rank", A.INT32_MAX)
+
+    def q_rows(self, rank=None):
+        """``(begin, end)``: the query rows rank holds (this process's rank with ``group=``)."""
+        return tuple(self._plans.q_rows(self._index(rank)))
+
+    def kv_rows(self, rank=None):
+        """``(begin, end)``: the key/value rows rank holds."""
+        return tuple(self._plans.kv_rows(self._index(rank)))
+
+    def recv_bytes(self, rank=None):
+        """K and V bytes rank receives per run (the backward sends as many back)."""
+        return self._plans.recv_bytes(self._index(rank))
+
+    def _streams(self, like):
+        return [A.stream_of(like)] * self._plans.size
+
+    def forward_all(self, shards):
+        """Per rank ``(q, k, v)`` -> per rank ``(o, lse)`` (every rank of this process)."""
+        shards = list(shards)
+        q, k, v = ([s[i] for s in shards] for i in range(3))
+        o = [A.empty(x, A.shape_of(x), x.dtype) for x in q]
+        lse = [A.empty(x, A.shape_of(x)[:3], _f32(x)) for x in q]
+        self._plans.run(q, k, v, o, lse, self._streams(q[0]) if q else [])
+        return list(zip(o, lse))
+
+    def forward(self, q, k, v):
+        """This rank's ``(o, lse)`` from its shards (one rank per process)."""
+        return self.forward_all([(q, k, v)])[0]
+
+    def backward_all(self, shards, deterministic=True):
+        """Per rank ``(q, k, v, o, lse, dout)`` -> per rank ``(dq, dk, dv)``."""
+        shards = list(shards)
+        q, k, v, o, lse, dout = ([s[i] for s in shards] for i in range(6))
+        dq = [A.empty(x, A.shape_of(x), x.dtype) for x in q]
+        dk = [A.empty(x, A.shape_of(x), x.dtype) for x in k]
+        dv = [A.empty(x, A.shape_of(x), x.dtype) for x in v]
+        self._plans.run_backward(q, k, v, o, lse, dout, dq, dk, dv, A.flag(deterministic, "deterministic"),
+                                 self._streams(q[0]) if q else [])
+        return list(zip(dq, dk, dv))
+
+    def backward(self, q, k, v, o, lse, dout, deterministic=True):
+        """This rank's ``(dq, dk, dv)`` (one rank per process)."""
+        return self.backward_all([(q, k, v, o, lse, dout)], deterministic)[0]
+
+
+def _f32(like):
+    if A.is_torch(like):
+        import torch
+        return torch.float32
+    import numpy as np
+    return np.float32
