@@ -386,6 +386,10 @@ Tensor4View view4(const A& a, const std::string& name) {
   t.dtype = value_dtype(a.dtype(), name);
   t.memory = place_of(a, name).memory;
   t.b = int64_t(a.shape(0)), t.h = int64_t(a.shape(1)), t.s = int64_t(a.shape(2)), t.d = int64_t(a.shape(3));
+  if (t.b * t.h * t.s * t.d == 0) {  // no element (a rank's empty shard): DLPack may give it any strides
+    t.stride_s = t.d, t.stride_h = t.s * t.d, t.stride_b = t.h * t.s * t.d;
+    return t;
+  }
   if (t.d > 1 && a.stride(3) != 1)
     bad(name + " must have a unit stride along D (its last dimension), got stride " + std::to_string(a.stride(3)) +
         "; pass a copy with .contiguous()");

@@ -70,6 +70,22 @@ def test_numpy_ranks_match_the_whole_sequence(rng, ranks, causal):
             np.testing.assert_allclose(lse_r, lse[:, :, a:b], rtol=2e-5, atol=2e-5)
 
 
+def test_more_ranks_than_query_blocks(rng):
+    B, H, S, D = 1, 2, 256, 64  # two query blocks over four ranks: two ranks hold no rows
+    lay = causal_topk_layout(rng, H, 2, 1)
+    q, k, v = (rng.standard_normal((B, H, S, D)).astype(np.float32) for _ in range(3))
+    o, lse = sparsek.attention(q, k, v, lay, causal=True)
+    cp = sd.ContextParallelAttention(lay, (B, H, S, D), dtype=np.float32, causal=True, ranks=4)
+    assert any(cp.q_rows(r)[0] == cp.q_rows(r)[1] for r in range(4))
+    shards = shards_of(cp, 4, q, k, v)
+    got = cp.forward_all(shards)
+    for r, (o_r, lse_r) in enumerate(got):
+        a, b = cp.q_rows(r)
+        np.testing.assert_allclose(o_r, o[:, :, a:b], rtol=2e-5, atol=2e-5)
+    grads = cp.backward_all([s + (o_r, lse_r, s[0]) for s, (o_r, lse_r) in zip(shards, got)])
+    assert [g[0].shape for g in grads] == [s[0].shape for s in shards]
+
+
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_torch_cpu_backward_matches_autograd(rng, ranks):
     torch = pytest.importorskip("torch")
