@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sparsek/distributed.hpp"
+#include "plan/partition.hpp"
 
 namespace sparsek {
 
@@ -14,29 +15,6 @@ namespace {
   throw Error(Status::invalid_argument, "plan_attention_shards: " + what);
 }
 std::string num(int64_t v) { return std::to_string(v); }
-
-// Boundaries of `ranks` contiguous ranges of rows whose prefix sums of work lie nearest
-// r * total / ranks (exact integer comparison, as partition_block_rows does).
-std::vector<int64_t> split_by_work(const std::vector<int64_t>& prefix, int ranks) {
-  const int64_t rows = int64_t(prefix.size()) - 1, total = prefix.back();
-  std::vector<int64_t> bounds(size_t(ranks) + 1, 0);
-  bounds[size_t(ranks)] = rows;
-  for (int r = 1; r < ranks; ++r) {
-    if (total == 0) {  // no work anywhere: an even split of the rows
-      bounds[size_t(r)] = rows * r / ranks;
-      continue;
-    }
-    const __int128 want2 = __int128(2) * r * total;  // twice the ideal prefix, times ranks
-    auto below = [&](int64_t x) { return __int128(2) * ranks * x < want2; };
-    const auto hi = std::partition_point(prefix.begin(), prefix.end(), below);
-    auto pick = hi;
-    if (hi != prefix.begin() && (hi == prefix.end() || want2 - __int128(2) * ranks * hi[-1] <=
-                                                           __int128(2) * ranks * *hi - want2))
-      pick = hi - 1;
-    bounds[size_t(r)] = std::clamp<int64_t>(pick - prefix.begin(), bounds[size_t(r - 1)], rows);
-  }
-  return bounds;
-}
 
 }  // namespace
 
@@ -131,7 +109,7 @@ AttentionShards plan_attention_shards(const AttentionLayout& l, int64_t batch, i
   AttentionShards out;
   out.ranks = ranks, out.batch = batch, out.hq = hq, out.hkv = hkv, out.q_blocks = mq, out.kv_blocks = nk;
   out.block_kv = l.block_kv;
-  const std::vector<int64_t> qb = split_by_work(prefix, ranks);
+  const std::vector<int64_t> qb = balanced_bounds(prefix.data(), mq, ranks);
   const bool self = sq == skv && l.block_q == l.block_kv;
   std::vector<int64_t> kb(size_t(ranks) + 1);
   for (int r = 0; r <= ranks; ++r) kb[size_t(r)] = self ? qb[size_t(r)] : nk * r / ranks;

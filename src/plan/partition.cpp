@@ -25,30 +25,7 @@ std::vector<int64_t> partition_block_rows(const int32_t* row_ptr, int64_t mb, in
                                                 std::to_string(row_ptr[i]) + " is less than row_ptr[" +
                                                 std::to_string(i - 1) + "]=" + std::to_string(row_ptr[i - 1]) +
                                                 " (row_ptr must be non-decreasing)");
-  std::vector<int64_t> bounds(size_t(ranks) + 1, 0);
-  bounds[ranks] = mb;
-  const int64_t base = row_ptr[0], nnzb = int64_t(row_ptr[mb]) - base;
-  const int32_t* end = row_ptr + mb + 1;
-  for (int r = 1; r < ranks; ++r) {
-    // The boundary i whose prefix row_ptr[i] - base is nearest the ideal r * nnzb / ranks (in
-    // exact integer arithmetic: compare 2 * ranks * prefix against 2 * r * nnzb). Its error is at
-    // most half a row, so every rank's share is within one block row of nnzb / ranks.
-    const int64_t want2 = 2 * int64_t(r) * nnzb;  // twice the ideal prefix, times ranks
-    auto below = [&](int32_t x) { return 2 * int64_t(ranks) * (int64_t(x) - base) < want2; };
-    const int32_t* hi = std::partition_point(row_ptr, end, below);  // first prefix >= the ideal
-    const int32_t* pick = hi;
-    if (hi > row_ptr && want2 - 2 * int64_t(ranks) * (int64_t(hi[-1]) - base) <=
-                            2 * int64_t(ranks) * (int64_t(*hi) - base) - want2)
-      pick = hi - 1;  // the one below is nearer (a tie goes below)
-    // Every boundary with the same prefix splits the work equally (empty rows between them): take
-    // the one nearest the even split of rows, which also spreads nnzb = 0 evenly.
-    const int64_t v = *pick;
-    const int64_t lo_i = std::lower_bound(row_ptr, end, v) - row_ptr;
-    const int64_t hi_i = std::upper_bound(row_ptr, end, v) - row_ptr - 1;
-    const int64_t even = int64_t(r) * mb / ranks;
-    bounds[r] = std::max(bounds[r - 1], std::clamp(even, lo_i, hi_i));
-  }
-  return bounds;
+  return balanced_bounds(row_ptr, mb, ranks);
 }
 
 RankProblem describe(const GemmArgs& g, const DistributedOptions& o, const int32_t* row_ptr, const int32_t* col_idx) {

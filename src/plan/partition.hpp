@@ -1,12 +1,41 @@
 // Internal (host): the pure pieces of the distributed plan, tested on the CPU. The partition itself
 // (partition_block_rows) is public: include/sparsek/distributed.hpp.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "sparsek/distributed.hpp"
 
 namespace sparsek {
+
+// Boundaries of `ranks` contiguous ranges of n items whose work prefix sums are prefix[0..n]
+// (non-decreasing; the callers check it): boundary r is the item boundary whose prefix lies nearest
+// the ideal r * total / ranks (exact integer arithmetic; a tie goes below), so every range's work is
+// within one item of total / ranks; among boundaries with the same prefix (items without work
+// between them) the one nearest the even split of items, which also spreads total = 0 evenly.
+// bounds[0] = 0, bounds[ranks] = n, non-decreasing. The distributed DSD's block rows
+// (partition_block_rows) and context-parallel attention's query blocks (plan_attention_shards).
+template <class T>
+std::vector<int64_t> balanced_bounds(const T* prefix, int64_t n, int ranks) {
+  std::vector<int64_t> bounds(size_t(ranks) + 1, 0);
+  bounds[size_t(ranks)] = n;
+  const __int128 base = prefix[0], total = __int128(prefix[n]) - base;
+  const T* end = prefix + n + 1;
+  for (int r = 1; r < ranks; ++r) {
+    const __int128 want2 = 2 * __int128(r) * total;  // twice the ideal prefix, times ranks
+    auto scaled = [&](T x) { return 2 * __int128(ranks) * (__int128(x) - base); };
+    const T* hi = std::partition_point(prefix, end, [&](T x) { return scaled(x) < want2; });  // first >= ideal
+    const T* pick = hi;
+    if (hi > prefix && (hi == end || want2 - scaled(hi[-1]) <= scaled(*hi) - want2)) pick = hi - 1;  // nearer below
+    const T v = *pick;
+    const int64_t lo_i = std::lower_bound(prefix, end, v) - prefix;
+    const int64_t hi_i = std::upper_bound(prefix, end, v) - prefix - 1;
+    const int64_t even = int64_t(r) * n / ranks;
+    bounds[size_t(r)] = std::max(bounds[size_t(r - 1)], std::clamp(even, lo_i, hi_i));
+  }
+  return bounds;
+}
 
 // What every rank of a distributed product must agree on, and how its own planning went, as
 // exchanged between the ranks (one plain struct each, gathered by NCCL at plan time): a rank whose
