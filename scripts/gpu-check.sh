@@ -164,16 +164,22 @@ if want python; then
 fi
 
 if want distributed; then
-  # The distributed DSD: its GPU tests (1 rank; 2 and 4 ranks when as many GPUs answer), the
-  # torchrun example on every GPU, and the 1/2/4-rank benchmark (one process, one rank per GPU).
+  # The distributed DSD and context-parallel attention: their GPU tests (1 rank; 2 and 4 ranks when
+  # as many GPUs answer), the torchrun examples on every GPU, and the 1/2/4-rank benchmarks (one
+  # process, one rank per GPU; ranks beyond the GPUs run serially on GPU 0 in the attention one).
   ngpu=$(nvidia-smi -L | wc -l)
-  timeout 300 $B/sparsek_gpu_tests --gtest_filter='DistributedGpu.*' > "$OUT/distributed-tests.log" 2>&1
+  timeout 300 $B/sparsek_gpu_tests --gtest_filter='DistributedGpu.*:ContextParallelGpu.*' > "$OUT/distributed-tests.log" 2>&1
   note dist-tests "rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/distributed-tests.log" | tr '\n' ' ') $(grep -c '^\[  SKIPPED' "$OUT/distributed-tests.log") skipped"
   PYTHONPATH=$PWD/$BUILD/python:$PWD/python timeout 300 torchrun --nproc_per_node="$ngpu" \
     examples/python/distributed_dsd.py > "$OUT/distributed-example.log" 2>&1
   note dist-example "rc=$? ($ngpu ranks)"
+  PYTHONPATH=$PWD/$BUILD/python:$PWD/python timeout 300 torchrun --nproc_per_node="$ngpu" \
+    examples/python/context_parallel_attention.py > "$OUT/cp-example.log" 2>&1
+  note cp-example "rc=$? ($ngpu ranks)"
   timeout 600 $B/sparsek_distributed_bench > "$OUT/distributed-bench.txt" 2>&1
   note dist-bench "rc=$? (distributed-bench.txt)"
+  timeout 600 $B/sparsek_distributed_bench --op attention --s 262144 --reps 3 >> "$OUT/distributed-bench.txt" 2>&1
+  note cp-bench "rc=$? (distributed-bench.txt)"
 fi
 
 echo
