@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/device.hpp"
+#include "kernels/dtype.cuh"
 
 namespace sparsek::cp_gpu {
 
@@ -26,12 +27,6 @@ __global__ void copy_kernel(const Span* spans, const char* src, char* dst) {
   }
 }
 
-__device__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float to_f(__half x) { return __half2float(x); }
-template <class T> __device__ T from_f(float x);
-template <> __device__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-
 // Eight elements (16 bytes) per thread per chunk; a span's length is a multiple of eight.
 template <class T>
 __global__ void add_kernel(const Span* spans, const T* src, T* dst) {
@@ -45,7 +40,7 @@ __global__ void add_kernel(const Span* spans, const T* src, T* dst) {
     T* x = reinterpret_cast<T*>(&a);
     const T* y = reinterpret_cast<const T*>(&b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = from_f<T>(to_f(x[e]) + to_f(y[e]));
+    for (int e = 0; e < 8; ++e) x[e] = dev::from_float<T>(dev::to_float(x[e]) + dev::to_float(y[e]));
     *reinterpret_cast<uint4*>(dst + s.to + at) = a;
   }
 }
@@ -66,7 +61,7 @@ __global__ void merge_kernel(T* o, float* lse, const T* o2, const float* lse2, i
   }
   for (int64_t e = lane; e < d; e += 32) {
     const int64_t at = row * d + e;
-    o[at] = from_f<T>(w1 * to_f(o[at]) + w2 * to_f(o2[at]));
+    o[at] = dev::from_float<T>(w1 * dev::to_float(o[at]) + w2 * dev::to_float(o2[at]));
   }
   __syncwarp();
   if (lane == 0) lse[row] = l;
