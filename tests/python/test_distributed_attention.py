@@ -32,6 +32,23 @@ def causal_topk_layout(rng, heads, nb, picks, full=False):
     return sparsek.BlockLayout(num, idx, block=128)
 
 
+def hopper_torch(nccl=False):
+    """torch, or a skip saying why not: a GPU torch reaches with sparsek's sm_90 attention kernels
+    (and, with nccl, the NCCL sparsek loads)."""
+    torch = pytest.importorskip("torch")
+    usable, why = torch_cuda()
+    if not usable:
+        pytest.skip(why)
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the GPU attention kernels of this test need sm_90")
+    if nccl:
+        try:
+            sd.nccl_version()
+        except NotImplementedError as e:
+            pytest.skip(str(e))
+    return torch
+
+
 def torch_layout(lay):
     """The same layout with torch (CPU) arrays: sparsek.attention takes a layout of q's framework."""
     import torch
@@ -130,12 +147,7 @@ def test_errors_name_the_argument(rng):
 
 
 def test_torch_cuda_ranks_on_one_gpu(rng):
-    torch = pytest.importorskip("torch")
-    usable, why = torch_cuda()
-    if not usable:
-        pytest.skip(why)
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the GPU attention kernels of this test need sm_90")
+    torch = hopper_torch()
     B, H, S, D = 1, 4, 1000, 128
     lay = causal_topk_layout(rng, H, 8, 3, full=True)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -148,16 +160,7 @@ def test_torch_cuda_ranks_on_one_gpu(rng):
 
 
 def test_one_rank_group_is_bit_identical(rng, tmp_path):
-    torch = pytest.importorskip("torch")
-    usable, why = torch_cuda()
-    if not usable:
-        pytest.skip(why)
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the GPU attention kernels of this test need sm_90")
-    try:
-        sd.nccl_version()
-    except NotImplementedError as e:
-        pytest.skip(str(e))
+    torch = hopper_torch(nccl=True)
     import torch.distributed as dist
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
@@ -198,16 +201,7 @@ def test_the_example_says_how_many_gpus_it_needs():
 
 
 def test_the_example_runs_on_one_gpu():
-    torch = pytest.importorskip("torch")
-    usable, why = torch_cuda()
-    if not usable:
-        pytest.skip(why)
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the GPU attention kernels of this example need sm_90")
-    try:
-        sd.nccl_version()
-    except NotImplementedError as e:
-        pytest.skip(str(e))
+    hopper_torch(nccl=True)
     import subprocess
     import sys
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", _example()],
