@@ -36,7 +36,18 @@ struct AttnSpec {
   bool bshd = false;         // memory order [B, S, H, D] (torch's q.transpose(1, 2)) instead of packed
   int64_t o_tail = 0;        // o gets this many extra rows per head that must stay untouched
   bool lse = true;
+  // Packed sequences: their lengths (batch 1, sq = skv = the sum, cu_seqlens from them); empty: none.
+  std::vector<int64_t> seqlens;
   uint64_t seed = 1;
+
+  // The spec as packed sequences of these lengths.
+  AttnSpec& packed(std::vector<int64_t> lens) {
+    seqlens = std::move(lens);
+    batch = 1;
+    sq = skv = 0;
+    for (int64_t n : seqlens) sq = skv = sq + n;
+    return *this;
+  }
 
   std::string name() const {
     return "B=" + std::to_string(batch) + " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
@@ -45,8 +56,14 @@ struct AttnSpec {
            (causal ? " causal" : "") + " density=" + std::to_string(density) +
            " layout_batch=" + std::to_string(layout_batch) + " layout_heads=" + std::to_string(layout_heads) +
            " extra_kmax=" + std::to_string(extra_kmax) + (split_full ? " split_full" : "") +
-           " empty_rows=" + std::to_string(empty_rows.size()) + (bshd ? " bshd" : "") +
+           " empty_rows=" + std::to_string(empty_rows.size()) + (bshd ? " bshd" : "") + packed_name() +
            " seed=" + std::to_string(seed);
+  }
+  std::string packed_name() const {
+    if (seqlens.empty()) return "";
+    std::string n = " seqlens=";
+    for (size_t i = 0; i < seqlens.size(); ++i) n += (i ? "," : "") + std::to_string(seqlens[i]);
+    return n;
   }
 };
 
@@ -87,6 +104,7 @@ struct AttnCase {
   HostTensor q, k, v, o;
   std::vector<float> lse;
   LayoutArrays layout;
+  std::vector<int32_t> cu_seqlens;  // packed sequences' offsets (empty: none)
   AttentionArgs args;
 };
 
@@ -154,6 +172,12 @@ inline std::unique_ptr<AttnCase> make_attention_case(const AttnSpec& s) {
   a.layout = c->layout.view();
   a.causal = s.causal;
   a.scale = s.scale;
+  if (!s.seqlens.empty()) {
+    c->cu_seqlens.assign(1, 0);
+    for (int64_t n : s.seqlens) c->cu_seqlens.push_back(int32_t(c->cu_seqlens.back() + n));
+    a.cu_seqlens = c->cu_seqlens.data();
+    a.num_seqs = int64_t(s.seqlens.size());
+  }
   return c;
 }
 

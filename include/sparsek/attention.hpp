@@ -21,6 +21,14 @@
 // with causal, key j is masked for query i when j > i (FlexAttention's q_idx >= kv_idx) inside the
 // blocks of kv_indices — blocks in full_kv_indices are attended whole, as FlexAttention does.
 // A query row with no attended key (no block, or all masked) gets O = 0 and LSE = -inf.
+//
+// Packed sequences (varlen: a batch of documents of mixed lengths without padding): with
+// cu_seqlens, q, k and v hold one packed sequence (B = 1, Sq = Skv = T) of num_seqs sequences,
+// sequence i at rows cu_seqlens[i] .. cu_seqlens[i+1] - 1 (int32, num_seqs + 1 entries,
+// 0 = cu_seqlens[0] <= cu_seqlens[1] <= ... <= cu_seqlens[num_seqs] = T, in the layout's memory).
+// A query never attends a key of another sequence, in either list (a sequence boundary is a hard
+// boundary, as Skv is); causal is then causal within each sequence. The layout is over the packed
+// sequence's blocks: a block may hold the end of one sequence and the start of the next.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -82,6 +90,8 @@ struct AttentionArgs {
   AttentionLayout layout;
   bool causal = false;
   float scale = 0.f;     // 0: 1 / sqrt(D)
+  const int32_t* cu_seqlens = nullptr;  // packed sequences (above): [num_seqs + 1], or null
+  int64_t num_seqs = 0;                 // sequences in the packed batch (with cu_seqlens)
 
   float softmax_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(q.d > 0 ? q.d : 1)); }
 };

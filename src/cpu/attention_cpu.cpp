@@ -5,7 +5,9 @@
 // query rows to float once, then walks its layout row (the masked list, then the full list),
 // converting each K and V block to float, with an online softmax per query row in double: the
 // running max m, the running sum l and the accumulator acc[D], rescaled whenever m grows. Scores
-// are float products summed in double.
+// are float products summed in double. With packed sequences a row attends only its own
+// sequence's keys (found by a binary search of cu_seqlens, which run() does not trust either: any
+// contents give wrong values, never a read outside cu_seqlens[0 .. num_seqs]).
 //
 // Determinism: the order of the work inside an item is fixed by the layout, never by the thread
 // count, so any thread count gives bit-identical results.
@@ -55,6 +57,16 @@ void for_each_block(const AttentionLayout& l, int64_t r, int64_t nk, const F& fn
   if (l.has_full()) walk(l.full_kv_num_blocks, l.full_kv_indices, l.full_kmax, false);
 }
 
+// The keys packed query row x may attend: its own sequence's rows with cu_seqlens, else all.
+struct KeyRange {
+  int64_t lo, hi;
+};
+KeyRange key_range(const AttentionArgs& a, int64_t x) {
+  if (!a.cu_seqlens) return {0, a.k.s};
+  const int64_t d = sequence_of(a.cu_seqlens, a.num_seqs, x);
+  return {a.cu_seqlens[d], a.cu_seqlens[d + 1]};
+}
+
 std::string cpu_why_not(const AttentionArgs& a) {
   for (const auto& [t, name] : {std::pair{&a.q, "q"}, std::pair{&a.k, "k"}, std::pair{&a.v, "v"}, std::pair{&a.o, "o"}})
     if (t->memory != Memory::host)
@@ -97,11 +109,14 @@ void cpu_run(const AttentionArgs& a, const Options& o, VariantState*) {
       load_rows(a.v, b, hk, c0, nc, sc.v);
       sc.s.resize(size_t(nc));
       for (int64_t rr = 0; rr < nr; ++rr) {
-        // Keys c0 .. c0 + n - 1 of this block are attended by query row r0 + rr.
-        const int64_t n = masked && a.causal ? std::min(nc, r0 + rr - c0 + 1) : nc;
-        if (n <= 0) continue;
+        // Keys c0 + c, c in [c_first, n), of this block are attended by query row r0 + rr.
+        const KeyRange kr = key_range(a, r0 + rr);
+        int64_t n = std::min(nc, kr.hi - c0);
+        if (masked && a.causal) n = std::min(n, r0 + rr - c0 + 1);
+        const int64_t c_first = std::max<int64_t>(0, kr.lo - c0);
+        if (n <= c_first) continue;
         double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t c = 0; c < n; ++c) {
+        for (int64_t c = c_first; c < n; ++c) {
           sc.s[size_t(c)] = scale * dot_f64(&sc.q[size_t(rr * D)], &sc.k[size_t(c * D)], D);
           mx = std::max(mx, sc.s[size_t(c)]);
         }
@@ -114,7 +129,7 @@ void cpu_run(const AttentionArgs& a, const Options& o, VariantState*) {
           for (int64_t d = 0; d < D; ++d) acc[d] *= f;
           m = mx;
         }
-        for (int64_t c = 0; c < n; ++c) {
+        for (int64_t c = c_first; c < n; ++c) {
           const double p = std::exp(sc.s[size_t(c)] - m);
           sum += p;
           const float* v = &sc.v[size_t(c * D)];
@@ -226,8 +241,9 @@ void block_terms(const AttentionArgs& f, const QueryRows& w, int64_t r0, int64_t
   const double scale = double(f.softmax_scale());
   for (int64_t rr = 0; rr < nr; ++rr) {
     const RowStats& st = w.st[size_t(rr)];
+    const KeyRange own = key_range(f, r0 + rr);
     for (int64_t c = 0; c < nc; ++c) {
-      const bool hidden = masked && f.causal && c0 + c > r0 + rr;
+      const bool hidden = (masked && f.causal && c0 + c > r0 + rr) || c0 + c < own.lo || c0 + c >= own.hi;
       const double s = hidden ? -std::numeric_limits<double>::infinity()
                               : scale * dot_f64(&w.q[size_t(rr * D)], &kr[size_t(c * D)], D);
       const double p = std::exp(s - st.lse);

@@ -146,9 +146,17 @@ namespace {
 // (causal inside it), then the full list; never past Skv. A count outside [0, kmax] is clamped and
 // an index outside [0, Nk) skipped (the CPU backward's run() reads unchecked layouts through this;
 // validated ones have neither).
+// With packed sequences only keys of row s's own sequence (a linear count of the offsets at or
+// below each row: independent of the backends' binary searches).
 void attended_keys(const AttentionArgs& a, int64_t b, int64_t h, int64_t s, std::vector<int64_t>& keys) {
   const AttentionLayout& l = a.layout;
   const int64_t Skv = a.k.s, nk = (Skv + l.block_kv - 1) / l.block_kv;
+  auto sequence = [&](int64_t x) {
+    int64_t n = 0;
+    for (int64_t i = 1; i < a.num_seqs; ++i) n += a.cu_seqlens[i] <= x;
+    return n;
+  };
+  const int64_t seq = a.cu_seqlens ? sequence(s) : 0;
   const int64_t r = layout_row(l, a.q.h, a.k.h, b, h, s / l.block_q);
   keys.clear();
   auto add = [&](const int32_t* list, int32_t count, int64_t kmax, bool masked) {
@@ -156,7 +164,7 @@ void attended_keys(const AttentionArgs& a, int64_t b, int64_t h, int64_t s, std:
     for (int64_t j = 0; j < n; ++j) {
       if (list[j] < 0 || list[j] >= nk) continue;
       for (int64_t c = int64_t(list[j]) * l.block_kv; c < std::min(Skv, int64_t(list[j] + 1) * l.block_kv); ++c)
-        if (!(masked && a.causal && c > s)) keys.push_back(c);
+        if (!(masked && a.causal && c > s) && (!a.cu_seqlens || sequence(c) == seq)) keys.push_back(c);
     }
   };
   add(l.kv_indices + r * l.kmax, l.kv_num_blocks[r], l.kmax, true);

@@ -15,12 +15,26 @@ struct HostLayout {
   const int32_t* idx = nullptr;       // kv_indices          [batch, heads, q_blocks, kmax]
   const int32_t* full_num = nullptr;  // full_kv_num_blocks  (nullptr: no full lists)
   const int32_t* full_idx = nullptr;  // full_kv_indices     [batch, heads, q_blocks, full_kmax]
-  std::vector<int32_t> copies[4];
+  const int32_t* cu_seqlens = nullptr;  // the packed sequences' offsets [num_seqs + 1] (nullptr: none)
+  std::vector<int32_t> copies[5];
 };
 // l passed validate()'s cheap checks. Device arrays are copied through copy_to_host()
 // (format_internal.hpp): synchronously, after waiting for `stream` (a cudaStream_t, may be null:
 // the caller may have written the layout there), and refused while `stream` is being captured.
 HostLayout host_layout(const AttentionLayout& l, void* stream = nullptr);
+// The same with args.cu_seqlens too (in the layout's memory).
+HostLayout host_layout(const AttentionArgs& args, void* stream = nullptr);
+
+// The sequence (index into cu_seqlens) that packed row x belongs to: the last i in [0, n) with
+// cu[i] <= x (empty sequences skipped). Never reads outside cu[0 .. n], whatever cu holds.
+inline int64_t sequence_of(const int32_t* cu, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n - 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
 
 // The layout row (an index into kv_num_blocks) that query block i of batch b and query head h
 // reads: the layout's batch and head extents broadcast (1), match (B, Hq) or, for heads, name
@@ -32,8 +46,8 @@ inline int64_t layout_row(const AttentionLayout& l, int64_t hq, int64_t hkv, int
 }
 
 // The content checks of validate(args, true) on a host view of args.layout: counts in [0, kmax],
-// indices sorted, unique and in range, no block in both lists. Errors name the array, the
-// index and the value.
+// indices sorted, unique and in range, no block in both lists; cu_seqlens (when hl has it) starts
+// at 0, never decreases and ends at T. Errors name the array, the index and the value.
 void validate_layout_contents(const AttentionArgs& args, const HostLayout& hl);
 // The same on args.layout read through host_layout(args.layout, stream); a device layout with no
 // GPU to read it from gives Status::no_device.

@@ -110,7 +110,7 @@ void check_apart(const Named* outputs, int n_out, const Named* inputs, int n_in,
 
 // The byte ranges of a forward problem's inputs (q, k, v, the layout's arrays) and outputs (o,
 // lse); a passed validate()'s checks of extents and sizes.
-void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
+void forward_ranges(const AttentionArgs& a, Named in[8], Named out[2]) {
   const AttentionLayout& l = a.layout;
   const int64_t rows = l.batch * l.heads * l.q_blocks;
   in[0] = {"q", byte_range(a.q.data, check_tensor(a.q, "q"))};
@@ -120,6 +120,7 @@ void forward_ranges(const AttentionArgs& a, Named in[7], Named out[2]) {
   in[4] = {"layout.kv_indices", byte_range(l.kv_indices, rows * l.kmax * 4)};
   in[5] = {"layout.full_kv_num_blocks", byte_range(l.full_kv_num_blocks, l.has_full() ? rows * 4 : 0)};
   in[6] = {"layout.full_kv_indices", byte_range(l.full_kv_indices, l.has_full() ? rows * l.full_kmax * 4 : 0)};
+  in[7] = {"cu_seqlens", byte_range(a.cu_seqlens, a.cu_seqlens ? (a.num_seqs + 1) * 4 : 0)};
   out[0] = {"o", byte_range(a.o.data, check_tensor(a.o, "o"))};
   out[1] = {"lse", byte_range(a.lse, a.lse ? a.q.b * a.q.h * a.q.s * 4 : 0)};
 }
@@ -204,9 +205,22 @@ void validate(const AttentionArgs& a, bool check_indices, void* stream) {
   if (a.lse && !mul_add(B * Hq, Sq, 0, &lse_bytes)) bad("lse: B * Hq * Sq overflows 64 bits");
   if (a.lse && !mul_add(lse_bytes, 4, 0, &lse_bytes)) bad("lse: its byte size overflows 64 bits");
 
-  Named inputs[7], outputs[2];
+  // Packed sequences.
+  if (a.cu_seqlens) {
+    if (a.num_seqs < 1) bad("num_seqs = " + s(a.num_seqs) + " with cu_seqlens given: a packed batch holds at least one sequence");
+    if (a.num_seqs >= INT32_MAX) bad("num_seqs = " + s(a.num_seqs) + " does not fit int32");
+    if (B != 1)
+      bad("q.b = " + s(B) + " with cu_seqlens: packed sequences are one batch row (B = 1) holding every sequence");
+    if (Sq != Skv)
+      bad("q.s = " + s(Sq) + " differs from k.s = " + s(Skv) +
+          " with cu_seqlens: queries and keys are the same packed tokens");
+  } else if (a.num_seqs != 0) {
+    bad("num_seqs = " + s(a.num_seqs) + " but cu_seqlens is null (give both, or num_seqs = 0)");
+  }
+
+  Named inputs[8], outputs[2];
   forward_ranges(a, inputs, outputs);
-  check_apart(outputs, 2, inputs, 7, "attention");
+  check_apart(outputs, 2, inputs, 8, "attention");
 
   if (check_indices) check_layout_contents(a, stream);
 }
@@ -241,16 +255,32 @@ void validate(const AttentionBackwardArgs& a, bool check_indices) {
           " memory");
     if (i > 0) check_no_self_overlap(t, x.name);
   }
-  Named inputs[10], fwd_out[2];
+  Named inputs[11], fwd_out[2];
   forward_ranges(f, inputs, fwd_out);
-  inputs[7] = fwd_out[0];  // o and lse are the backward's inputs
-  inputs[8] = fwd_out[1];
-  inputs[9] = {"dout", byte_range(a.dout.data, bytes[0])};
+  inputs[8] = fwd_out[0];  // o and lse are the backward's inputs
+  inputs[9] = fwd_out[1];
+  inputs[10] = {"dout", byte_range(a.dout.data, bytes[0])};
   const Named outputs[3] = {{"dq", byte_range(a.dq.data, bytes[1])},
                             {"dk", byte_range(a.dk.data, bytes[2])},
                             {"dv", byte_range(a.dv.data, bytes[3])}};
-  check_apart(outputs, 3, inputs, 10, "the attention backward");
+  check_apart(outputs, 3, inputs, 11, "the attention backward");
   if (check_indices) check_layout_contents(f);
+}
+
+HostLayout host_layout(const AttentionArgs& a, void* stream) {
+  HostLayout hl = host_layout(a.layout, stream);
+  if (!a.cu_seqlens) return hl;
+  if (a.layout.memory == Memory::host) {
+    hl.cu_seqlens = a.cu_seqlens;
+    return hl;
+  }
+  copy_to_host(stream,
+               "the stream is being captured into a CUDA graph, but checking cu_seqlens reads it on the host (a "
+               "synchronizing copy the capture cannot contain): check it before the capture and capture the calls "
+               "with check_indices off",
+               {{a.cu_seqlens, a.num_seqs + 1, &hl.copies[4], "cudaMemcpy(cu_seqlens to host)"}});
+  hl.cu_seqlens = hl.copies[4].data();
+  return hl;
 }
 
 HostLayout host_layout(const AttentionLayout& l, void* stream) {
@@ -281,11 +311,22 @@ HostLayout host_layout(const AttentionLayout& l, void* stream) {
 void check_layout_contents(const AttentionArgs& a, void* stream) {
   if (a.layout.memory == Memory::device && !device_info().available)
     throw no_gpu_error("the layout is in device memory", "the layout is in device memory but no CUDA device answers: ");
-  validate_layout_contents(a, host_layout(a.layout, stream));
+  validate_layout_contents(a, host_layout(a, stream));
 }
 
 void validate_layout_contents(const AttentionArgs& a, const HostLayout& hl) {
   const AttentionLayout& l = a.layout;
+  if (hl.cu_seqlens) {
+    const int32_t* cu = hl.cu_seqlens;
+    const int64_t n = a.num_seqs;
+    if (cu[0] != 0) bad("cu_seqlens[0] = " + s(cu[0]) + " is not 0 (the first sequence starts at row 0)");
+    for (int64_t i = 1; i <= n; ++i)
+      if (cu[i] < cu[i - 1])
+        bad("cu_seqlens[" + s(i) + "] = " + s(cu[i]) + " is less than cu_seqlens[" + s(i - 1) + "] = " +
+            s(cu[i - 1]) + " (offsets never decrease)");
+    if (cu[n] != a.q.s)
+      bad("cu_seqlens[" + s(n) + "] = " + s(cu[n]) + " is not the packed length T = q.s = " + s(a.q.s));
+  }
   const int64_t nk = (a.k.s + l.block_kv - 1) / l.block_kv;
   auto check_list = [&](const int32_t* num, const int32_t* idx, int64_t kmax, const char* num_name,
                         const char* idx_name, int64_t r, int64_t b, int64_t h, int64_t i) {
@@ -330,6 +371,15 @@ double effective_flops(const AttentionArgs& a, const HostLayout& hl) {
         auto add = [&](const int32_t* list, int32_t n, bool masked) {
           for (int32_t j = 0; j < n; ++j) {
             const int64_t c0 = int64_t(list[j]) * bk, c1 = std::min(Skv, c0 + bk);
+            if (hl.cu_seqlens) {  // each row's keys: its own sequence's, causal inside the masked list
+              for (int64_t q = r0; q < r1; ++q) {
+                const int64_t d = sequence_of(hl.cu_seqlens, a.num_seqs, q);
+                int64_t hi = std::min<int64_t>(c1, hl.cu_seqlens[d + 1]);
+                if (masked && a.causal) hi = std::min(hi, q + 1);
+                elements += double(std::max<int64_t>(0, hi - std::max<int64_t>(c0, hl.cu_seqlens[d])));
+              }
+              continue;
+            }
             if (!(masked && a.causal)) {
               elements += double((r1 - r0) * (c1 - c0));
               continue;
@@ -345,7 +395,7 @@ double effective_flops(const AttentionArgs& a, const HostLayout& hl) {
 
 double effective_flops(const AttentionArgs& args) {
   validate(args, true);
-  return effective_flops(args, host_layout(args.layout));
+  return effective_flops(args, host_layout(args));
 }
 
 }  // namespace sparsek

@@ -62,6 +62,10 @@ void check_problem(const AttentionArgs& a) {
   if (k.h < 1 || v.h != k.h || q.h % k.h != 0)
     bad("q.h = " + num(q.h) + ", k.h = " + num(k.h) + ", v.h = " + num(v.h) + ": k.h = v.h must divide q.h");
   if (k.s < 1 || v.s != k.s) bad("k.s = " + num(k.s) + ", v.s = " + num(v.s) + " must be equal and >= 1");
+  if (a.cu_seqlens || a.num_seqs != 0)
+    throw Error(Status::unsupported,
+                "distributed attention: packed sequences (cu_seqlens) are not supported; split the packed batch "
+                "by sequence, or run attention() on one GPU");
   if (a.causal && (q.s != k.s || a.layout.block_q != a.layout.block_kv))
     throw Error(Status::unsupported, "distributed attention: causal needs self-attention (q.s = k.s, block_q = block_kv); got q.s = " +
                                          num(q.s) + ", k.s = " + num(k.s) + ", blocks " + num(a.layout.block_q) + "x" + num(a.layout.block_kv));

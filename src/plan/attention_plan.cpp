@@ -133,6 +133,11 @@ void match(const AttentionArgs& g, const AttentionArgs& p) {
   if (l.has_full() != m.has_full()) plan_mismatch("the layout", lists(l.has_full()), lists(m.has_full()));
   auto yn = [](bool b) { return std::string(b ? "true" : "false"); };
   if (g.causal != p.causal) plan_mismatch("causal", yn(g.causal), yn(p.causal));
+  auto packed = [](const AttentionArgs& a) {
+    return a.cu_seqlens ? "packed sequences (num_seqs = " + num(a.num_seqs) + ")" : std::string("no cu_seqlens");
+  };
+  if ((g.cu_seqlens != nullptr) != (p.cu_seqlens != nullptr) || g.num_seqs != p.num_seqs)
+    plan_mismatch("cu_seqlens", packed(g), packed(p));
   if (g.softmax_scale() != p.softmax_scale())
     plan_mismatch("the softmax scale", std::to_string(g.softmax_scale()), std::to_string(p.softmax_scale()));
 }
@@ -189,7 +194,7 @@ AttentionKey key_of(const AttentionArgs& a, const Options& o, Backend be) {
                        int64_t(t->memory)});
   const AttentionLayout& l = a.layout;
   f.insert(f.end(), {l.batch, l.heads, l.q_blocks, l.kmax, l.has_full() ? l.full_kmax : -1, l.block_q, l.block_kv,
-                     int64_t(l.memory), int64_t(a.causal)});
+                     int64_t(l.memory), int64_t(a.causal), a.cu_seqlens ? a.num_seqs : -1});
   float scale = a.softmax_scale();
   uint32_t bits;
   std::memcpy(&bits, &scale, 4);

@@ -616,6 +616,145 @@ TEST(AttentionFlops, CountsUnmaskedScoreElements) {
   expect_invalid([&] { effective_flops(fc.c->args); }, {"full_kv_num_blocks[0, 0, 0] = 9 is out of range [0, 2]"});
 }
 
+// ---------------------------------------------------------------- packed sequences (cu_seqlens)
+
+// Boundaries inside blocks, an empty sequence, a one-token sequence and a sequence longer than a
+// block, against the oracle; random layouts name blocks of other sequences too (masked).
+TEST(AttentionPacked, MatchesTheOracle) {
+  struct V {
+    DType t;
+    int d, block;
+    bool causal, split_full;
+  };
+  for (V v : {V{DType::f32, 64, 64, false, false}, V{DType::f32, 64, 64, true, false}, V{DType::bf16, 128, 128, true, false},
+              V{DType::f16, 64, 64, false, true}, V{DType::f32, 128, 64, true, false}}) {
+    AttnSpec s = small();
+    s.packed({50, 1, 0, 130, 77, 64});
+    s.dtype = v.t, s.d = v.d, s.block = v.block, s.causal = v.causal, s.split_full = v.split_full;
+    s.density = 0.7;
+    s.layout_heads = 4;  // a layout row per query head (GQA 4 / 2)
+    s.seed = uint64_t(v.d + v.block + int(v.t) + 2 * v.causal);
+    auto c = make_attention_case(s);
+    run_and_check(*c);
+  }
+}
+
+// Every block in the layout: each sequence's rows are attention over that sequence alone.
+TEST(AttentionPacked, EachSequenceAsIfAlone) {
+  const std::vector<int64_t> lens = {70, 0, 1, 150, 33};
+  for (bool causal : {false, true}) {
+    AttnSpec s = small();
+    s.packed(lens);
+    s.kind = LayoutKind::dense;
+    s.causal = causal;
+    s.hq = 2, s.hkv = 1;
+    auto packed = make_attention_case(s);
+    Options cpu;
+    cpu.backend = Backend::cpu;
+    attention(packed->args, cpu);
+    int64_t row0 = 0;
+    for (int64_t n : lens) {
+      if (n == 0) continue;
+      AttnSpec one = small();
+      one.batch = 1, one.hq = 2, one.hkv = 1, one.sq = one.skv = n;
+      one.kind = LayoutKind::dense;
+      one.causal = causal;
+      auto alone = make_attention_case(one);
+      for (auto [from, to] : {std::pair{&packed->q, &alone->q}, {&packed->k, &alone->k}, {&packed->v, &alone->v}})
+        for (int64_t h = 0; h < to->view.h; ++h)
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t d = 0; d < one.d; ++d)
+              store_from_float(to->view.data, to->view.dtype, to->view.index(0, h, r, d), from->at(0, h, row0 + r, d));
+      attention(alone->args, cpu);
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t d = 0; d < one.d; ++d)
+            ASSERT_EQ(packed->o.at(0, h, row0 + r, d), alone->o.at(0, h, r, d))
+                << "causal " << causal << " sequence at " << row0 << ", head " << h << ", row " << r << ", d " << d;
+          ASSERT_EQ(packed->lse[size_t(h * s.sq + row0 + r)], alone->lse[size_t(h * n + r)]);
+        }
+      row0 += n;
+    }
+  }
+}
+
+TEST(AttentionPacked, BadArgumentsAreNamed) {
+  AttnSpec s = small();
+  s.packed({100, 200});
+  auto c = make_attention_case(s);
+  EXPECT_NO_THROW(validate(c->args, true));
+  expect_bad(c->args, [](AttentionArgs& x) { x.num_seqs = 0; }, {"num_seqs = 0 with cu_seqlens given"});
+  expect_bad(c->args, [](AttentionArgs& x) { x.cu_seqlens = nullptr; }, {"num_seqs = 2 but cu_seqlens is null"});
+  auto two = make_attention_case(small());  // B = 2, Sq 200 != Skv 300
+  int32_t cu[2] = {0, 200};
+  expect_bad(two->args, [&](AttentionArgs& x) { x.cu_seqlens = cu, x.num_seqs = 1; },
+             {"q.b = 2 with cu_seqlens: packed sequences are one batch row"});
+  AttnSpec cross = small();
+  cross.batch = 1;
+  auto cr = make_attention_case(cross);
+  expect_bad(cr->args, [&](AttentionArgs& x) { x.cu_seqlens = cu, x.num_seqs = 1; },
+             {"q.s = 200 differs from k.s = 300 with cu_seqlens"});
+  // cu_seqlens is an input: o and lse must not overlap it.
+  expect_bad(c->args, [&](AttentionArgs& x) { x.lse = reinterpret_cast<float*>(c->cu_seqlens.data()); },
+             {"lse overlaps cu_seqlens"});
+  // Contents (checked with the layout's).
+  auto contents = [&](std::vector<int32_t> cu_now, const std::string& msg) {
+    c->cu_seqlens = cu_now;
+    c->args.cu_seqlens = c->cu_seqlens.data();
+    expect_invalid([&] { validate(c->args, true); }, {msg});
+    expect_invalid([&] { attention(c->args); }, {msg});
+  };
+  contents({1, 100, 300}, "cu_seqlens[0] = 1 is not 0");
+  contents({0, 301, 300}, "cu_seqlens[2] = 300 is less than cu_seqlens[1] = 301 (offsets never decrease)");
+  contents({0, 100, 299}, "cu_seqlens[2] = 299 is not the packed length T = q.s = 300");
+  // A plan made without packed sequences refuses them, and the reverse.
+  c->cu_seqlens = {0, 100, 300};
+  c->args.cu_seqlens = c->cu_seqlens.data();
+  AttentionArgs plain = c->args;
+  plain.cu_seqlens = nullptr, plain.num_seqs = 0;
+  const AttentionPlan p = plan(plain);
+  expect_invalid([&] { run(p, c->args); }, {"cu_seqlens is packed sequences (num_seqs = 2), the plan was made for no cu_seqlens"});
+  const AttentionPlan pp = plan(c->args);
+  AttentionArgs three = c->args;
+  int32_t cu3[4] = {0, 100, 150, 300};
+  three.cu_seqlens = cu3, three.num_seqs = 3;
+  expect_invalid([&] { run(pp, three); }, {"num_seqs = 3", "num_seqs = 2"});
+}
+
+// A plan's run() reads cu_seqlens as given: new offsets are a new answer, malformed ones are not a crash.
+TEST(AttentionPacked, PlansTakeNewOffsetsAndSurviveMalformedOnes) {
+  AttnSpec s = small();
+  s.packed({100, 200});
+  auto c = make_attention_case(s);
+  const AttentionPlan p = plan(c->args);
+  for (std::vector<int32_t> cu : {std::vector<int32_t>{0, 100, 300}, {0, 250, 300}, {0, 0, 300}}) {
+    c->cu_seqlens = cu;
+    c->args.cu_seqlens = c->cu_seqlens.data();
+    c->o.fill(std::numeric_limits<float>::quiet_NaN());
+    const AttentionReference ref = attention_oracle(c->args);
+    run(p, c->args);
+    expect_matches(*c, ref, tol_o(s.dtype), 1e-5);
+  }
+  for (std::vector<int32_t> cu : {std::vector<int32_t>{5, -7, 1 << 30}, {INT32_MAX, INT32_MIN, 0}}) {
+    c->cu_seqlens = cu;
+    c->args.cu_seqlens = c->cu_seqlens.data();
+    EXPECT_NO_THROW(run(p, c->args));
+  }
+}
+
+TEST(AttentionPacked, FlopsCountOnlyTheSequencesOwnKeys) {
+  AttnSpec s = hand_spec(128, 128, 1, 1, false);
+  s.split_full = false;
+  s.extra_kmax = 0;
+  HandCase hc(s);  // a dense layout, 128 rows and keys
+  int32_t cu[3] = {0, 28, 128};
+  hc.c->args.cu_seqlens = cu, hc.c->args.num_seqs = 2;
+  const double D4 = 4.0 * 64;
+  EXPECT_DOUBLE_EQ(effective_flops(hc.c->args), D4 * (28.0 * 28 + 100 * 100));
+  hc.c->args.causal = true;
+  EXPECT_DOUBLE_EQ(effective_flops(hc.c->args), D4 * (28.0 * 29 / 2 + 100.0 * 101 / 2));
+}
+
 TEST(AttentionLayoutGenerator, TopkCausalAndDense) {
   LayoutArrays t = random_attention_layout(LayoutKind::topk, 1, 2, 1024, 1024, 128, 0.25, false, 3);
   EXPECT_EQ(t.q_blocks, 8);

@@ -232,6 +232,21 @@ TEST(AttentionBackwardCpu, GqaLayoutsPerQueryHeadAndBroadcast) {
   check_backward(s, 4);
 }
 
+TEST(AttentionBackwardCpu, PackedSequences) {
+  AttnSpec s = tiny();
+  s.hq = 2, s.hkv = 1;
+  s.packed({40, 1, 0, 90, 29});  // boundaries inside blocks, an empty and a one-token sequence
+  s.density = 0.8;
+  check_backward(s);
+  s.causal = true;
+  s.seed = 4;
+  check_backward(s);
+  s.kind = LayoutKind::causal;  // full lists below the diagonal: the boundaries still apply there
+  s.d = 128;
+  s.seed = 6;
+  check_backward(s, 4);
+}
+
 TEST(AttentionBackwardCpu, StridedTensorsAndHalfPrecision) {
   AttnSpec s = tiny();
   s.bshd = true;  // [B, S, H, D] memory order
