@@ -55,7 +55,7 @@ struct DeviceBytes {
 
 // An AttnCase's tensors and layout in device memory (o and lse poisoned with NaN bytes).
 struct DeviceCase {
-  std::unique_ptr<DeviceBytes> q, k, v, o, lse, num, idx, fnum, fidx;
+  std::unique_ptr<DeviceBytes> q, k, v, o, lse, num, idx, fnum, fidx, cu;
   AttentionArgs args;
   explicit DeviceCase(const AttnCase& c) {
     auto up = [](const auto& vec) {
@@ -70,6 +70,8 @@ struct DeviceCase {
       t->memory = Memory::device;
     }
     args.lse = c.args.lse ? static_cast<float*>(lse->p) : nullptr;
+    cu = up(c.cu_seqlens);
+    if (!c.cu_seqlens.empty()) args.cu_seqlens = static_cast<const int32_t*>(cu->p);
     set_layout(c.layout);
     poison();
   }
@@ -237,6 +239,80 @@ TEST(HopperAttention, RunInACudaGraphFollowsNewLayoutContents) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Packed sequences: boundaries inside blocks, an empty and a one-token sequence, a sequence longer
+// than several blocks; the random layouts name blocks of other sequences too.
+AttnSpec packed_spec(DType t, int d, int block, bool causal) {
+  AttnSpec s = base(t, d, block, causal);
+  s.packed({50, 1, 0, 130, 77, 64, 300});
+  s.layout_heads = 4;  // a row per query head (GQA 4 / 2)
+  s.density = 0.6;
+  return s;
+}
+
+TEST(HopperAttention, PackedSequences) {
+  SPARSEK_REQUIRE_HOPPER_ATTENTION();
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128})
+      for (int block : {64, 128})
+        for (bool causal : {false, true}) check(packed_spec(t, d, block, causal));
+  AttnSpec full = packed_spec(DType::bf16, 128, 128, false);
+  full.split_full = true;  // the boundaries apply inside full blocks too
+  check(full);
+  AttnSpec many = base(DType::bf16, 64, 64, true);  // more sequences than a warp's ballot (33+)
+  many.packed(std::vector<int64_t>(45, 7));
+  many.layout_heads = 4;
+  many.kind = LayoutKind::causal;
+  check(many);
+}
+
+// A plan captured in a CUDA graph follows new offsets written into the same buffer.
+TEST(HopperAttention, PackedSequencesInACudaGraphFollowNewOffsets) {
+  SPARSEK_REQUIRE_HOPPER_ATTENTION();
+  AttnSpec s = packed_spec(DType::bf16, 128, 128, true);
+  auto c = make_attention_case(s);
+  DeviceCase d(*c);
+  AttentionPlan p = plan(d.args, hopper());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  run(p, d.args, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const int32_t T = int32_t(s.sq);
+  for (std::vector<int32_t> cu : {c->cu_seqlens, std::vector<int32_t>{0, 1, 129, 250, 300, 301, 400, T},
+                                  std::vector<int32_t>{0, T, T, T, T, T, T, T}}) {
+    SCOPED_TRACE("offsets ending " + std::to_string(cu[1]) + ", " + std::to_string(cu[2]));
+    ASSERT_EQ(cu.size(), c->cu_seqlens.size());
+    c->cu_seqlens = cu;
+    c->args.cu_seqlens = c->cu_seqlens.data();
+    d.cu->upload(cu.data());
+    d.poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    d.download(*c);
+    expect_matches(*c, attention_oracle(c->args), tol_o(s.dtype), kTolLse);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Malformed offsets on a plan's run(): wrong values, never a fault (memcheck runs this suite).
+TEST(HopperAttention, MalformedOffsetsAreNotAFault) {
+  SPARSEK_REQUIRE_HOPPER_ATTENTION();
+  AttnSpec s = packed_spec(DType::bf16, 64, 64, true);
+  auto c = make_attention_case(s);
+  DeviceCase d(*c);
+  AttentionPlan p = plan(d.args, hopper());
+  const std::vector<int32_t> bad = {5, INT32_MAX, -3, INT32_MIN, 7, 1 << 30, 2, 0};
+  ASSERT_EQ(bad.size(), c->cu_seqlens.size());
+  d.cu->upload(bad.data());
+  run(p, d.args);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(HopperAttention, UnalignedTensorsAreRefusedWithAReason) {

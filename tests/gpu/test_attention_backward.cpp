@@ -33,7 +33,7 @@ Options hopper(void* stream = nullptr) {
 struct DeviceBwd {
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
   AttentionBackwardArgs args;
-  DeviceBuffer *q, *k, *v, *dout, *num, *idx, *fnum, *fidx;
+  DeviceBuffer *q, *k, *v, *dout, *num, *idx, *fnum, *fidx, *cu;
   DeviceBuffer *dq, *dk, *dv;
   explicit DeviceBwd(BwdCase& x) {
     auto up = [&](const auto& vec) {
@@ -54,6 +54,8 @@ struct DeviceBwd {
       t->memory = Memory::device;
     }
     f.lse = static_cast<float*>(lse->ptr);
+    cu = up(c.cu_seqlens);
+    if (!c.cu_seqlens.empty()) f.cu_seqlens = static_cast<const int32_t*>(cu->ptr);
     AttentionLayout& l = f.layout;
     l.kv_num_blocks = static_cast<const int32_t*>(num->ptr);
     l.kv_indices = static_cast<const int32_t*>(idx->ptr);
@@ -154,6 +156,27 @@ TEST(HopperAttentionBackward, RandomTopkLayouts) {
     for (int d : {64, 128})
       for (int block : {64, 128})
         for (bool causal : {false, true}) check(base(t, d, block, causal));
+}
+
+// Packed sequences: boundaries inside blocks and inside 64-row steps, an empty and a one-token
+// sequence; the layouts name blocks of other sequences too; deterministic runs repeat bit for bit.
+TEST(HopperAttentionBackward, PackedSequences) {
+  SPARSEK_REQUIRE_SM90();
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128})
+      for (int block : {64, 128})
+        for (bool causal : {false, true}) {
+          AttnSpec s = base(t, d, block, causal);
+          s.packed({50, 1, 0, 130, 77, 64, 300});
+          s.layout_heads = 4;
+          s.density = 0.6;
+          check(s);
+        }
+  AttnSpec s = base(DType::bf16, 128, 128, true);
+  s.packed({100, 0, 29, 200, 211});
+  s.kind = LayoutKind::causal;  // full lists below the diagonal
+  check(s);
+  check(s, false);
 }
 
 TEST(HopperAttentionBackward, CornerLayouts) {

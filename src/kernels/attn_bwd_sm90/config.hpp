@@ -89,7 +89,10 @@ struct Config {
   static constexpr kit::Region QD_EMPTY = QD_FULL.then(8 * STAGES, 8);
   static constexpr kit::Region ITEM_INFO = QD_EMPTY.then(8, 8);           // int2 {item id or -1, steps}
   static constexpr kit::Region STAGE_INFO = ITEM_INFO.then(8 * STAGES, 8);  // int2 per stage {row0, hq * 2 + full}
-  static constexpr int SMEM = int(STAGE_INFO.end()) + kit::kSmemAlignSlack;
+  // Packed sequences: the query rows {lo, hi} the item's keys may be attended by, written with the
+  // item info (the consumers compare each step's rows with them).
+  static constexpr kit::Region SEQ_RANGE = STAGE_INFO.then(8, 8);
+  static constexpr int SMEM = int(SEQ_RANGE.end()) + kit::kSmemAlignSlack;
 
   static_assert(D == 64 || D == 128, "D must be 64 or 128");
   static_assert(BN == 64 || BN == 128, "blocks are 64x64 or 128x128");
@@ -118,6 +121,7 @@ struct Smem {
   __device__ uint32_t qd_full(int s) const { return base.at(Cfg::QD_FULL.offset, 8 * s); }
   __device__ uint32_t qd_empty(int s) const { return base.at(Cfg::QD_EMPTY.offset, 8 * s); }
   __device__ int2* item_info() const { return base.ptr_at<int2>(Cfg::ITEM_INFO.offset); }
+  __device__ int2* seq_range() const { return base.ptr_at<int2>(Cfg::SEQ_RANGE.offset); }
   __device__ int2* stage_info(int s) const { return base.ptr_at<int2>(Cfg::STAGE_INFO.offset, 8 * s); }
   __device__ const float4* rows_ptr(int s) const { return base.ptr_at<const float4>(Cfg::ROWS.offset, s * Cfg::ROW_BYTES); }
   __device__ uint8_t* out_ptr(int wg) const { return base.ptr_at<uint8_t>(Cfg::OUT.offset, wg * Cfg::OUT_BYTES); }
@@ -138,6 +142,8 @@ struct Params {
   void* dq_acc;           // int32 (deterministic) or fp32: [B, Hq, r64, D / 64] tiles of 64 x 64
   int det, causal;
   float scale_log2, scale;
+  const int* cu_seqlens;  // packed sequences [nseq + 1] (B = 1), or null
+  int nseq;
 };
 
 // The layout column of (batch, query head, key block); the layout's head extent may be 1, Hkv or Hq.

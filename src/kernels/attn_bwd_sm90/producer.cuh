@@ -6,6 +6,7 @@
 #pragma once
 #include "kernels/attn_bwd_sm90/config.hpp"
 #include "kernels/ptx/async.cuh"
+#include "kernels/sm90/kit/packed.cuh"
 #include "kernels/sm90/kit/ring.cuh"
 
 namespace sparsek::attn_bwd_sm90 {
@@ -36,9 +37,18 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
         steps += n;
       }
     steps *= Cfg::SUB;
+    // Packed sequences: the query rows {lo, hi} every key of this block may be attended by (none
+    // when the keys span sequences); the consumers mask the steps with rows outside them.
+    int2 seq_range = make_int2(0, INT32_MAX);
+    if (p.cu_seqlens && steps > 0) {
+      int s0, s1;
+      kit::warp_sequences_of(p.cu_seqlens, p.nseq, it.j * Cfg::BN, min((it.j + 1) * Cfg::BN, p.skv) - 1, s0, s1);
+      seq_range = s0 == s1 ? make_int2(__ldg(p.cu_seqlens + s0), __ldg(p.cu_seqlens + s0 + 1)) : make_int2(0, INT32_MIN);
+    }
     if (lane == 0) {
       ptx::mbar_wait_or_trap(sm.item_empty(), item_phase ^ 1, kit::kWaitLimit);
       *sm.item_info() = make_int2(done ? -1 : id, steps);
+      *sm.seq_range() = seq_range;
       ptx::mbar_arrive_expect_tx(sm.item_full(), steps > 0 ? 2 * Cfg::KV_BYTES : 0);
       if (steps > 0) {
         // k, v: (64 of D, keys, D chunks, kv heads, batch), box (64, BN, CHUNKS, 1, 1)

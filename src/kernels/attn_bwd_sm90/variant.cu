@@ -224,6 +224,8 @@ void run_hopper_bwd(const AttentionBackwardArgs& a, const Options& o, VariantSta
   p.det = a.deterministic;
   p.causal = f.causal;
   p.scale = f.softmax_scale();
+  p.cu_seqlens = f.cu_seqlens;
+  p.nseq = int(f.num_seqs);
   p.scale_log2 = p.scale * 1.4426950408889634f;
   if (st->items > 0) attn_bwd_sm90::find_kernel(key_of(a))->launch(a, p, st->grid, stream);
 

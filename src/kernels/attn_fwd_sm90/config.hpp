@@ -108,8 +108,9 @@ struct RowState {
   float m[2], l[2];
 };
 
-// Element masks a key block needs (the stage info's flags).
-enum : int { kMaskCausal = 1, kMaskTail = 2, kMaskAll = 4 };
+// Element masks a key block needs (the stage info's flags). kMaskSequence: packed sequences, and
+// the block's keys are not all in the one sequence that holds every row of the query block.
+enum : int { kMaskCausal = 1, kMaskTail = 2, kMaskAll = 4, kMaskSequence = 8 };
 
 struct Params {
   const int* order;         // [items]: item ids, longest first
@@ -127,6 +128,8 @@ struct Params {
   int causal;
   float scale_log2;         // scale * log2(e)
   float* lse;               // [B, Hq, Sq] or null
+  const int* cu_seqlens;    // packed sequences [nseq + 1] (B = 1), or null
+  int nseq;
 };
 
 // item id = ((b * Hkv + kv head) * Mq + query block) * group + head within the group: the query

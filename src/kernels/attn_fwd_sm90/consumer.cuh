@@ -11,6 +11,7 @@
 #include "kernels/dtype.cuh"
 #include "kernels/ptx/async.cuh"
 #include "kernels/ptx/wgmma.cuh"
+#include "kernels/sm90/kit/packed.cuh"
 #include "kernels/sm90/kit/ring.cuh"
 #include "kernels/sm90/kit/tile.cuh"
 
@@ -30,13 +31,16 @@ __device__ __forceinline__ void softmax(float (&s)[Cfg::S_REGS], RowState<Cfg>& 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int q = row0 + 16 * warp + lane / 4 + 8 * h;
+      // Packed sequences: the keys of row q's own sequence (rare blocks: near a boundary).
+      int lo = INT32_MIN, hi = INT32_MAX;
+      if (flags & kMaskSequence) kit::sequence_rows(p.cu_seqlens, p.nseq, q, lo, hi);
 #pragma unroll
       for (int j = 0; j < Cfg::BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = col0 + 8 * j + e;
           const bool masked = (flags & kMaskAll) || ((flags & kMaskTail) && col >= p.skv) ||
-                              ((flags & kMaskCausal) && col > q);
+                              ((flags & kMaskCausal) && col > q) || col < lo || col >= hi;
           if (masked) s[4 * j + 2 * h + e] = -INFINITY;
         }
     }

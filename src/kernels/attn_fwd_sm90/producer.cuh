@@ -4,6 +4,7 @@
 #pragma once
 #include "kernels/attn_fwd_sm90/config.hpp"
 #include "kernels/ptx/async.cuh"
+#include "kernels/sm90/kit/packed.cuh"
 #include "kernels/sm90/kit/ring.cuh"
 
 namespace sparsek::attn_fwd_sm90 {
@@ -30,6 +31,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     }
     q_phase ^= 1;
     const int q_first = it.qb * Cfg::BM;
+    // Packed sequences: the keys [seq_lo, seq_hi) every row of this query block may attend; a
+    // block outside them (or any block, when the rows span sequences) gets kMaskSequence.
+    int seq_lo = 0, seq_hi = INT32_MAX;
+    if (p.cu_seqlens && total > 0) {
+      int s0, s1;
+      kit::warp_sequences_of(p.cu_seqlens, p.nseq, q_first, min(q_first + Cfg::BM, p.sq) - 1, s0, s1);
+      if (s0 == s1) {
+        seq_lo = __ldg(p.cu_seqlens + s0);
+        seq_hi = __ldg(p.cu_seqlens + s0 + 1);
+      } else {
+        seq_hi = INT32_MIN;
+      }
+    }
     for (int t0 = 0; t0 < total; t0 += 32) {
       // This lane's entry t0 + lane: its block and the masks it needs.
       const int e = t0 + lane;
@@ -44,6 +58,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
       } else {
         if ((blk + 1) * Cfg::BN > p.skv) flags |= kMaskTail;
         if (e < np && p.causal && blk * Cfg::BN + Cfg::BN - 1 > q_first) flags |= kMaskCausal;
+        if (p.cu_seqlens && (blk * Cfg::BN < seq_lo || min((blk + 1) * Cfg::BN, p.skv) > seq_hi)) flags |= kMaskSequence;
       }
       const int count = min(32, total - t0);
       for (int t = 0; t < count; ++t) {

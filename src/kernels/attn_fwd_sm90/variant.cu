@@ -124,6 +124,8 @@ void run_hopper(const AttentionArgs& a, const Options& o, VariantState* state) {
   p.causal = a.causal;
   p.scale_log2 = a.softmax_scale() * 1.4426950408889634f;
   p.lse = a.lse;
+  p.cu_seqlens = a.cu_seqlens;
+  p.nseq = int(a.num_seqs);
   launch_item_lengths(p, st->lengths, stream);
   size_t bytes = st->sort_bytes;
   check_cuda(cub::DeviceRadixSort::SortPairsDescending(st->sort_temp, bytes, st->lengths, st->lengths_out, st->ids,
