@@ -258,6 +258,12 @@ struct GateArgs {
   // Optional: scores given by the caller (a learned scorer), f32 [B, Hkv, Mq, Nk] contiguous; the
   // gate then only selects (q and k are used for their shapes alone).
   const float* given_scores = nullptr;
+  // Optional: packed sequences, as attention's (B = 1, Sq = Skv = T, int32 [num_seqs + 1] in q's
+  // memory). Query block i may select only the key blocks holding keys of its rows' sequences (from
+  // its first row's sequence start to its last row's sequence end), and its sink blocks count from
+  // the first of them. A block holding two sequences' tokens is pooled across the boundary.
+  const int32_t* cu_seqlens = nullptr;
+  int64_t num_seqs = 0;
   // Outputs: [B, Hkv, Mq] and [B, Hkv, Mq, kmax] (kmax >= min(Nk, topk + sink + local)), and
   // optionally the scores [B, Hkv, Mq, Nk] f32 (not-allowed blocks -inf).
   int32_t* kv_num_blocks = nullptr;

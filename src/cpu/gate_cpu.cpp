@@ -45,6 +45,12 @@ void allowed_blocks(const GateArgs& a, const GateShape& s, int64_t b, int64_t g,
   if (a.causal)
     for (int64_t j = 0; j < s.Nk; ++j)
       if (!gate_causal_allows(i, j, s.block, s.Sq)) allowed[size_t(j)] = 0;
+  if (a.cu_seqlens) {
+    int64_t first, end;
+    gate_sequence_blocks(a.cu_seqlens, a.num_seqs, i, s.block, s.Sq, first, end);
+    for (int64_t j = 0; j < s.Nk; ++j)
+      if (j < first || j >= end) allowed[size_t(j)] = 0;
+  }
 }
 
 }  // namespace
@@ -87,9 +93,11 @@ void gate_cpu(const GateArgs& a, const GateShape& s) {
         // Always-on blocks first, then the best `topk` of the other allowed blocks.
         chosen.clear();
         pick.clear();
+        int64_t first = 0, end = Nk;
+        if (a.cu_seqlens) gate_sequence_blocks(a.cu_seqlens, a.num_seqs, i, s.block, s.Sq, first, end);
         for (int64_t j = 0; j < Nk; ++j) {
           if (!allowed[size_t(j)]) continue;
-          if (gate_always_on(i, j, a.sink, a.local))
+          if (gate_always_on(i, j, a.sink, a.local, first))
             chosen.push_back(int32_t(j));
           else if (score[size_t(j)] > -INFINITY)  // -inf and NaN are never picked
             pick.push_back(j);

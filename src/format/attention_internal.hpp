@@ -26,7 +26,11 @@ HostLayout host_layout(const AttentionLayout& l, void* stream = nullptr);
 HostLayout host_layout(const AttentionArgs& args, void* stream = nullptr);
 
 // The sequence (index into cu_seqlens) that packed row x belongs to: the last i in [0, n) with
-// cu[i] <= x (empty sequences skipped). Never reads outside cu[0 .. n], whatever cu holds.
+// cu[i] <= x (empty sequences skipped). Never reads outside cu[0 .. n], whatever cu holds. (Host
+// and device: the gate's kernels use it too; the attention kernels have their own in the kit.)
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 inline int64_t sequence_of(const int32_t* cu, int64_t n, int64_t x) {
   int64_t lo = 0, hi = n - 1;  // answer in [lo, hi]
   while (lo < hi) {
@@ -79,8 +83,12 @@ struct LayoutArrays {
 // lists (they need no element mask); the rest stay in kv_indices. kmax and full_kmax are the
 // longest rows; entries past a row's count are -1. Seeded: the same arguments give the same
 // layout everywhere.
+// cu_seqlens (packed sequences, batch 1, sq = skv = cu_seqlens.back()): query block i keeps only
+// blocks that hold keys of the sequences its rows belong to (the blocks from the first row's
+// sequence start to the last row's sequence end), and density is of those: a per-sequence layout.
 LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t heads, int64_t sq, int64_t skv,
-                                     int block, double density, bool causal, uint64_t seed);
+                                     int block, double density, bool causal, uint64_t seed,
+                                     const std::vector<int32_t>& cu_seqlens = {});
 const char* to_string(LayoutKind k);
 
 }  // namespace sparsek

@@ -211,7 +211,8 @@ AttentionLayout LayoutArrays::view() const {
 }
 
 LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t heads, int64_t sq, int64_t skv,
-                                     int block, double density, bool causal, uint64_t seed) {
+                                     int block, double density, bool causal, uint64_t seed,
+                                     const std::vector<int32_t>& cu) {
   if (batch < 1 || heads < 1 || sq < 1 || skv < 1)
     bad("attention layout extents batch=" + s(batch) + " heads=" + s(heads) + " sq=" + s(sq) + " skv=" + s(skv) +
         " must all be at least 1");
@@ -219,6 +220,9 @@ LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t hea
   if (!(density > 0.0 && density <= 1.0)) bad("density=" + std::to_string(density) + " is not in (0, 1]");
   if (int(kind) < 0 || int(kind) > int(LayoutKind::causal)) bad("layout kind " + s(int(kind)) + " is not topk, dense or causal");
   causal = causal || kind == LayoutKind::causal;
+  if (!cu.empty() && (batch != 1 || sq != skv || cu.front() != 0 || cu.back() != sq || !std::is_sorted(cu.begin(), cu.end())))
+    bad("packed attention layout: batch=" + s(batch) + " sq=" + s(sq) + " skv=" + s(skv) +
+        " need batch 1, sq = skv and cu_seqlens non-decreasing from 0 to sq");
   LayoutArrays out;
   out.batch = batch;
   out.heads = heads;
@@ -232,17 +236,28 @@ LayoutArrays random_attention_layout(LayoutKind kind, int64_t batch, int64_t hea
   std::vector<int32_t> chosen;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r % out.q_blocks;
-    // With causal, block j holds a key <= the block's last query row ((i+1)*block - 1 or sq - 1)
-    // exactly when j <= i: the allowed blocks are [0, min(nk, i + 1)).
-    const int64_t allowed = causal ? std::min(nk, i + 1) : nk;
+    // The blocks [first, end) that may be kept. With causal, block j holds a key <= the block's
+    // last query row ((i+1)*block - 1 or sq - 1) exactly when j <= i.
+    int64_t first = 0, end = nk, k = k_topk;
+    if (!cu.empty()) {
+      const int64_t n = int64_t(cu.size()) - 1;
+      const int64_t s0 = sequence_of(cu.data(), n, i * block), s1 = sequence_of(cu.data(), n, std::min(sq, (i + 1) * block) - 1);
+      first = cu[size_t(s0)] / block;
+      end = (cu[size_t(s1) + 1] + block - 1) / block;
+      k = std::min<int64_t>(end - first, std::max<int64_t>(1, std::llround(density * double(end - first))));
+    }
+    if (causal) end = std::min(end, i + 1);
+    const int64_t allowed = end - first;
     chosen.clear();
     if (kind != LayoutKind::topk) {
-      for (int64_t j = 0; j < allowed; ++j) chosen.push_back(int32_t(j));
+      for (int64_t j = first; j < end; ++j) chosen.push_back(int32_t(j));
     } else if (causal && i < nk) {  // the diagonal block, then k - 1 of the blocks before it
-      sample_sorted(rng, i, std::min(k_topk, allowed) - 1, seen, chosen);
+      sample_sorted(rng, allowed - 1, std::min(k, allowed) - 1, seen, chosen);
+      for (int32_t& j : chosen) j += int32_t(first);
       chosen.push_back(int32_t(i));
     } else {
-      sample_sorted(rng, allowed, std::min(k_topk, allowed), seen, chosen);
+      sample_sorted(rng, allowed, std::min(k, allowed), seen, chosen);
+      for (int32_t& j : chosen) j += int32_t(first);
     }
     for (int32_t j : chosen) {
       // Unmasked whole: every key of block j is <= the block's first query row.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "format/attention_internal.hpp"
 #include "sparsek/attention.hpp"
 
 #ifdef __CUDACC__
@@ -49,10 +50,22 @@ SPARSEK_HD bool gate_causal_allows(int64_t i, int64_t j, int64_t block, int64_t 
   return j * block <= last_row;
 }
 
-// Sink blocks 0 .. sink-1 and local blocks i-local+1 .. i are kept outside the top-k budget (when
-// allowed).
-SPARSEK_HD bool gate_always_on(int64_t i, int64_t j, int64_t sink, int64_t local) {
-  return j < sink || (j <= i && j > i - local);
+// Sink blocks first .. first+sink-1 and local blocks i-local+1 .. i are kept outside the top-k
+// budget (when allowed); first is 0, or with packed sequences the first block of query block i's
+// sequences.
+SPARSEK_HD bool gate_always_on(int64_t i, int64_t j, int64_t sink, int64_t local, int64_t first = 0) {
+  return (j >= first && j - first < sink) || (j <= i && j > i - local);
+}
+
+// Packed sequences: the key blocks [first, end) query block i may select, those holding keys of
+// the sequences its rows belong to (from its first row's sequence start to its last row's sequence
+// end; t = the packed length). Any cu contents give some range and read only cu[0 .. n].
+SPARSEK_HD void gate_sequence_blocks(const int32_t* cu, int64_t n, int64_t i, int64_t block, int64_t t,
+                                     int64_t& first, int64_t& end) {
+  const int64_t last = ((i + 1) * block < t ? (i + 1) * block : t) - 1;
+  const int32_t lo = cu[sequence_of(cu, n, i * block)], hi = cu[sequence_of(cu, n, last) + 1];
+  first = lo < 0 ? 0 : lo / block;
+  end = hi < 0 ? 0 : (int64_t(hi) + block - 1) / block;
 }
 
 // Scores as unsigned keys whose order is the scores' order; 0 marks a block top-k may not pick

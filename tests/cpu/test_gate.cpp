@@ -321,6 +321,91 @@ TEST(Gate, RandomDataKeepsTheSelectionInvariants) {
   }
 }
 
+// Packed sequences of whole blocks: each sequence's rows select exactly what the gate selects on
+// that sequence alone (shifted by its first block; pooling never crosses a boundary here).
+TEST(Gate, PackedSequencesSelectAsIfEachWereAlone) {
+  const std::vector<int64_t> lens = {4 * 64, 0, 64, 9 * 64, 3 * 64};
+  for (bool causal : {false, true}) {
+    GateSpec s;
+    s.Hq = 4, s.Hkv = 2, s.D = 64, s.block = 64, s.topk = 2, s.sink = 1, s.local = 2, s.causal = causal;
+    s.Sq = s.Skv = 0;
+    for (int64_t n : lens) s.Sq = s.Skv = s.Sq + n;
+    GateCase packed(s);
+    packed.q.fill_random(3);
+    packed.k.fill_random(4);
+    std::vector<int32_t> cu = {0};
+    for (int64_t n : lens) cu.push_back(int32_t(cu.back() + n));
+    packed.args.cu_seqlens = cu.data();
+    packed.args.num_seqs = int64_t(lens.size());
+    packed.run_host();
+    expect_well_formed(packed, packed.num, packed.idx);
+    for (size_t x = 0; x < lens.size(); ++x) {
+      if (!lens[x]) continue;
+      GateSpec one = s;
+      one.Sq = one.Skv = lens[x];
+      GateCase alone(one);
+      for (int64_t h = 0; h < s.Hq; ++h)
+        for (int64_t r = 0; r < lens[x]; ++r)
+          for (int64_t d = 0; d < s.D; ++d) alone.q.set(0, h, r, d, packed.q.get(0, h, cu[x] + r, d));
+      for (int64_t h = 0; h < s.Hkv; ++h)
+        for (int64_t r = 0; r < lens[x]; ++r)
+          for (int64_t d = 0; d < s.D; ++d) alone.k.set(0, h, r, d, packed.k.get(0, h, cu[x] + r, d));
+      alone.run_host();
+      const int64_t first = cu[x] / 64;
+      for (int64_t g = 0; g < s.Hkv; ++g)
+        for (int64_t i = 0; i < alone.Mq; ++i) {
+          V want = alone.chosen(0, g, i);
+          for (int32_t& j : want) j += int32_t(first);
+          EXPECT_EQ(packed.chosen(0, g, first + i), want) << "causal " << causal << " sequence " << x << " row " << i;
+        }
+    }
+  }
+}
+
+// Boundaries inside blocks: a row never selects a block of no sequence of its rows; errors name
+// cu_seqlens.
+TEST(Gate, PackedSequencesStayInsideTheirSequences) {
+  GateSpec s;
+  s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
+  s.Sq = s.Skv = 700;
+  GateCase c(s);
+  c.q.fill_random(5);
+  c.k.fill_random(6);
+  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
+  c.args.cu_seqlens = cu.data();
+  c.args.num_seqs = 4;
+  c.run_host();
+  expect_well_formed(c, c.num, c.idx);
+  for (int64_t i = 0; i < c.Mq; ++i) {
+    const int64_t lo_row = i * 64, hi_row = std::min<int64_t>(700, (i + 1) * 64) - 1;
+    int64_t lo = 0, hi = 0;
+    for (size_t x = 0; x + 1 < cu.size(); ++x) {
+      if (cu[x] <= lo_row && lo_row < cu[x + 1]) lo = cu[x];
+      if (cu[x] <= hi_row && hi_row < cu[x + 1]) hi = cu[x + 1];
+    }
+    const V got = c.chosen(0, 0, i);
+    ASSERT_FALSE(got.empty());
+    EXPECT_EQ(got.front(), lo / 64) << "row " << i << ": the sink block is its sequence's first";
+    for (int32_t j : got) {
+      EXPECT_GE(j, lo / 64) << "row " << i;
+      EXPECT_LT(j, (hi + 63) / 64) << "row " << i;
+    }
+  }
+  auto bad = [&](std::vector<int32_t> now, int64_t n, const std::string& msg) {
+    std::vector<int32_t> keep = now;
+    c.args.cu_seqlens = keep.data();
+    c.args.num_seqs = n;
+    expect_invalid([&] { gate(c.host_args()); }, {msg});
+  };
+  bad({0, 100, 700}, 0, "num_seqs=0 with cu_seqlens given");
+  bad({1, 100, 700}, 2, "cu_seqlens[0]=1 is not 0");
+  bad({0, 300, 200, 700}, 3, "cu_seqlens[2]=200 is less than cu_seqlens[1]=300");
+  bad({0, 100, 699}, 2, "cu_seqlens[2]=699 is not the packed length q.s=700");
+  c.args.cu_seqlens = nullptr;
+  c.args.num_seqs = 2;
+  expect_invalid([&] { gate(c.host_args()); }, {"num_seqs=2 but cu_seqlens is null"});
+}
+
 TEST(Gate, EmptyProblems) {
   GateSpec s = hand_spec();
   s.Skv = 0;  // no key blocks: every row keeps nothing

@@ -199,6 +199,31 @@ TEST(GateGpu, RandomDataMatchesUpToNearTies) {
               (long long)rows);
 }
 
+// Packed sequences (boundaries inside blocks, an empty sequence): the GPU selects what the CPU does.
+TEST(GateGpu, PackedSequencesMatchTheCpu) {
+  SPARSEK_REQUIRE_GPU();
+  for (bool causal : {false, true})
+    for (int block : {64, 128}) {
+      GateSpec s;
+      s.dtype = DType::bf16, s.D = 128, s.block = block, s.Hq = 8, s.Hkv = 2, s.topk = 3, s.sink = 1, s.local = 2;
+      s.causal = causal;
+      s.Sq = s.Skv = 3000;
+      SCOPED_TRACE(describe(s));
+      GateCase c(s);
+      fill_separated(c, 9);
+      std::vector<int32_t> cu = {0, 700, 700, 701, 1900, 3000};
+      c.args.cu_seqlens = cu.data();
+      c.args.num_seqs = 5;
+      c.run_host();
+      DeviceGate d(c);
+      DevMem dcu(cu.data(), cu.size() * 4);
+      d.args.cu_seqlens = dcu.as<int32_t>();
+      d.run();
+      expect_well_formed(c, d.num_h, d.idx_h);
+      expect_same_selection(c, d.num_h, d.idx_h, d.scores_h, 0.0, 1e-4);
+    }
+}
+
 TEST(GateGpu, LongRowsNk8192) {
   SPARSEK_REQUIRE_GPU();
   // 8192 key blocks of 64 (524288 keys), 3 query blocks: one CTA per row, the row's scores in

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@ const std::vector<FlagSpec> kSpecs = {
     kBackendFlag,
     kJsonFlag,
     {"--seed", "S", "random seed of layouts and values (default 1)"},
+    {"--seqlens", "n1,n2,..", "packed sequences (varlen) of these lengths in one batch row; the layout is per sequence"},
 };
 
 struct Workload {
@@ -56,10 +58,12 @@ struct Workload {
   LayoutKind layout = LayoutKind::topk;
   bool causal = false;
   DType dtype = DType::bf16;
+  std::vector<int64_t> seqlens;  // packed sequences (batch 1, seq = their sum); empty: none
 };
 
 std::string label(const Workload& w) {
   std::string s = "B" + std::to_string(w.batch) + " H" + std::to_string(w.heads);
+  if (!w.seqlens.empty()) s = std::to_string(w.seqlens.size()) + " packed seqs H" + std::to_string(w.heads);
   if (w.kv_heads != w.heads) s += "/" + std::to_string(w.kv_heads);
   s += " S" + std::to_string(w.seq) + " D" + std::to_string(w.dim) + " " + block_str(w.block, w.block) + " " +
        to_string(w.layout);
@@ -92,6 +96,7 @@ struct HostProblem {
   HostMatrix q, k, v, o;
   std::vector<float> lse;
   LayoutArrays layout;
+  std::vector<int32_t> cu_seqlens;  // packed sequences (else empty)
   AttentionArgs args;
   HostMatrix dout, dq, dk, dv;
   AttentionBackwardArgs bargs;
@@ -120,9 +125,14 @@ std::unique_ptr<HostProblem> make_problem(const Workload& w, uint64_t seed) {
   p->k.fill_random(mix_seed(seed, 2), false);
   p->v.fill_random(mix_seed(seed, 3), false);
   p->lse.assign(size_t(qrows), 0.f);
-  // One layout row per key/value head (what a gate makes; GQA heads of a group share it).
+  if (!w.seqlens.empty()) {
+    p->cu_seqlens.assign(1, 0);
+    for (int64_t n : w.seqlens) p->cu_seqlens.push_back(int32_t(p->cu_seqlens.back() + n));
+  }
+  // One layout row per key/value head (what a gate makes; GQA heads of a group share it); packed
+  // sequences: within each query block's sequences, density of their blocks.
   p->layout = random_attention_layout(w.layout, w.batch, w.kv_heads, w.seq, w.seq, w.block, w.density, w.causal,
-                                      mix_seed(seed, 4));
+                                      mix_seed(seed, 4), p->cu_seqlens);
   AttentionArgs& a = p->args;
   a.q = packed(p->q, w.batch, w.heads, w.seq, w.dim);
   a.k = packed(p->k, w.batch, w.kv_heads, w.seq, w.dim);
@@ -131,6 +141,10 @@ std::unique_ptr<HostProblem> make_problem(const Workload& w, uint64_t seed) {
   a.lse = p->lse.data();
   a.layout = p->layout.view();
   a.causal = w.causal || w.layout == LayoutKind::causal;
+  if (!p->cu_seqlens.empty()) {
+    a.cu_seqlens = p->cu_seqlens.data();
+    a.num_seqs = int64_t(w.seqlens.size());
+  }
   validate(a, true);
   return p;
 }
@@ -453,7 +467,7 @@ void run_gpu(const Workload& w, const Settings& s, Progress& progress, const std
     return d;
   };
   DeviceBuffer d_num = upload(la.num), d_idx = upload(la.idx), d_fnum = upload(la.full_num),
-               d_fidx = upload(la.full_idx);
+               d_fidx = upload(la.full_idx), d_cu = upload(p->cu_seqlens);
   const size_t q_bytes = p->q.bytes.size(), kv_bytes = p->k.bytes.size(), lse_bytes = p->lse.size() * 4;
   // The backward's set adds dO and dq (like q), dk and dv (like k).
   const size_t set_bytes = (backward ? 4 : 2) * q_bytes + (backward ? 4 : 2) * kv_bytes + lse_bytes;
@@ -483,6 +497,7 @@ void run_gpu(const Workload& w, const Settings& s, Progress& progress, const std
       a.layout.full_kv_indices = static_cast<const int32_t*>(d_fidx.p);
     }
     a.layout.memory = Memory::device;
+    if (a.cu_seqlens) a.cu_seqlens = static_cast<const int32_t*>(d_cu.p);
     args.push_back(a);
   }
   validate(args[0], true);
@@ -563,7 +578,10 @@ int bench_attention_main(const std::vector<std::string>& argv) {
                "Default with a GPU: B=1 Hq=16 S=16384 D=128 bf16, 128x128 blocks, top-k 12.5%; without\n"
                "one, the CPU backend on B=1 Hq=4 S=1024 D=128 f32, and it says so. --suite attention runs\n"
                "the target table (12.5%, 25%, dense layout, D=64, causal top-k 12.5%, GQA 16/2) at that\n"
-               "shape. --backward times the backward instead (dq, dk, dv from a random dO after a forward run;\n"
+               "shape; --suite packed compares packed sequences (8 of mixed lengths, 64k tokens; 8 equal\n"
+               "ones) with the equal-length batch B=8 S=8192, per-sequence top-k, not causal and causal.\n"
+               "--seqlens packs sequences of the given lengths into one batch row (a query attends only\n"
+               "its own sequence; the layout keeps blocks of each query block's sequences). --backward times the backward instead (dq, dk, dv from a random dO after a forward run;\n"
                "effective FLOPs 2.5 x the forward's), checked against the fp64 backward reference on sampled\n"
                "rows of dq and sampled key blocks of dk and dv. Exit code 1 when a variant failed, gave a wrong\n"
                "result, or none could run.",
@@ -572,9 +590,11 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   }
   if (args.has("--op") && args.str("--op", "") != "attention") args.bad("--op", "must be attention or dsd");
   const bool suite = args.has("--suite");
-  if (suite && args.str("--suite", "") != "attention") args.bad("--suite", "the only suite is 'attention'");
+  const std::string suite_name = args.str("--suite", "");
+  if (suite && suite_name != "attention" && suite_name != "packed")
+    args.bad("--suite", "must be attention or packed");
   if (suite)
-    for (const char* f : {"--density", "--layout", "--dim", "--causal", "--kv-heads"})
+    for (const char* f : {"--density", "--layout", "--dim", "--causal", "--kv-heads", "--seqlens", "--batch", "--seq"})
       if (args.has(f)) args.bad(f, "not with --suite (each row of the suite sets it)");
   const Backend backend = args.backend("--backend");
   const bool gpu = use_gpu(backend);
@@ -597,6 +617,20 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   else if (layout == "causal") base.layout = LayoutKind::causal;
   else args.bad("--layout", "must be one of topk, dense, causal");
   base.causal = base.causal || base.layout == LayoutKind::causal;
+  if (args.has("--seqlens")) {
+    if (args.has("--batch") || args.has("--seq")) args.bad("--seqlens", "not with --batch or --seq (the sequences set both)");
+    int64_t total = 0;
+    for (const std::string& x : args.list("--seqlens")) {
+      char* end = nullptr;
+      const long long n = std::strtoll(x.c_str(), &end, 10);
+      if (x.empty() || *end || n < 0 || n > big) args.bad("--seqlens", "'" + x + "' is not a length in [0, " + std::to_string(big) + "]");
+      base.seqlens.push_back(n);
+      total += n;
+    }
+    if (total < 1 || total > big) args.bad("--seqlens", "the lengths must add up to [1, " + std::to_string(big) + "], got " + std::to_string(total));
+    base.batch = 1;
+    base.seq = total;
+  }
   base.dtype = args.dtype("--dtype", gpu ? DType::bf16 : DType::f32);
   if (gpu && base.dtype == DType::f32) args.bad("--dtype", "f32 runs on the CPU only (--backend cpu)");
   Settings s;
@@ -622,6 +656,24 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   std::vector<Workload> table;
   if (!suite) {
     table.push_back(base);
+  } else if (suite_name == "packed") {
+    // Packed sequences against equal lengths, at one per-sequence density: 8 sequences of mixed
+    // lengths (64k tokens), the same tokens as 8 equal sequences, and the equal-length batch.
+    const std::vector<int64_t> mixed = {1000, 1500, 2500, 4000, 6000, 9000, 12000, 29536};
+    for (bool causal : {false, true}) {
+      Workload w = base;
+      w.causal = causal;
+      w.batch = 1;
+      w.seqlens = mixed;
+      w.seq = 65536;
+      table.push_back(w);
+      w.seqlens.assign(8, 8192);
+      table.push_back(w);
+      w.seqlens.clear();
+      w.batch = 8;
+      w.seq = 8192;
+      table.push_back(w);
+    }
   } else {
     // The target table: 12.5%, 25%, dense layout, D = 64, causal top-k 12.5%, GQA 16 / 2.
     auto row = [&](double density, LayoutKind kind, int dim, bool causal, int64_t kv_heads) {

@@ -122,6 +122,8 @@ struct SelectParams {
   float scale;
   bool causal;
   int topk, sink, local;
+  const int32_t* cu_seqlens;  // packed sequences [nseq + 1], or null
+  int64_t nseq;
   // Candidates (c_num == nullptr: none): lists of (batch c_batch, heads c_heads), rows Mq.
   const int32_t* c_num;
   const int32_t* c_idx;
@@ -186,6 +188,15 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   const int i0 = int(blockIdx.x % tiles) * p.R;
   const int rows = min(p.R, p.Mq - i0);
   const bool cands = p.c_num != nullptr;
+  // Packed sequences: each row's selectable key blocks [seq_first, seq_end).
+  __shared__ int seq_first[kMaxRows], seq_end[kMaxRows];
+  if (p.cu_seqlens && t < rows) {
+    int64_t first, end;
+    gate_sequence_blocks(p.cu_seqlens, p.nseq, i0 + t, p.block, p.Sq, first, end);
+    seq_first[t] = int(first < Nk ? first : Nk);
+    seq_end[t] = int(end < Nk ? end : Nk);
+  }
+  __syncthreads();
 
   // 1. The candidate bitmap: the union of the row's lists (counts clamped, bad indices ignored).
   if (cands) {
@@ -213,6 +224,7 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   }
   auto allowed = [&](int r, int j) {
     if (p.causal && !gate_causal_allows(i0 + r, j, p.block, p.Sq)) return false;
+    if (p.cu_seqlens && (j < seq_first[r] || j >= seq_end[r])) return false;
     return !cands || ((bits[r * W + j / 32] >> (j % 32)) & 1u) != 0;
   };
   auto put_score = [&](int r, int j, float v) {
@@ -288,11 +300,12 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
     const int i = i0 + r;
     float* srow = S + r * Nk;
     auto key = [&](int j) { return __float_as_uint(srow[j]); };
-    auto on = [&](int j) { return allowed(r, j) && gate_always_on(i, j, p.sink, p.local); };
+    const int first = p.cu_seqlens ? seq_first[r] : 0;
+    auto on = [&](int j) { return allowed(r, j) && gate_always_on(i, j, p.sink, p.local, first); };
     // Every lane reads and rewrites only its own j = lane + 32m: no barrier needed below.
     for (int j = lane; j < Nk; j += 32) {
       const bool ok = allowed(r, j);
-      srow[j] = __uint_as_float(ok && !gate_always_on(i, j, p.sink, p.local) ? gate_order_key(srow[j]) : 0u);
+      srow[j] = __uint_as_float(ok && !gate_always_on(i, j, p.sink, p.local, first) ? gate_order_key(srow[j]) : 0u);
     }
     const dev::TopkThreshold th = dev::warp_topk_threshold(key, Nk, uint32_t(p.topk));
     const int64_t orow = bg * p.Mq + i;
@@ -382,6 +395,8 @@ void gate_cuda(const GateArgs& a, const GateShape& s, void* stream_ptr) {
   sp.scale = s.scale;
   sp.causal = a.causal;
   sp.topk = a.topk, sp.sink = a.sink, sp.local = a.local;
+  sp.cu_seqlens = a.cu_seqlens;
+  sp.nseq = a.num_seqs;
   if (const AttentionLayout* c = a.candidates) {
     sp.c_num = c->kv_num_blocks;
     sp.c_idx = c->kv_indices;
