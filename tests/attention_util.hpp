@@ -309,6 +309,8 @@ inline sparsek_attention_args to_c(const AttentionArgs& a) {
   c.layout.memory = sparsek_memory(int(l.memory));
   c.causal = a.causal;
   c.scale = a.scale;
+  c.cu_seqlens = a.cu_seqlens;
+  c.num_seqs = a.num_seqs;
   return c;
 }
 

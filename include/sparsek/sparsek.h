@@ -194,6 +194,14 @@ typedef struct {
   sparsek_attention_layout layout;
   int32_t causal; /* 0 or 1 */
   float scale;    /* 0: 1 / sqrt(D) */
+  /* Packed sequences (varlen), or NULL and 0: q, k and v hold num_seqs sequences one after another
+   * (B = 1, Sq = Skv = T), sequence i at rows cu_seqlens[i] .. cu_seqlens[i + 1] - 1; a query
+   * attends only keys of its own sequence (causal: within it). int32 [num_seqs + 1] in the layout's
+   * memory, 0 = cu_seqlens[0] <= ... <= cu_seqlens[num_seqs] = T. The layout is over the packed
+   * sequence's blocks (a block may span a boundary). Zero-initialize the struct: NULL and 0 here
+   * mean no packed sequences. */
+  const int32_t* cu_seqlens;
+  int64_t num_seqs;
 } sparsek_attention_args;
 
 /* One shot: checks everything, the layout's contents included (a device layout is copied to the
@@ -202,14 +210,14 @@ sparsek_status sparsek_attention(const sparsek_attention_args* args, void* strea
 
 typedef struct sparsek_attention_plan_s* sparsek_attention_plan;
 
-/* Makes a plan for the problem's shapes, strides, dtypes, memory, layout extents, causal and
- * scale (the layout's contents are not read). `variant`: NULL or "" = automatic, else a variant
+/* Makes a plan for the problem's shapes, strides, dtypes, memory, layout extents, causal, scale
+ * and num_seqs (the layout's contents and cu_seqlens are not read). `variant`: NULL or "" = automatic, else a variant
  * name. On failure *plan is set to NULL. */
 sparsek_status sparsek_attention_plan_create(sparsek_attention_plan* plan, const sparsek_attention_args* problem,
                                              const char* variant);
-/* Runs the plan on args that match the problem but for the pointers (data and layout arrays may
- * change; so may the layout's contents, which are not checked: a malformed layout gives undefined
- * values, never a crash). Allocates nothing; device work goes on `stream`, unsynchronized, and may
+/* Runs the plan on args that match the problem but for the pointers (data, layout arrays and
+ * cu_seqlens may change; so may their contents, which are not checked: a malformed layout or
+ * cu_seqlens gives undefined values, never a crash). Allocates nothing; device work goes on `stream`, unsynchronized, and may
  * be captured in a CUDA graph. */
 sparsek_status sparsek_attention_plan_run(sparsek_attention_plan plan, const sparsek_attention_args* args,
                                           void* stream);
@@ -324,7 +332,7 @@ sparsek_status sparsek_select_pages(const sparsek_page_select_args* args, void* 
  * query heads. Every element of dq, dk and dv is written (0 where nothing is attended). */
 typedef struct {
   sparsek_attention_args forward; /* q, k, v, o (the forward's output), lse (its lse, required), the
-                                     layout, causal and scale of the forward call */
+                                     layout, causal, scale and cu_seqlens of the forward call */
   sparsek_tensor4 dout;           /* [B, Hq, Sq, D], q's dtype */
   sparsek_tensor4 dq;             /* output like q */
   sparsek_tensor4 dk, dv;         /* outputs like k; no output may overlap an input or another output */
@@ -339,15 +347,15 @@ sparsek_status sparsek_attention_backward(const sparsek_attention_backward_args*
 
 typedef struct sparsek_attention_backward_plan_s* sparsek_attention_backward_plan;
 
-/* Makes a backward plan for the problem's shapes, strides, dtypes, memory, layout extents, causal
- * and scale (the layout's contents are not read); the device workspace (the transposed layout,
+/* Makes a backward plan for the problem's shapes, strides, dtypes, memory, layout extents, causal,
+ * scale and num_seqs (the layout's contents and cu_seqlens are not read); the device workspace (the transposed layout,
  * dq's accumulator) is allocated here. `variant`: NULL or "" = automatic, else a variant name. On
  * failure *plan is set to NULL. */
 sparsek_status sparsek_attention_backward_plan_create(sparsek_attention_backward_plan* plan,
                                                       const sparsek_attention_backward_args* problem,
                                                       const char* variant);
-/* Runs the plan on args that match the problem but for the pointers, the layout's contents and
- * nondeterministic. Allocates nothing; device work goes on `stream` (any stream), unsynchronized,
+/* Runs the plan on args that match the problem but for the pointers, the contents of the layout
+ * and of cu_seqlens, and nondeterministic. Allocates nothing; device work goes on `stream` (any stream), unsynchronized,
  * and may be captured in a CUDA graph. The workspace is used in one stream's order: runs that may
  * overlap on two streams need a plan each. */
 sparsek_status sparsek_attention_backward_plan_run(sparsek_attention_backward_plan plan,
@@ -419,7 +427,7 @@ sparsek_status sparsek_dist_plan_rows(sparsek_dist_plan plan, int64_t* row_begin
  * communicator, each rank receiving only the key/value blocks its query rows name (see
  * include/sparsek/distributed.hpp and docs/guide-distributed.md). problem: the whole problem's
  * shapes, dtype and memory (device), the layout in host memory, causal and scale (data pointers,
- * o and lse ignored). Collective: every rank passes the same problem; a difference (or any rank's
+ * o and lse ignored; packed sequences, cu_seqlens, give SPARSEK_UNSUPPORTED). Collective: every rank passes the same problem; a difference (or any rank's
  * failure) is reported on every rank. On failure *plan is set to NULL. */
 typedef struct sparsek_attention_cp_plan_s* sparsek_attention_cp_plan;
 sparsek_status sparsek_attention_cp_plan_create(sparsek_attention_cp_plan* plan, const sparsek_attention_args* problem,

@@ -243,7 +243,27 @@ def _need_4d(x, name, nonempty=False):
                                  "attention needs every extent to be at least 1")
 
 
-def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
+def _check_cu_seqlens(cu, q):
+    """Packed sequences' offsets: a 1-D, contiguous int32 array of num_seqs + 1 >= 2 entries, of
+    q's framework and on q's device (where the layout is). Their values are the library's to check."""
+    A.same_framework([("q", q), ("cu_seqlens", cu)])
+    if cu.ndim != 1:
+        raise ValueError(f"cu_seqlens must be a 1-D array of num_seqs + 1 offsets, got shape {A.shape_of(cu)}")
+    if A.dtype_name(cu) != "int32":
+        raise ValueError(f"cu_seqlens dtype {A.dtype_name(cu)} must be int32")
+    if cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens has shape {A.shape_of(cu)}: it holds num_seqs + 1 >= 2 offsets "
+                         "(0, the ends of the sequences, T)")
+    if A.is_torch(cu):
+        if not cu.is_contiguous():
+            raise ValueError(f"cu_seqlens must be contiguous, got stride {cu.stride(0)}; pass cu_seqlens.contiguous()")
+        if cu.device != q.device:
+            raise ValueError(f"cu_seqlens is on {cu.device} but q is on {q.device}")
+    elif not cu.flags.c_contiguous:
+        raise ValueError(f"cu_seqlens must be contiguous, got strides {cu.strides} bytes; pass a contiguous copy")
+
+
+def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True, cu_seqlens=None):
     """Block-sparse attention: ``(O, LSE)`` with ``O = softmax(scale * Q K^T on the layout) V``.
 
     q [B, Hq, Sq, D]; k, v [B, Hkv, Skv, D] with Hq a multiple of Hkv (GQA/MQA); D 64 or 128;
@@ -259,6 +279,13 @@ def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
     that record autograd skip the op's dispatch (a torch.autograd.Function with the same forward
     and backward). The layout's contents are checked when its tensors are new or were modified in
     place (``check_layout=False`` skips that).
+
+    Packed sequences (varlen): ``cu_seqlens``, an int32 array of ``num_seqs + 1`` offsets on q's
+    device, makes q, k and v one packed sequence (B = 1, Sq = Skv = T) of num_seqs sequences,
+    sequence i at rows ``cu_seqlens[i]:cu_seqlens[i + 1]`` (0 first, T last, never decreasing). A
+    query attends only keys of its own sequence (causal: within it); the layout is over the packed
+    sequence's blocks, and the blocks it names from other sequences are masked. The offsets are
+    checked with the layout's contents.
     """
     layout = as_layout(layout)
     causal = A.flag(causal, "causal")
@@ -268,11 +295,14 @@ def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True):
     for x, n in ((q, "q"), (k, "k"), (v, "v")):
         _need_4d(x, n, nonempty=True)
         A.check_value_dtype(x, n)
+    if cu_seqlens is not None:
+        _check_cu_seqlens(cu_seqlens, q)
     if A.is_torch(q):
-        return _torch_attention().attention(q, k, v, layout, causal, s, check_layout)
+        return _torch_attention().attention(q, k, v, layout, causal, s, check_layout, cu_seqlens)
     o = A.empty(q, A.shape_of(q), q.dtype)
     lse = A.empty(q, A.shape_of(q)[:3], np.float32)
-    _ext.attention(q, k, v, o, lse, *layout.arrays(), layout.block, causal, s, A.stream_of(q), True)
+    _ext.attention(q, k, v, o, lse, *layout.arrays(), layout.block, causal, s, A.stream_of(q), True,
+                   cu_seqlens)
     return o, lse
 
 

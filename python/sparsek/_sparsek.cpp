@@ -13,7 +13,8 @@
 // matched to the planned ones.
 // Attention takes q, k, v, o as 4-D [B, H, S, D] arrays (D contiguous, any other strides), lse as
 // a contiguous float32 [B, Hq, Sq] array, and the block layout as contiguous int32 arrays
-// kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax] (+ the optional full lists).
+// kv_num_blocks [b, h, Mq], kv_indices [b, h, Mq, kmax] (+ the optional full lists), and packed
+// sequences' offsets as an optional contiguous int32 cu_seqlens [num_seqs + 1] beside the layout.
 #include "core/cuda_host.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -462,11 +463,33 @@ float* lse_view(const std::optional<A>& lse, const Tensor4View& q, std::vector<P
   return static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse->data())));
 }
 
+std::string where(const Place& p) {
+  return p.memory == Memory::host ? std::string("host memory") : "CUDA device " + std::to_string(p.device);
+}
+
+// Packed sequences: cu_seqlens int32 [num_seqs + 1], contiguous, in the layout's memory (places[0]
+// is the layout's kv_num_blocks). Its contents are the library's to check.
+void put_cu_seqlens(AttentionArgs& a, const OptIn& cu, std::vector<Place>& places) {
+  if (!cu) return;
+  check_array(*cu, "cu_seqlens", 1, true);
+  if (cu->shape(0) < 2)
+    bad("cu_seqlens has shape " + shape_str(*cu) +
+        ": it holds num_seqs + 1 >= 2 offsets (0, the ends of the sequences, T)");
+  const Place p = place_of(*cu, "cu_seqlens");
+  if (p.memory != places[0].memory || p.device != places[0].device)
+    bad("cu_seqlens is in " + where(p) + " but the layout is in " + where(places[0]) +
+        ": cu_seqlens must be where the layout is");
+  places.push_back(p);
+  a.cu_seqlens = static_cast<const int32_t*>(cu->data());
+  a.num_seqs = int64_t(cu->shape(0)) - 1;
+}
+
 AttentionArgs attention_args(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse, const In& num,
                              const In& idx, const OptIn& fnum, const OptIn& fidx, int block, bool causal, float scale,
-                             std::vector<Place>& places) {
+                             std::vector<Place>& places, const OptIn& cu_seqlens = std::nullopt) {
   AttentionArgs a;
   a.layout = layout_view(num, idx, fnum, fidx, block, places);
+  put_cu_seqlens(a, cu_seqlens, places);
   a.q = view4(q, "q");
   a.k = view4(k, "k");
   a.v = view4(v, "v");
@@ -484,9 +507,11 @@ AttentionArgs attention_args(const In& q, const In& k, const In& v, const Out& o
 AttentionBackwardArgs backward_args(const In& q, const In& k, const In& v, const In& o, const In& lse,
                                     const In& dout, const Out& dq, const Out& dk, const Out& dv, const In& num,
                                     const In& idx, const OptIn& fnum, const OptIn& fidx, int block, bool causal,
-                                    float scale, bool deterministic, std::vector<Place>& places) {
+                                    float scale, bool deterministic, std::vector<Place>& places,
+                                    const OptIn& cu_seqlens = std::nullopt) {
   AttentionBackwardArgs b;
   b.forward.layout = layout_view(num, idx, fnum, fidx, block, places);
+  put_cu_seqlens(b.forward, cu_seqlens, places);
   b.forward.q = view4(q, "q");
   b.forward.k = view4(k, "k");
   b.forward.v = view4(v, "v");
@@ -703,9 +728,10 @@ PyAttentionPlan make_attention_plan(const AttentionArgs& a, const std::vector<Pl
   return p;
 }
 
-// A problem's data pointers replaced (lse and the full-block lists only where the problem has them).
+// A problem's data pointers replaced (lse, the full-block lists and cu_seqlens only where the
+// problem has them).
 void set_pointers(AttentionArgs& a, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t num,
-                  uintptr_t idx, uintptr_t fnum, uintptr_t fidx) {
+                  uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t cu_seqlens) {
   a.q.data = reinterpret_cast<void*>(q);
   a.k.data = reinterpret_cast<void*>(k);
   a.v.data = reinterpret_cast<void*>(v);
@@ -717,12 +743,14 @@ void set_pointers(AttentionArgs& a, uintptr_t q, uintptr_t k, uintptr_t v, uintp
     a.layout.full_kv_num_blocks = reinterpret_cast<const int32_t*>(fnum);
     a.layout.full_kv_indices = reinterpret_cast<const int32_t*>(fidx);
   }
+  if (a.cu_seqlens) a.cu_seqlens = reinterpret_cast<const int32_t*>(cu_seqlens);
 }
 
 void run_attention_plan(const PyAttentionPlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-                        uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t stream) {
+                        uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx, uintptr_t stream,
+                        uintptr_t cu_seqlens) {
   AttentionArgs a = p.problem;
-  set_pointers(a, q, k, v, o, lse, num, idx, fnum, fidx);
+  set_pointers(a, q, k, v, o, lse, num, idx, fnum, fidx, cu_seqlens);
   PlanDevice guard(p.device);
   nb::gil_scoped_release release;
   run(p.plan, a, reinterpret_cast<void*>(stream));
@@ -741,9 +769,9 @@ struct PyAttentionBackwardProblem {
 void run_attention_backward_problem(const PyAttentionBackwardProblem& p, uintptr_t q, uintptr_t k, uintptr_t v,
                                     uintptr_t o, uintptr_t lse, uintptr_t dout, uintptr_t dq, uintptr_t dk,
                                     uintptr_t dv, uintptr_t num, uintptr_t idx, uintptr_t fnum, uintptr_t fidx,
-                                    uintptr_t stream) {
+                                    uintptr_t stream, uintptr_t cu_seqlens) {
   AttentionBackwardArgs b = p.problem;
-  set_pointers(b.forward, q, k, v, o, lse, num, idx, fnum, fidx);  // the backward's lse is never null
+  set_pointers(b.forward, q, k, v, o, lse, num, idx, fnum, fidx, cu_seqlens);  // the backward's lse is never null
   b.dout.data = reinterpret_cast<void*>(dout);
   b.dq.data = reinterpret_cast<void*>(dq);
   b.dk.data = reinterpret_cast<void*>(dk);
@@ -1217,9 +1245,10 @@ NB_MODULE(_sparsek, m) {
   m.def(
       "attention",
       [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
-         float scale, uintptr_t stream, bool check_indices) {
+         float scale, uintptr_t stream, bool check_indices, OptIn cu_seqlens) {
         std::vector<Place> places;
-        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        AttentionArgs a =
+            attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places, cu_seqlens);
         DeviceGuard guard(places);
         Options opt = options_for(stream, check_indices);
         nb::gil_scoped_release release;
@@ -1227,29 +1256,33 @@ NB_MODULE(_sparsek, m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
-      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0, nb::arg("check_indices") = true);
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0, nb::arg("check_indices") = true,
+      nb::arg("cu_seqlens").none() = nb::none());
 
   // Every check attention() makes, the layout's contents included (a device layout is copied to
   // the host on `stream`), without running anything.
   m.def(
       "check_attention",
       [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
-         float scale, uintptr_t stream) {
+         float scale, uintptr_t stream, OptIn cu_seqlens) {
         std::vector<Place> places;
-        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        AttentionArgs a =
+            attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places, cu_seqlens);
         check_layout_contents(a, places, stream);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
-      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0);
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream") = 0,
+      nb::arg("cu_seqlens").none() = nb::none());
 
   // Why no variant can run this problem (empty when one can); invalid arguments raise.
   m.def(
       "attention_unsupported_reasons",
       [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
-         float scale) {
+         float scale, OptIn cu_seqlens) {
         std::vector<Place> places;
-        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        AttentionArgs a =
+            attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places, cu_seqlens);
         DeviceGuard guard(places);
         validate(a, false);  // a bad argument raises (ValueError naming it)
         // The library lists each variant's reason; a problem that one variant runs has none.
@@ -1257,25 +1290,27 @@ NB_MODULE(_sparsek, m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
-      nb::arg("block"), nb::arg("causal"), nb::arg("scale"));
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("cu_seqlens").none() = nb::none());
 
   nb::class_<PyAttentionPlan>(m, "AttentionPlan")
       .def_prop_ro("variant", [](const PyAttentionPlan& p) { return p.plan.variant(); })
       .def_prop_ro("workspace_bytes", [](const PyAttentionPlan& p) { return p.plan.workspace_bytes(); })
       .def("run", &run_attention_plan, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
            nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("full_kv_num_blocks"),
-           nb::arg("full_kv_indices"), nb::arg("stream"));
+           nb::arg("full_kv_indices"), nb::arg("stream"), nb::arg("cu_seqlens") = 0);
   m.def(
       "plan_attention",
       [](In q, In k, In v, Out o, OptOut lse, In num, In idx, OptIn fnum, OptIn fidx, int block, bool causal,
-         float scale, uintptr_t stream) {
+         float scale, uintptr_t stream, OptIn cu_seqlens) {
         std::vector<Place> places;
-        AttentionArgs a = attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places);
+        AttentionArgs a =
+            attention_args(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, places, cu_seqlens);
         return make_attention_plan(a, places, stream);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse").none(), nb::arg("kv_num_blocks"),
       nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(),
-      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream"));
+      nb::arg("block"), nb::arg("causal"), nb::arg("scale"), nb::arg("stream"),
+      nb::arg("cu_seqlens").none() = nb::none());
 
   // ---- decode attention over a paged KV cache ----
   // One shot: validate (the index arrays' contents too with check_indices), plan, run on `stream`.
@@ -1408,11 +1443,11 @@ NB_MODULE(_sparsek, m) {
   m.def(
       "attention_backward_problem",
       [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
-         int block, bool causal, float scale, bool deterministic) {
+         int block, bool causal, float scale, bool deterministic, OptIn cu_seqlens) {
         std::vector<Place> places;
         PyAttentionBackwardProblem p;
         p.problem = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block, causal, scale,
-                                  deterministic, places);
+                                  deterministic, places, cu_seqlens);
         DeviceGuard guard(places);  // one device for every array, or a clear error
         for (const Place& x : places)
           if (x.memory == Memory::device) p.device = x.device;
@@ -1422,25 +1457,26 @@ NB_MODULE(_sparsek, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
       nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
       nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
-      nb::arg("scale"), nb::arg("deterministic") = true);
+      nb::arg("scale"), nb::arg("deterministic") = true, nb::arg("cu_seqlens").none() = nb::none());
   nb::class_<PyAttentionBackwardProblem>(m, "AttentionBackwardProblem")
       .def("run", &run_attention_backward_problem, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
            nb::arg("lse"), nb::arg("dout"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"),
-           nb::arg("kv_indices"), nb::arg("full_kv_num_blocks"), nb::arg("full_kv_indices"), nb::arg("stream"));
+           nb::arg("kv_indices"), nb::arg("full_kv_num_blocks"), nb::arg("full_kv_indices"), nb::arg("stream"),
+           nb::arg("cu_seqlens") = 0);
   m.def(
       "attention_backward_unsupported_reasons",
       [](In q, In k, In v, In o, In lse, In dout, Out dq, Out dk, Out dv, In num, In idx, OptIn fnum, OptIn fidx,
-         int block, bool causal, float scale, bool deterministic) {
+         int block, bool causal, float scale, bool deterministic, OptIn cu_seqlens) {
         std::vector<Place> places;
         AttentionBackwardArgs b = backward_args(q, k, v, o, lse, dout, dq, dk, dv, num, idx, fnum, fidx, block,
-                                                causal, scale, deterministic, places);
+                                                causal, scale, deterministic, places, cu_seqlens);
         DeviceGuard guard(places);
         return unsupported_reasons(b);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("dout"), nb::arg("dq"),
       nb::arg("dk"), nb::arg("dv"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"),
       nb::arg("full_kv_num_blocks").none(), nb::arg("full_kv_indices").none(), nb::arg("block"), nb::arg("causal"),
-      nb::arg("scale"), nb::arg("deterministic") = true);
+      nb::arg("scale"), nb::arg("deterministic") = true, nb::arg("cu_seqlens").none() = nb::none());
 
   // ---- the top-k block gate ----
   // Writes kv_num_blocks / kv_indices (and scores when given); candidates (cand_*) restrict the

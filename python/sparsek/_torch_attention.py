@@ -2,22 +2,25 @@
 plans, and the eager launch-only path.
 
     torch.ops.sparsek.attention(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                                full_kv_indices, block, causal, scale, check) -> (o, lse)
+                                full_kv_indices, block, causal, scale, check,
+                                cu_seqlens=None) -> (o, lse)
     torch.ops.sparsek.attention_backward(q, k, v, o, lse, dout, kv_num_blocks, kv_indices,
                                          full_kv_num_blocks, full_kv_indices, block, causal,
-                                         scale) -> (dq, dk, dv)
+                                         scale, cu_seqlens=None) -> (dq, dk, dv)
     torch.ops.sparsek.gate(q, k, topk, block, causal, sink, local, scale, cand_num, cand_idx,
                            cand_full_num, cand_full_idx, given_scores, return_scores)
         -> (kv_num_blocks, kv_indices, scores)
 
 Plans: one attention plan per problem (shapes, strides, dtypes, device, the layout's extents,
-causal, scale; the stream when the plan holds workspace), in a small module-level cache: a plan
-never depends on the layout's contents, so a gate making a new layout every step reuses it. Later
+causal, scale, whether there are packed sequences and how many; the stream when the plan holds
+workspace), in a small module-level cache: a plan never depends on the layout's contents or the
+offsets in cu_seqlens, so a gate making a new layout every step reuses it. Later
 calls pass only data pointers (no synchronization; capturable in a CUDA graph). Planning under
 capture raises, saying to run once before capturing.
 
-The layout's contents are checked (a device layout is copied to the host: one synchronization)
-when its tensors are new or modified in place since the last check (their version counters), never
+The layout's contents (and cu_seqlens) are checked (a device layout is copied to the host: one
+synchronization) when its tensors are new or modified in place since the last check (their
+version counters), never
 during a CUDA graph capture; the gate's layouts are correct by construction and marked checked.
 """
 from collections import OrderedDict
@@ -45,15 +48,16 @@ def _versions(*ts):
     return tuple(None if t is None else t._version for t in ts)
 
 
-# The check is recorded on kv_indices: the tensors it was made with and their version counters.
-def _mark_checked(num, idx, fnum, fidx):
-    idx.__dict__["_sparsek_checked"] = ((num, fnum, fidx), _versions(num, idx, fnum, fidx))
+# The check is recorded on kv_indices: the tensors it was made with (cu_seqlens too: new offsets
+# with the same layout are checked again) and their version counters.
+def _mark_checked(num, idx, fnum, fidx, cu=None):
+    idx.__dict__["_sparsek_checked"] = ((num, fnum, fidx, cu), _versions(num, idx, fnum, fidx, cu))
 
 
-def _is_checked(num, idx, fnum, fidx):
+def _is_checked(num, idx, fnum, fidx, cu=None):
     c = idx.__dict__.get("_sparsek_checked")
-    return (c is not None and all(a is b for a, b in zip(c[0], (num, fnum, fidx)))
-            and c[1] == _versions(num, idx, fnum, fidx))
+    return (c is not None and all(a is b for a, b in zip(c[0], (num, fnum, fidx, cu)))
+            and c[1] == _versions(num, idx, fnum, fidx, cu))
 
 
 def _entry(table, key, stream, capturing, what):
@@ -81,22 +85,23 @@ def _remember(table, key, entry):
     return entry
 
 
-def _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check):
+def _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check, cu=None):
     stream = _stream(q)
     capturing = _capturing(q)
-    if check and not capturing and not _is_checked(num, idx, fnum, fidx):
+    if check and not capturing and not _is_checked(num, idx, fnum, fidx, cu):
         _ext.check_attention(q.detach(), k.detach(), v.detach(), o, lse, num, idx, fnum, fidx, block,
-                             causal, scale, stream)
-        _mark_checked(num, idx, fnum, fidx)
+                             causal, scale, stream, cu)
+        _mark_checked(num, idx, fnum, fidx, cu)
+    # cu_seqlens' signature: whether there are packed sequences, and num_seqs + 1 (its shape).
     key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(num), _sig(idx), _sig(fnum), _sig(fidx), block,
-           causal, scale)
+           causal, scale, _sig(cu))
     key, e = _entry(_plans, key, stream, capturing, "attention")
     if e is None:
         p = _ext.plan_attention(q.detach(), k.detach(), v.detach(), o, lse, num, idx, fnum, fidx, block,
-                                causal, scale, stream)
+                                causal, scale, stream, cu)
         e = _remember(_plans, key, (p, p.workspace_bytes > 0, stream))
     e[0].run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), num.data_ptr(),
-             idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream)
+             idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream, _ptr(cu))
 
 
 def _check_inputs(q, k, v, layout_tensors):
@@ -116,28 +121,30 @@ def _unit_d(x):
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
-def _attention(q, k, v, num, idx, fnum, fidx, block, causal, scale, check):
+def _attention(q, k, v, num, idx, fnum, fidx, block, causal, scale, check, cu=None):
     q, k, v = _unit_d(q), _unit_d(k), _unit_d(v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check)
+    _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check, cu)
     return o, lse
 
 
 @torch.library.custom_op("sparsek::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, kv_num_blocks: Tensor, kv_indices: Tensor,
                   full_kv_num_blocks: Optional[Tensor], full_kv_indices: Optional[Tensor], block: int,
-                  causal: bool, scale: float, check: bool) -> tuple[Tensor, Tensor]:
+                  causal: bool, scale: float, check: bool,
+                  cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _attention(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block,
-                      causal, scale, check)
+                      causal, scale, check, cu_seqlens)
 
 
 @_attention_op.register_fake
-def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block, causal, scale, check):
+def _(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block, causal, scale, check,
+      cu_seqlens=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, scale):
+def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, scale, cu=None):
     q, k, v, o, dout = (_unit_d(x) for x in (q, k, v, o, dout))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -146,56 +153,57 @@ def _backward_impl(q, k, v, o, lse, dout, num, idx, fnum, fidx, block, causal, s
     # gradients are new contiguous tensors, so q's, k's and v's signatures pin theirs. The layout was
     # checked by the forward.
     key = (_sig(q), _sig(k), _sig(v), _sig(o), _sig(lse), _sig(dout), _sig(num), _sig(idx), _sig(fnum), _sig(fidx),
-           block, causal, scale)
+           block, causal, scale, _sig(cu))
     stream = _stream(q)
     # The problem's plan has a GPU workspace (dQ's accumulator, the transposed layout): one per stream.
     key, e = _entry(_backward_problems, key, stream, _capturing(q), "the attention backward")
     if e is None:
         p = _ext.attention_backward_problem(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
-                                            dout.detach(), dq, dk, dv, num, idx, fnum, fidx, block, causal, scale)
+                                            dout.detach(), dq, dk, dv, num, idx, fnum, fidx, block, causal, scale,
+                                            cu_seqlens=cu)
         e = _remember(_backward_problems, key, (p, q.is_cuda, stream))
     e[0].run(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
-             dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream)
+             dk.data_ptr(), dv.data_ptr(), num.data_ptr(), idx.data_ptr(), _ptr(fnum), _ptr(fidx), stream, _ptr(cu))
     return dq, dk, dv
 
 
 @torch.library.custom_op("sparsek::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor,
                            kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Optional[Tensor],
-                           full_kv_indices: Optional[Tensor], block: int, causal: bool,
-                           scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                           full_kv_indices: Optional[Tensor], block: int, causal: bool, scale: float,
+                           cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_impl(q, k, v, o, lse, dout, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                          full_kv_indices, block, causal, scale)
+                          full_kv_indices, block, causal, scale, cu_seqlens)
 
 
 @_attention_backward_op.register_fake
 def _(q, k, v, o, lse, dout, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block, causal,
-      scale):
+      scale, cu_seqlens=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, num, idx, fnum, fidx, block, causal, scale, check = inputs
+    q, k, v, num, idx, fnum, fidx, block, causal, scale, check, cu = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     # LSE's gradient is never used: not materialized, autograd passes None instead of a zero tensor
     # (a fill kernel and its host time on every backward).
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, o, lse, num, idx, fnum, fidx)
+    ctx.save_for_backward(q, k, v, o, lse, num, idx, fnum, fidx, cu)
     ctx.block, ctx.causal, ctx.scale = block, causal, scale
 
 
 def _attention_backward(ctx, do, dlse):
     # dlse: LSE is marked non-differentiable, its gradient is never used.
     if do is None:  # o did not reach the loss (grads are not materialized)
-        return None, None, None, None, None, None, None, None, None, None, None
-    q, k, v, o, lse, num, idx, fnum, fidx = ctx.saved_tensors
+        return (None,) * 12
+    q, k, v, o, lse, num, idx, fnum, fidx, cu = ctx.saved_tensors
     do = do.to(q.dtype)
     # Eager: straight to the launch (the custom-op dispatch costs ~0.1 ms of host time per call);
     # under torch.compile (and for tensor subclasses) through the op, which it can trace.
     impl = _backward_impl if _direct(q, k, v, o, lse, do) else torch.ops.sparsek.attention_backward
-    dq, dk, dv = impl(q, k, v, o, lse, do, num, idx, fnum, fidx, ctx.block, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    dq, dk, dv = impl(q, k, v, o, lse, do, num, idx, fnum, fidx, ctx.block, ctx.causal, ctx.scale, cu)
+    return (dq, dk, dv) + (None,) * 9
 
 
 torch.library.register_autograd("sparsek::attention", _attention_backward, setup_context=_attention_setup)
@@ -207,9 +215,9 @@ class _AttentionFunction(torch.autograd.Function):
     In a training step the GPU waits for that time between the forward and the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, num, idx, fnum, fidx, block, causal, scale, check):
-        out = _attention(q, k, v, num, idx, fnum, fidx, block, causal, scale, check)
-        _attention_setup(ctx, (q, k, v, num, idx, fnum, fidx, block, causal, scale, check), out)
+    def forward(ctx, q, k, v, num, idx, fnum, fidx, block, causal, scale, check, cu):
+        out = _attention(q, k, v, num, idx, fnum, fidx, block, causal, scale, check, cu)
+        _attention_setup(ctx, (q, k, v, num, idx, fnum, fidx, block, causal, scale, check, cu), out)
         return out
 
     @staticmethod
@@ -218,15 +226,16 @@ class _AttentionFunction(torch.autograd.Function):
         return _attention_backward(ctx, do, dlse)
 
 
-def attention(q, k, v, layout: BlockLayout, causal, scale, check):
+def attention(q, k, v, layout: BlockLayout, causal, scale, check, cu_seqlens=None):
     num, idx, fnum, fidx = layout.arrays()
     _check_inputs(q, k, v, ((num, "kv_num_blocks"), (idx, "kv_indices"), (fnum, "full_kv_num_blocks"),
                             (fidx, "full_kv_indices")))
+    cu = cu_seqlens
     if _direct(q, k, v):
-        return _attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
+        return _attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check, cu)
     if _eager(q, k, v):
-        return _AttentionFunction.apply(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
-    return torch.ops.sparsek.attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check)
+        return _AttentionFunction.apply(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check, cu)
+    return torch.ops.sparsek.attention(q, k, v, num, idx, fnum, fidx, layout.block, causal, scale, check, cu)
 
 
 # ---------------------------------------------------------------- the gate

@@ -51,6 +51,8 @@ AttentionArgs to_args(const sparsek_attention_args& c) {
   a.layout = to_layout(c.layout);
   a.causal = c.causal == 1;
   a.scale = c.scale;
+  a.cu_seqlens = c.cu_seqlens;  // checked (with num_seqs) by validation, or refused where unsupported
+  a.num_seqs = c.num_seqs;
   return a;
 }
 

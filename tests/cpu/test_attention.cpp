@@ -5,6 +5,7 @@
 #include "core/cuda_host.hpp"
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -802,6 +803,73 @@ TEST(AttentionCapi, OneShotAndPlans) {
       << sparsek_last_error();
   EXPECT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_OK);
   EXPECT_EQ(sparsek_attention_plan_destroy(nullptr), SPARSEK_OK);
+}
+
+// Packed sequences through the C API: the same bits as the C++ call (one shot and a plan), and a
+// bad cu_seqlens gives the status and the message naming it.
+TEST(AttentionCapi, PackedSequencesMatchTheCppCallAndNameBadOffsets) {
+  AttnSpec s = small();
+  s.packed({50, 1, 0, 130, 77});  // boundaries inside blocks, an empty and a one-token sequence
+  s.causal = true;
+  s.split_full = true;
+  s.density = 0.7;
+  auto c = make_attention_case(s);
+  attention(c->args);
+  const std::vector<uint8_t> o = c->o.bytes;
+  const std::vector<float> lse = c->lse;
+  auto poison = [&] {
+    c->o.fill(std::numeric_limits<float>::quiet_NaN());
+    std::fill(c->lse.begin(), c->lse.end(), std::numeric_limits<float>::quiet_NaN());
+  };
+  auto same_bits = [&](const char* what) {
+    EXPECT_EQ(c->o.bytes, o) << what;
+    EXPECT_EQ(0, std::memcmp(c->lse.data(), lse.data(), lse.size() * sizeof(float))) << what;
+  };
+  sparsek_attention_args ca = to_c(c->args);
+  ASSERT_EQ(ca.num_seqs, 5);
+  poison();
+  ASSERT_EQ(sparsek_attention(&ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  same_bits("sparsek_attention");
+  sparsek_attention_plan p = nullptr;
+  ASSERT_EQ(sparsek_attention_plan_create(&p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  poison();
+  ASSERT_EQ(sparsek_attention_plan_run(p, &ca, nullptr), SPARSEK_OK) << sparsek_last_error();
+  same_bits("sparsek_attention_plan_run");
+
+  auto expect = [](sparsek_status st, sparsek_status want, const std::string& part) {
+    EXPECT_EQ(st, want);
+    EXPECT_NE(std::string(sparsek_last_error()).find(part), std::string::npos) << sparsek_last_error();
+  };
+  // The plan was made for 5 packed sequences: none, or another count, is a mismatch.
+  sparsek_attention_args x = ca;
+  x.cu_seqlens = nullptr, x.num_seqs = 0;
+  expect(sparsek_attention_plan_run(p, &x, nullptr), SPARSEK_INVALID_ARGUMENT,
+         "sparsek_attention_plan_run: run: args do not match the plan: cu_seqlens is no cu_seqlens, the plan was made "
+         "for packed sequences (num_seqs = 5)");
+  EXPECT_EQ(sparsek_attention_plan_destroy(p), SPARSEK_OK);
+  x = ca;
+  x.num_seqs = 0;
+  expect(sparsek_attention(&x, nullptr), SPARSEK_INVALID_ARGUMENT,
+         "sparsek_attention: num_seqs = 0 with cu_seqlens given");
+  x = ca;
+  x.cu_seqlens = nullptr;
+  expect(sparsek_attention(&x, nullptr), SPARSEK_INVALID_ARGUMENT, "num_seqs = 5 but cu_seqlens is null");
+  std::vector<int32_t> cu = c->cu_seqlens;
+  cu.back() -= 1;
+  x = ca;
+  x.cu_seqlens = cu.data();
+  expect(sparsek_attention(&x, nullptr), SPARSEK_INVALID_ARGUMENT,
+         "cu_seqlens[5] = 257 is not the packed length T = q.s = 258");
+  cu = c->cu_seqlens;
+  cu[2] = 60;  // 0, 50, 60, 51, ...
+  expect(sparsek_attention(&x, nullptr), SPARSEK_INVALID_ARGUMENT,
+         "cu_seqlens[3] = 51 is less than cu_seqlens[2] = 60 (offsets never decrease)");
+  // Packed sequences are one batch row.
+  auto two = make_attention_case(small());
+  int32_t cu2[2] = {0, 200};
+  x = to_c(two->args);
+  x.cu_seqlens = cu2, x.num_seqs = 1;
+  expect(sparsek_attention(&x, nullptr), SPARSEK_INVALID_ARGUMENT, "q.b = 2 with cu_seqlens");
 }
 
 // A destroyed or foreign attention plan handle is reported, never dereferenced.

@@ -670,6 +670,50 @@ TEST(AttentionBackwardCapi, PlansRunAndCheckTheirHandles) {
   EXPECT_EQ(sparsek_attention_backward_plan_destroy(nullptr), SPARSEK_OK);
 }
 
+// Packed sequences through the C API's backward: the C++ call's bits (one shot and a plan); a bad
+// cu_seqlens, or a plan made without packed sequences, gives the status and names it.
+TEST(AttentionBackwardCapi, PackedSequencesMatchTheCppCallAndNameBadOffsets) {
+  AttnSpec s = tiny();
+  s.packed({40, 1, 0, 90, 29});  // boundaries inside blocks, an empty and a one-token sequence
+  s.causal = true;
+  s.density = 0.8;
+  auto x = make_backward_case(s);
+  attention_backward(x->args);
+  const std::vector<uint8_t> dq = x->dq.bytes, dk = x->dk.bytes, dv = x->dv.bytes;
+  auto same_bits = [&](const char* what) {
+    EXPECT_EQ(dq, x->dq.bytes) << what;
+    EXPECT_EQ(dk, x->dk.bytes) << what;
+    EXPECT_EQ(dv, x->dv.bytes) << what;
+  };
+  sparsek_attention_backward_args c = to_c(x->args);
+  ASSERT_EQ(c.forward.num_seqs, 5);
+  x->poison();
+  ASSERT_EQ(sparsek_attention_backward(&c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  same_bits("sparsek_attention_backward");
+  sparsek_attention_backward_plan p = nullptr;
+  ASSERT_EQ(sparsek_attention_backward_plan_create(&p, &c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  x->poison();
+  ASSERT_EQ(sparsek_attention_backward_plan_run(p, &c, nullptr), SPARSEK_OK) << sparsek_last_error();
+  same_bits("sparsek_attention_backward_plan_run");
+  auto expect = [](sparsek_status st, const std::string& part) {
+    EXPECT_EQ(st, SPARSEK_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sparsek_last_error()).find(part), std::string::npos) << sparsek_last_error();
+  };
+  sparsek_attention_backward_args bad = c;
+  bad.forward.cu_seqlens = nullptr, bad.forward.num_seqs = 0;
+  expect(sparsek_attention_backward_plan_run(p, &bad, nullptr),
+         "sparsek_attention_backward_plan_run: run: args do not match the plan: cu_seqlens is no cu_seqlens");
+  ASSERT_EQ(sparsek_attention_backward_plan_destroy(p), SPARSEK_OK);
+  std::vector<int32_t> cu = x->c->cu_seqlens;
+  cu[0] = 1;
+  bad = c;
+  bad.forward.cu_seqlens = cu.data();
+  expect(sparsek_attention_backward(&bad, nullptr), "sparsek_attention_backward: cu_seqlens[0] = 1 is not 0");
+  bad = c;
+  bad.forward.num_seqs = -1;
+  expect(sparsek_attention_backward(&bad, nullptr), "num_seqs = -1 with cu_seqlens given");
+}
+
 // Views over a fake, 16-byte aligned device address: why_not never dereferences them.
 AttentionBackwardArgs valid_args() {
   void* dev = reinterpret_cast<void*>(uintptr_t(1) << 20);

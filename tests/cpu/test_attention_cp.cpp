@@ -198,6 +198,11 @@ TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
   AttentionArgs cross = whole;
   cross.k.s = cross.v.s = 512, cross.causal = true;
   expect([&] { plan_distributed_attention(cross, 2); }, Status::unsupported, "causal needs self-attention");
+  AttentionArgs packed = whole;
+  int32_t cu[3] = {0, 100, 640};
+  packed.cu_seqlens = cu, packed.num_seqs = 2;
+  expect([&] { plan_distributed_attention(packed, 2); }, Status::unsupported,
+         "distributed attention: packed sequences (cu_seqlens) are not supported");
   AttentionArgs mixed = whole;
   mixed.k.memory = Memory::device;
   expect([&] { plan_distributed_attention(mixed, 2); }, Status::invalid_argument, "q, k and v must be in one kind of memory");

@@ -295,6 +295,7 @@ AttentionArgs cpp_args(const sparsek_attention_args& a) {
   x.layout = to_layout(a.layout);
   x.causal = a.causal != 0;
   x.scale = a.scale;
+  x.cu_seqlens = a.cu_seqlens, x.num_seqs = a.num_seqs;
   return x;
 }
 

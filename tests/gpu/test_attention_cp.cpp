@@ -78,6 +78,7 @@ sparsek_attention_args c_args(const AttentionArgs& a) {
   c.layout = {l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices, l.batch, l.heads, l.q_blocks,
               l.kmax, l.full_kmax, l.block_q, l.block_kv, sparsek_memory(int(l.memory))};
   c.causal = a.causal, c.scale = a.scale;
+  c.cu_seqlens = a.cu_seqlens, c.num_seqs = a.num_seqs;
   return c;
 }
 
@@ -274,6 +275,28 @@ TEST(ContextParallelGpu, OneNcclRankIsBitIdenticalAndCapturable) {
   check(gpu_case(1, true, 31), Mode::nccl, true);
   check(gpu_case(1, false, 32), Mode::nccl);
   check(gpu_case(1, true, 33), Mode::capi);
+}
+
+// The C API passes cu_seqlens on: the planner's refusal of packed sequences reaches the caller
+// (after the ranks' exchange of their checks) with its status and message.
+TEST(ContextParallelGpu, CApiRefusesPackedSequences) {
+  SPARSEK_REQUIRE_GPU();
+  try {
+    nccl::api();
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  Comms comms(1);
+  sparsek_attention_args c{};
+  const sparsek_tensor4 t{nullptr, SPARSEK_BF16, SPARSEK_DEVICE, 1, 2, 256, 128, 2 * 256 * 128, 256 * 128, 128};
+  c.q = c.k = c.v = c.o = t;
+  int32_t cu[3] = {0, 100, 256};
+  c.cu_seqlens = cu, c.num_seqs = 2;
+  sparsek_attention_cp_plan plan = nullptr;
+  EXPECT_EQ(sparsek_attention_cp_plan_create(&plan, &c, comms.c[0]), SPARSEK_UNSUPPORTED);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_NE(std::string(sparsek_last_error()).find("packed sequences (cu_seqlens) are not supported"), std::string::npos)
+      << sparsek_last_error();
 }
 
 TEST(ContextParallelGpu, NcclRanksOnSeveralGpus) {

@@ -105,6 +105,88 @@ pub struct sparsek_plan_s {
 }
 pub type sparsek_plan = *mut sparsek_plan_s;
 
+/// A `[b, h, s, d]` tensor of block-sparse attention; strides in elements, `d` contiguous.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_tensor4 {
+    pub data: *mut c_void,
+    pub dtype: sparsek_dtype,
+    pub memory: sparsek_memory,
+    pub b: i64,
+    pub h: i64,
+    pub s: i64,
+    pub d: i64,
+    pub stride_b: i64,
+    pub stride_h: i64,
+    pub stride_s: i64,
+}
+
+/// A block layout (FlexAttention's BlockMask): int32 arrays, contiguous. `kv_num_blocks`
+/// `[batch, heads, q_blocks]`, `kv_indices` `[batch, heads, q_blocks, kmax]`; the full lists are
+/// both null or both given.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_attention_layout {
+    pub kv_num_blocks: *const i32,
+    pub kv_indices: *const i32,
+    pub full_kv_num_blocks: *const i32,
+    pub full_kv_indices: *const i32,
+    pub batch: i64,
+    pub heads: i64,
+    pub q_blocks: i64,
+    pub kmax: i64,
+    pub full_kmax: i64,
+    pub block_q: i32,
+    pub block_kv: i32,
+    pub memory: sparsek_memory,
+}
+
+/// One attention problem. `lse` may be null (not written). Packed sequences: `cu_seqlens`
+/// (int32 `[num_seqs + 1]` in the layout's memory) makes q, k and v one packed sequence
+/// (b = 1, Sq = Skv = T) of `num_seqs` sequences, sequence i at rows `cu_seqlens[i] ..
+/// cu_seqlens[i + 1]`; a query attends only keys of its own sequence. Null and 0: none.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_attention_args {
+    pub q: sparsek_tensor4,
+    pub k: sparsek_tensor4,
+    pub v: sparsek_tensor4,
+    pub o: sparsek_tensor4,
+    pub lse: *mut c_float,
+    pub layout: sparsek_attention_layout,
+    pub causal: i32,
+    pub scale: c_float,
+    pub cu_seqlens: *const i32,
+    pub num_seqs: i64,
+}
+
+/// The attention backward: `forward` as the forward was called (its o and lse, required), the
+/// upstream gradient `dout` and the outputs `dq` (like q), `dk`, `dv` (like k).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_attention_backward_args {
+    pub forward: sparsek_attention_args,
+    pub dout: sparsek_tensor4,
+    pub dq: sparsek_tensor4,
+    pub dk: sparsek_tensor4,
+    pub dv: sparsek_tensor4,
+    pub nondeterministic: i32,
+}
+
+/// Opaque attention plan (`struct sparsek_attention_plan_s`).
+#[repr(C)]
+pub struct sparsek_attention_plan_s {
+    _private: [u8; 0],
+}
+pub type sparsek_attention_plan = *mut sparsek_attention_plan_s;
+
+/// Opaque attention backward plan (`struct sparsek_attention_backward_plan_s`).
+#[repr(C)]
+pub struct sparsek_attention_backward_plan_s {
+    _private: [u8; 0],
+}
+pub type sparsek_attention_backward_plan = *mut sparsek_attention_backward_plan_s;
+
 extern "C" {
     pub fn sparsek_last_error() -> *const c_char;
     pub fn sparsek_status_string(s: sparsek_status) -> *const c_char;
@@ -176,4 +258,38 @@ extern "C" {
     pub fn sparsek_plan_destroy(plan: sparsek_plan) -> sparsek_status;
     pub fn sparsek_plan_variant(plan: sparsek_plan) -> *const c_char;
     pub fn sparsek_plan_workspace_bytes(plan: sparsek_plan, bytes: *mut u64) -> sparsek_status;
+
+    pub fn sparsek_attention(args: *const sparsek_attention_args, stream: *mut c_void) -> sparsek_status;
+    pub fn sparsek_attention_plan_create(
+        plan: *mut sparsek_attention_plan,
+        problem: *const sparsek_attention_args,
+        variant: *const c_char,
+    ) -> sparsek_status;
+    pub fn sparsek_attention_plan_run(
+        plan: sparsek_attention_plan,
+        args: *const sparsek_attention_args,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_attention_plan_destroy(plan: sparsek_attention_plan) -> sparsek_status;
+    pub fn sparsek_attention_plan_variant(plan: sparsek_attention_plan) -> *const c_char;
+    pub fn sparsek_attention_plan_workspace_bytes(plan: sparsek_attention_plan, bytes: *mut u64) -> sparsek_status;
+
+    pub fn sparsek_attention_backward(args: *const sparsek_attention_backward_args, stream: *mut c_void)
+        -> sparsek_status;
+    pub fn sparsek_attention_backward_plan_create(
+        plan: *mut sparsek_attention_backward_plan,
+        problem: *const sparsek_attention_backward_args,
+        variant: *const c_char,
+    ) -> sparsek_status;
+    pub fn sparsek_attention_backward_plan_run(
+        plan: sparsek_attention_backward_plan,
+        args: *const sparsek_attention_backward_args,
+        stream: *mut c_void,
+    ) -> sparsek_status;
+    pub fn sparsek_attention_backward_plan_destroy(plan: sparsek_attention_backward_plan) -> sparsek_status;
+    pub fn sparsek_attention_backward_plan_variant(plan: sparsek_attention_backward_plan) -> *const c_char;
+    pub fn sparsek_attention_backward_plan_workspace_bytes(
+        plan: sparsek_attention_backward_plan,
+        bytes: *mut u64,
+    ) -> sparsek_status;
 }

@@ -30,3 +30,144 @@ fn struct_sizes_match_the_c_layout() {
     assert_eq!(std::mem::offset_of!(sparsek_dense, scales), 48);
     assert_eq!(std::mem::offset_of!(sparsek_dense, scale_group), 56);
 }
+
+#[test]
+fn attention_struct_layouts_match_the_c_layout() {
+    // sparsek_tensor4: pointer, 2 enums (int), 7 x i64 = 72 bytes on LP64.
+    assert_eq!(std::mem::size_of::<sparsek_tensor4>(), 72);
+    // sparsek_attention_layout: 4 pointers, 5 x i64, 2 x i32, the memory enum (+4 padding) = 88.
+    assert_eq!(std::mem::size_of::<sparsek_attention_layout>(), 88);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_layout, block_q), 72);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_layout, memory), 80);
+    // sparsek_attention_args: 4 tensors, lse, the layout, causal, scale, cu_seqlens, num_seqs = 408.
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, lse), 288);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, layout), 296);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, causal), 384);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, scale), 388);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, cu_seqlens), 392);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_args, num_seqs), 400);
+    assert_eq!(std::mem::size_of::<sparsek_attention_args>(), 408);
+    // The backward: the forward's args, 4 tensors, nondeterministic (+4 padding) = 704.
+    assert_eq!(std::mem::offset_of!(sparsek_attention_backward_args, dout), 408);
+    assert_eq!(std::mem::offset_of!(sparsek_attention_backward_args, nondeterministic), 696);
+    assert_eq!(std::mem::size_of::<sparsek_attention_backward_args>(), 704);
+}
+
+// A packed host f32 tensor [1, 1, t, d].
+fn tensor(data: &mut [f32], t: i64, d: i64) -> sparsek_tensor4 {
+    assert_eq!(data.len() as i64, t * d);
+    sparsek_tensor4 {
+        data: data.as_mut_ptr().cast(),
+        dtype: SPARSEK_F32,
+        memory: SPARSEK_HOST,
+        b: 1,
+        h: 1,
+        s: t,
+        d,
+        stride_b: t * d,
+        stride_h: t * d,
+        stride_s: d,
+    }
+}
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(sparsek_last_error()) }.to_string_lossy().into_owned()
+}
+
+// Values in [-1, 1) from a small LCG (reproducible without a crate).
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f32) / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Packed sequences through the FFI (CPU backend): the forward against attention over each
+/// sequence alone computed here, the backward's dv summing to each sequence's length for dout = 1
+/// (no key receives another sequence's probability), and a bad last offset named.
+#[test]
+fn packed_sequences_attend_only_their_own_keys() {
+    const T: usize = 100;
+    const D: usize = 64;
+    let cu: [i32; 4] = [0, 30, 30, 100]; // boundary inside the first block, an empty sequence
+    let (mut q, mut k, mut v) = (random(T * D, 1), random(T * D, 2), random(T * D, 3));
+    let (mut o, mut lse) = (vec![f32::NAN; T * D], vec![f32::NAN; T]);
+    let num = [2i32, 2]; // every block: 2 query blocks x 2 key blocks of 64
+    let idx = [0i32, 1, 0, 1];
+    let layout = sparsek_attention_layout {
+        kv_num_blocks: num.as_ptr(),
+        kv_indices: idx.as_ptr(),
+        full_kv_num_blocks: std::ptr::null(),
+        full_kv_indices: std::ptr::null(),
+        batch: 1,
+        heads: 1,
+        q_blocks: 2,
+        kmax: 2,
+        full_kmax: 0,
+        block_q: 64,
+        block_kv: 64,
+        memory: SPARSEK_HOST,
+    };
+    let args = sparsek_attention_args {
+        q: tensor(&mut q, T as i64, D as i64),
+        k: tensor(&mut k, T as i64, D as i64),
+        v: tensor(&mut v, T as i64, D as i64),
+        o: tensor(&mut o, T as i64, D as i64),
+        lse: lse.as_mut_ptr(),
+        layout,
+        causal: 0,
+        scale: 0.0,
+        cu_seqlens: cu.as_ptr(),
+        num_seqs: 3,
+    };
+    let s = unsafe { sparsek_attention(&args, std::ptr::null_mut()) };
+    assert_eq!(s, SPARSEK_OK, "{}", last_error());
+    let scale = 1.0 / (D as f64).sqrt();
+    for (i, w) in cu.windows(2).enumerate() {
+        let (lo, hi) = (w[0] as usize, w[1] as usize);
+        for r in lo..hi {
+            let scores: Vec<f64> = (lo..hi)
+                .map(|c| scale * (0..D).map(|d| q[r * D + d] as f64 * k[c * D + d] as f64).sum::<f64>())
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            assert!((lse[r] as f64 - (m + sum.ln())).abs() < 1e-5, "sequence {i} row {r}: lse {}", lse[r]);
+            for d in 0..D {
+                let want: f64 = (lo..hi).map(|c| (scores[c - lo] - m).exp() / sum * v[c * D + d] as f64).sum();
+                assert!((o[r * D + d] as f64 - want).abs() < 1e-5, "sequence {i} row {r} d {d}: {} vs {want}", o[r * D + d]);
+            }
+        }
+    }
+
+    let mut dout = vec![1.0f32; T * D];
+    let (mut dq, mut dk, mut dv) = (vec![f32::NAN; T * D], vec![f32::NAN; T * D], vec![f32::NAN; T * D]);
+    let back = sparsek_attention_backward_args {
+        forward: args,
+        dout: tensor(&mut dout, T as i64, D as i64),
+        dq: tensor(&mut dq, T as i64, D as i64),
+        dk: tensor(&mut dk, T as i64, D as i64),
+        dv: tensor(&mut dv, T as i64, D as i64),
+        nondeterministic: 0,
+    };
+    let s = unsafe { sparsek_attention_backward(&back, std::ptr::null_mut()) };
+    assert_eq!(s, SPARSEK_OK, "{}", last_error());
+    for w in cu.windows(2) {
+        let (lo, hi) = (w[0] as usize, w[1] as usize);
+        let total: f64 = (lo..hi).map(|c| dv[c * D] as f64).sum();
+        assert!((total - (hi - lo) as f64).abs() < 1e-4, "rows {lo}..{hi}: dv sums to {total}");
+    }
+    assert!(dq.iter().chain(&dk).all(|x| x.is_finite()));
+
+    let bad = [0i32, 30, 30, 99];
+    let mut wrong = back;
+    wrong.forward.cu_seqlens = bad.as_ptr();
+    assert_eq!(unsafe { sparsek_attention_backward(&wrong, std::ptr::null_mut()) }, SPARSEK_INVALID_ARGUMENT);
+    assert!(last_error().contains("cu_seqlens[3] = 99 is not the packed length T = q.s = 100"), "{}", last_error());
+    let mut none = args;
+    none.num_seqs = 0;
+    assert_eq!(unsafe { sparsek_attention(&none, std::ptr::null_mut()) }, SPARSEK_INVALID_ARGUMENT);
+    assert!(last_error().contains("num_seqs = 0 with cu_seqlens given"), "{}", last_error());
+}
