@@ -83,6 +83,10 @@ void check_forward(const Impl& im, const AttentionArgs& s) {
   check_shard(im, s.k, "k", P.k.b, P.k.h, im.skv_r());
   check_shard(im, s.v, "v", P.k.b, P.k.h, im.skv_r());
   if (im.sq_r() > 0 && !s.lse) bad("rank " + num(im.rank) + ": lse is null (the two parts are merged by it)");
+  if (s.cu_seqlens || s.num_seqs != 0)
+    throw Error(Status::unsupported, "rank " + num(im.rank) +
+                                         ": a shard with cu_seqlens: distributed attention does not take packed "
+                                         "sequences (the plan refuses them too)");
 }
 
 void check_backward(const Impl& im, const AttentionBackwardArgs& s) {

@@ -222,6 +222,9 @@ TEST(ContextParallelAttention, ErrorsNameTheArgumentAndValue) {
   two[0] = s;
   two[0].q.stride_h = 1;
   expect([&] { run(plans, two); }, Status::invalid_argument, "rank 0: q must be packed");
+  two[0] = s;
+  two[0].cu_seqlens = cu, two[0].num_seqs = 2;
+  expect([&] { run(plans, two); }, Status::unsupported, "rank 0: a shard with cu_seqlens");
   expect([&] { run(std::vector<DistributedAttentionPlan>{plans[1], plans[0]}, std::vector<AttentionArgs>{s, s}); },
          Status::invalid_argument, "plans[0] is not rank 0");
   expect([&] { run(DistributedAttentionPlan(), s); }, Status::invalid_argument, "the plan is empty");
