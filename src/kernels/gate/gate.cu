@@ -135,19 +135,19 @@ struct SelectParams {
   int64_t kmax;
   float* scores;     // [B, Hkv, Mq, Nk] or nullptr
   // Shared-memory layout, in 4-byte words (each offset a multiple of 4: 16-byte aligned).
-  int sm_pk, sm_pq, sm_s, sm_bits;
+  int sm_pk, sm_pq, sm_s, sm_bits, sm_seq;
 };
 
 struct SelectSmem {
-  int pk, pq, s, bits, words;
+  int pk, pq, s, bits, seq, words;
 };
 // Pooled k chunk [kKeyChunk][D + 4] (the +4 keeps the float4 reads of 8 consecutive keys on
 // distinct banks), pooled q [round_up4(R)][D], the scores / keys [R][Nk] and the candidate
-// bitmap [R][ceil(Nk / 32)].
+// bitmap [R][ceil(Nk / 32)], packed sequences' rows {first, end} [R][2].
 // Rows of pooled q in shared memory: whole groups of 4, as each scoring thread reads 4 rows.
 __host__ __device__ inline int round_up4(int r) { return (r + 3) / 4 * 4; }
 
-SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates) {
+SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates, bool packed) {
   auto up4 = [](int64_t w) { return (w + 3) / 4 * 4; };
   SelectSmem m{};
   int64_t off = 0;
@@ -159,6 +159,8 @@ SelectSmem select_smem(int D, int R, int64_t Nk, bool computed, bool candidates)
   off += up4(int64_t(R) * Nk);
   m.bits = int(off);
   if (candidates) off += up4(int64_t(R) * ((Nk + 31) / 32));
+  m.seq = int(off);
+  if (packed) off += up4(2 * int64_t(R));
   m.words = int(std::min<int64_t>(off, int64_t(1) << 30));
   return m;
 }
@@ -188,15 +190,17 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   const int i0 = int(blockIdx.x % tiles) * p.R;
   const int rows = min(p.R, p.Mq - i0);
   const bool cands = p.c_num != nullptr;
-  // Packed sequences: each row's selectable key blocks [seq_first, seq_end).
-  __shared__ int seq_first[kMaxRows], seq_end[kMaxRows];
-  if (p.cu_seqlens && t < rows) {
-    int64_t first, end;
-    gate_sequence_blocks(p.cu_seqlens, p.nseq, i0 + t, p.block, p.Sq, first, end);
-    seq_first[t] = int(first < Nk ? first : Nk);
-    seq_end[t] = int(end < Nk ? end : Nk);
+  // Packed sequences: each row's selectable key blocks [seq[2r], seq[2r + 1]).
+  int* seq = reinterpret_cast<int*>(smem + p.sm_seq);
+  if (p.cu_seqlens) {
+    if (t < rows) {
+      int64_t first, end;
+      gate_sequence_blocks(p.cu_seqlens, p.nseq, i0 + t, p.block, p.Sq, first, end);
+      seq[2 * t] = int(first < Nk ? first : Nk);
+      seq[2 * t + 1] = int(end < Nk ? end : Nk);
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   // 1. The candidate bitmap: the union of the row's lists (counts clamped, bad indices ignored).
   if (cands) {
@@ -224,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
   }
   auto allowed = [&](int r, int j) {
     if (p.causal && !gate_causal_allows(i0 + r, j, p.block, p.Sq)) return false;
-    if (p.cu_seqlens && (j < seq_first[r] || j >= seq_end[r])) return false;
+    if (p.cu_seqlens && (j < seq[2 * r] || j >= seq[2 * r + 1])) return false;
     return !cands || ((bits[r * W + j / 32] >> (j % 32)) & 1u) != 0;
   };
   auto put_score = [&](int r, int j, float v) {
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) gate_select_kernel(SelectParams p) {
     const int i = i0 + r;
     float* srow = S + r * Nk;
     auto key = [&](int j) { return __float_as_uint(srow[j]); };
-    const int first = p.cu_seqlens ? seq_first[r] : 0;
+    const int first = p.cu_seqlens ? seq[2 * r] : 0;
     auto on = [&](int j) { return allowed(r, j) && gate_always_on(i, j, p.sink, p.local, first); };
     // Every lane reads and rewrites only its own j = lane + 32m: no barrier needed below.
     for (int j = lane; j < Nk; j += 32) {
@@ -344,7 +348,8 @@ bool aligned16(const Tensor4View& t) {
 
 std::string gate_cuda_why_not(const GateArgs& a, const GateShape& s) {
   const int R = rows_per_cta(s.Nk);
-  const SelectSmem m = select_smem(int(s.D), R, s.Nk, a.given_scores == nullptr, a.candidates != nullptr);
+  const SelectSmem m = select_smem(int(s.D), R, s.Nk, a.given_scores == nullptr, a.candidates != nullptr,
+                                   a.cu_seqlens != nullptr);
   const size_t limit = device_info().smem_per_block_optin;
   if (size_t(m.words) * 4 > limit)
     return "Nk=" + std::to_string(s.Nk) + " key blocks: one row's scores need " + std::to_string(int64_t(m.words) * 4) +
@@ -408,8 +413,8 @@ void gate_cuda(const GateArgs& a, const GateShape& s, void* stream_ptr) {
   sp.out_idx = a.kv_indices;
   sp.kmax = a.kmax;
   sp.scores = a.scores;
-  const SelectSmem m = select_smem(int(s.D), sp.R, s.Nk, !given, a.candidates != nullptr);
-  sp.sm_pk = m.pk, sp.sm_pq = m.pq, sp.sm_s = m.s, sp.sm_bits = m.bits;
+  const SelectSmem m = select_smem(int(s.D), sp.R, s.Nk, !given, a.candidates != nullptr, a.cu_seqlens != nullptr);
+  sp.sm_pk = m.pk, sp.sm_pq = m.pq, sp.sm_s = m.s, sp.sm_bits = m.bits, sp.sm_seq = m.seq;
   const size_t bytes = size_t(m.words) * 4;
   const unsigned ctas = unsigned(s.B * s.Hkv * ((s.Mq + sp.R - 1) / sp.R));
   auto launch = [&](auto kernel) {
