@@ -65,7 +65,11 @@ struct Config {
   static constexpr kit::Region V_EMPTY = V_FULL.then(8 * STAGES, 8);
   static constexpr kit::Region Q_INFO = V_EMPTY.then(8, 8);       // int2 {item id, blocks}
   static constexpr kit::Region K_INFO = Q_INFO.then(8 * STAGES, 8);  // int2 per K stage {block, flags}
-  static constexpr int SMEM = int(K_INFO.end()) + kit::kSmemAlignSlack;
+  // Packed sequences: the keys {lo, hi} the item's rows may attend (hi = INT32_MIN: its rows span
+  // sequences), one slot per item parity, so that the next item's write never meets a read of the
+  // last one's (consumers read it in the item's softmax, after they released the Q slot).
+  static constexpr kit::Region SEQ_RANGE = K_INFO.then(16, 8);
+  static constexpr int SMEM = int(SEQ_RANGE.end()) + kit::kSmemAlignSlack;
 
   static_assert(D == 64 || D == 128, "D must be 64 or 128");
   static_assert(BM == 64 || BM == 128, "blocks are 64x64 or 128x128");
@@ -98,6 +102,7 @@ struct Smem {
   __device__ uint32_t v_empty(uint32_t s) const { return base.at(Cfg::V_EMPTY.offset, 8 * s); }
   __device__ uint32_t q_info() const { return base.at(Cfg::Q_INFO.offset); }
   __device__ uint32_t k_info(uint32_t s) const { return base.at(Cfg::K_INFO.offset, 8 * s); }
+  __device__ uint32_t seq_range(uint32_t parity) const { return base.at(Cfg::SEQ_RANGE.offset, 8 * parity); }
 };
 
 // One consumer warpgroup's state for an item: 64 query rows x D of output, and the running max

@@ -22,21 +22,12 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     int np, nf;
     item_counts(it, p, row, np, nf);
     const int total = np + nf;
-    if (lane == 0) {
-      ptx::mbar_wait_or_trap(sm.q_empty(), q_phase ^ 1, kit::kWaitLimit);
-      ptx::st_shared_v2(sm.q_info(), id, total);
-      ptx::mbar_arrive_expect_tx(sm.q_full(), total > 0 ? Cfg::Q_BYTES : 0);
-      // q: (64 of D, rows, D chunks, heads, batch), box (64, BM, D / 64, 1, 1)
-      if (total > 0) ptx::tma_load_5d(sm.q(), tm_q, sm.q_full(), 0, it.qb * Cfg::BM, 0, it.hq, it.b);
-    }
-    q_phase ^= 1;
-    const int q_first = it.qb * Cfg::BM;
     // Packed sequences: the keys [seq_lo, seq_hi) every row of this query block may attend; a
     // block outside them (or any block, when the rows span sequences) gets kMaskSequence.
     int seq_lo = 0, seq_hi = INT32_MAX;
     if (p.cu_seqlens && total > 0) {
       int s0, s1;
-      kit::warp_sequences_of(p.cu_seqlens, p.nseq, q_first, min(q_first + Cfg::BM, p.sq) - 1, s0, s1);
+      kit::warp_sequences_of(p.cu_seqlens, p.nseq, it.qb * Cfg::BM, min((it.qb + 1) * Cfg::BM, p.sq) - 1, s0, s1);
       if (s0 == s1) {
         seq_lo = __ldg(p.cu_seqlens + s0);
         seq_hi = __ldg(p.cu_seqlens + s0 + 1);
@@ -44,6 +35,16 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
         seq_hi = INT32_MIN;
       }
     }
+    if (lane == 0) {
+      ptx::mbar_wait_or_trap(sm.q_empty(), q_phase ^ 1, kit::kWaitLimit);
+      ptx::st_shared_v2(sm.q_info(), id, total);
+      if (p.cu_seqlens) ptx::st_shared_v2(sm.seq_range(q_phase), seq_lo, seq_hi);
+      ptx::mbar_arrive_expect_tx(sm.q_full(), total > 0 ? Cfg::Q_BYTES : 0);
+      // q: (64 of D, rows, D chunks, heads, batch), box (64, BM, D / 64, 1, 1)
+      if (total > 0) ptx::tma_load_5d(sm.q(), tm_q, sm.q_full(), 0, it.qb * Cfg::BM, 0, it.hq, it.b);
+    }
+    q_phase ^= 1;
+    const int q_first = it.qb * Cfg::BM;
     for (int t0 = 0; t0 < total; t0 += 32) {
       // This lane's entry t0 + lane: its block and the masks it needs.
       const int e = t0 + lane;
