@@ -65,8 +65,9 @@ Count g_counts[] = {{"sparsek_attention"},
                     {"sparsek_gate"},
                     {"decode_attention (paged)"},
                     {"decode plan run on edited indices"},
-                    {"context-parallel ranks (host)"}};
-enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited, kCp };
+                    {"context-parallel ranks (host)"},
+                    {"packed sequences (one-shot forward)"}};
+enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited, kCp, kPacked };
 void count(int which, bool refused, bool checked = false) {
   Count& c = g_counts[which];
   ++c.calls;
@@ -220,7 +221,8 @@ struct Problem {
   Layout layout;
   sparsek_attention_args args{};
   bool skip = false;
-  bool must_refuse = false;  // an output over an input or sharing elements
+  bool must_refuse = false;  // an output over an input, elements shared, or packed with q.s != k.s
+  std::vector<int32_t> cu;   // packed sequences' offsets (empty: none)
 };
 
 // A sequence length: mostly up to 48 (one block and a tail), sometimes up to 160 (several blocks),
@@ -283,6 +285,19 @@ void make_problem(Reader& r, Problem& p) {
     a.lse = reinterpret_cast<float*>(p.o.store.data());  // lse over o
     p.must_refuse = p.o.store.size() > 0;
   }
+  // Packed sequences (one batch row): up to 5 sequences cut at random rows, sometimes an offset
+  // broken (refused by the one-shot call, read safely by a plan's run); q.s != k.s must be refused.
+  if (p.B == 1 && p.Sq > 0 && r.u8() >= 224) {
+    const int n = 1 + r.u8() % 5;
+    p.cu.assign(1, 0);
+    for (int i = 1; i < n; ++i) p.cu.push_back(int32_t(r.u8() % (p.Sq + 1)));
+    p.cu.push_back(int32_t(p.Sq));
+    std::sort(p.cu.begin(), p.cu.end());
+    if (r.u8() >= 240) p.cu[size_t(r.u8() % (n + 1))] = int32_t(r.u32());
+    a.cu_seqlens = p.cu.data();
+    a.num_seqs = n;
+    if (p.Sq != p.Skv) p.must_refuse = true;
+  }
 }
 
 // The C++ args of the C ones, converted as the C API converts them.
@@ -338,7 +353,7 @@ void fuzz_forward(Reader& r, bool with_plan) {
     st = sparsek_attention_plan_create(&plan, &p.args, r.u8() < 250 ? nullptr : "cpu");
     check_status(st, "sparsek_attention_plan_create");
     if (st == SPARSEK_OK) {
-      if (p.must_refuse) finding("a plan accepted an output over an input or sharing elements");
+      if (p.must_refuse) finding("a plan accepted args it must refuse (an output over an input, shared elements, or packed sequences with q.s != k.s)");
       // The plan does not read the layout's contents: check them here, as the one-shot call would.
       bool valid = true;
       try {
@@ -365,8 +380,9 @@ void fuzz_forward(Reader& r, bool with_plan) {
   st = sparsek_attention(&p.args, nullptr);
   check_status(st, "sparsek_attention");
   count(kForward, st != SPARSEK_OK, st == SPARSEK_OK && oracle_affordable(p));
+  if (!p.cu.empty()) count(kPacked, st != SPARSEK_OK, st == SPARSEK_OK && oracle_affordable(p));
   if (st != SPARSEK_OK) return;
-  if (p.must_refuse) finding("an output over an input or sharing elements was accepted");
+  if (p.must_refuse) finding("args that must be refused were accepted (an output over an input, shared elements, or packed sequences with q.s != k.s)");
   if (p.layout.damaged) {  // accepted damage must have left a valid layout
     try {
       validate(cpp_args(p.args), true);
