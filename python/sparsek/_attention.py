@@ -307,7 +307,7 @@ def attention(q, k, v, layout, causal=False, scale=None, *, check_layout=True, c
 
 
 def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layout=None,
-         return_scores=False, scale=None):
+         return_scores=False, scale=None, *, cu_seqlens=None):
     """The top-k block gate: a BlockLayout (one row per key/value head) chosen from the content.
 
     Q and K are mean-pooled per block (rows past the sequence excluded; the query heads of a GQA
@@ -322,6 +322,10 @@ def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layo
     pooled_q/pooled_k are float32 and computed as the library pools. The selection is not
     differentiable: train a scorer with an auxiliary loss (``TopKGate.distill_loss``).
 
+    ``cu_seqlens`` (packed sequences, as ``attention``'s: B = 1, Sq = Skv): query block i selects
+    only among the blocks holding keys of its rows' sequences, its sink blocks counted from the
+    first of them; a block holding two sequences' tokens is pooled across the boundary.
+
     ``return_scores=True`` returns ``(layout, scores)``, scores float32 [B, Hkv, Mq, Nk] with -inf
     on the blocks not allowed. torch CUDA tensors run on the GPU (allocation by torch, the current
     stream, CUDA-graph capturable); NumPy arrays and CPU tensors on the CPU reference.
@@ -334,9 +338,11 @@ def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layo
         raise ValueError(f"block must be 64 or 128, got {block}")
     cand = None if layout is None else as_layout(layout)
     s = _scale(scale)
+    if cu_seqlens is not None:
+        _check_cu_seqlens(cu_seqlens, q)
     if A.is_torch(q):
         return _torch_attention().gate(q, k, int(topk), int(block), causal, int(sink), int(local),
-                                       scorer, cand, return_scores, s)
+                                       scorer, cand, return_scores, s, cu_seqlens)
     if scorer is not None:
         raise TypeError("scorer= needs torch tensors (a scorer is a torch callable)")
     A.same_framework([("q", q), ("k", k), ("layout", None if cand is None else cand.kv_num_blocks)])
@@ -351,6 +357,6 @@ def gate(q, k, topk, block=128, causal=False, sink=1, local=1, scorer=None, layo
     if cand is not None and cand.block != block:
         raise ValueError(f"layout block {cand.block} differs from block={block}")
     _ext.gate(q, k, num, idx, int(topk), int(block), causal, int(sink), int(local), s, *c, None,
-              scores, None, A.stream_of(q))
+              scores, None, A.stream_of(q), cu_seqlens)
     out = BlockLayout(num, idx, block=block)
     return (out, scores) if return_scores else out

@@ -467,18 +467,19 @@ std::string where(const Place& p) {
   return p.memory == Memory::host ? std::string("host memory") : "CUDA device " + std::to_string(p.device);
 }
 
-// Packed sequences: cu_seqlens int32 [num_seqs + 1], contiguous, in the layout's memory (places[0]
-// is the layout's kv_num_blocks). Its contents are the library's to check.
-void put_cu_seqlens(AttentionArgs& a, const OptIn& cu, std::vector<Place>& places) {
+// Packed sequences: cu_seqlens int32 [num_seqs + 1], contiguous, where `home` is (attention: the
+// layout, places[0]; the gate: q). Its contents are the library's to check.
+template <class Args>
+void put_cu_seqlens(Args& a, const OptIn& cu, std::vector<Place>& places, const Place& home, const char* home_name) {
   if (!cu) return;
   check_array(*cu, "cu_seqlens", 1, true);
   if (cu->shape(0) < 2)
     bad("cu_seqlens has shape " + shape_str(*cu) +
         ": it holds num_seqs + 1 >= 2 offsets (0, the ends of the sequences, T)");
   const Place p = place_of(*cu, "cu_seqlens");
-  if (p.memory != places[0].memory || p.device != places[0].device)
-    bad("cu_seqlens is in " + where(p) + " but the layout is in " + where(places[0]) +
-        ": cu_seqlens must be where the layout is");
+  if (p.memory != home.memory || p.device != home.device)
+    bad("cu_seqlens is in " + where(p) + " but " + home_name + " is in " + where(home) + ": cu_seqlens must be where " +
+        home_name + " is");
   places.push_back(p);
   a.cu_seqlens = static_cast<const int32_t*>(cu->data());
   a.num_seqs = int64_t(cu->shape(0)) - 1;
@@ -489,7 +490,7 @@ AttentionArgs attention_args(const In& q, const In& k, const In& v, const Out& o
                              std::vector<Place>& places, const OptIn& cu_seqlens = std::nullopt) {
   AttentionArgs a;
   a.layout = layout_view(num, idx, fnum, fidx, block, places);
-  put_cu_seqlens(a, cu_seqlens, places);
+  put_cu_seqlens(a, cu_seqlens, places, places[0], "the layout");
   a.q = view4(q, "q");
   a.k = view4(k, "k");
   a.v = view4(v, "v");
@@ -511,7 +512,7 @@ AttentionBackwardArgs backward_args(const In& q, const In& k, const In& v, const
                                     const OptIn& cu_seqlens = std::nullopt) {
   AttentionBackwardArgs b;
   b.forward.layout = layout_view(num, idx, fnum, fidx, block, places);
-  put_cu_seqlens(b.forward, cu_seqlens, places);
+  put_cu_seqlens(b.forward, cu_seqlens, places, places[0], "the layout");
   b.forward.q = view4(q, "q");
   b.forward.k = view4(k, "k");
   b.forward.v = view4(v, "v");
@@ -1484,12 +1485,13 @@ NB_MODULE(_sparsek, m) {
   // gate_workspace_bytes() bytes (None on the host).
   auto gate_fn = [](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
                     OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores, OptOut workspace,
-                    uintptr_t stream, bool size_only) -> size_t {
+                    uintptr_t stream, bool size_only, OptIn cu) -> size_t {
     std::vector<Place> places, cand_places;
     std::optional<AttentionLayout> cand;
     if (cnum.has_value() != cidx.has_value()) bad("candidates: give both kv_num_blocks and kv_indices");
     if (cnum) cand = layout_view(*cnum, *cidx, cfnum, cfidx, block, cand_places);
     GateArgs g = gate_args(q, k, topk, block, causal, sink, local, scale, cand, given, num, idx, scores, places);
+    put_cu_seqlens(g, cu, places, place_of(q, "q"), "q");
     places.insert(places.end(), cand_places.begin(), cand_places.end());
     DeviceGuard guard(places);
     if (size_only) return gate_workspace_bytes(g);
@@ -1508,23 +1510,24 @@ NB_MODULE(_sparsek, m) {
       "gate",
       [gate_fn](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
                 OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores, OptOut workspace,
-                uintptr_t stream) {
+                uintptr_t stream, OptIn cu) {
         gate_fn(q, k, num, idx, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given, scores,
-                workspace, stream, false);
+                workspace, stream, false, cu);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("topk"), nb::arg("block"),
       nb::arg("causal"), nb::arg("sink"), nb::arg("local"), nb::arg("scale"), nb::arg("cand_num").none(),
       nb::arg("cand_idx").none(), nb::arg("cand_full_num").none(), nb::arg("cand_full_idx").none(),
-      nb::arg("given_scores").none(), nb::arg("scores").none(), nb::arg("workspace").none(), nb::arg("stream") = 0);
+      nb::arg("given_scores").none(), nb::arg("scores").none(), nb::arg("workspace").none(), nb::arg("stream") = 0,
+      nb::arg("cu_seqlens").none() = nb::none());
   m.def(
       "gate_workspace_bytes",
       [gate_fn](In q, In k, Out num, Out idx, int topk, int block, bool causal, int sink, int local, float scale,
-                OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores) {
+                OptIn cnum, OptIn cidx, OptIn cfnum, OptIn cfidx, OptIn given, OptOut scores, OptIn cu) {
         return gate_fn(q, k, num, idx, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given,
-                       scores, std::nullopt, 0, true);
+                       scores, std::nullopt, 0, true, cu);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("topk"), nb::arg("block"),
       nb::arg("causal"), nb::arg("sink"), nb::arg("local"), nb::arg("scale"), nb::arg("cand_num").none(),
       nb::arg("cand_idx").none(), nb::arg("cand_full_num").none(), nb::arg("cand_full_idx").none(),
-      nb::arg("given_scores").none(), nb::arg("scores").none());
+      nb::arg("given_scores").none(), nb::arg("scores").none(), nb::arg("cu_seqlens").none() = nb::none());
 }

@@ -254,7 +254,8 @@ def pool_blocks(q, k, block):
     return pool(q, q.shape[1] // k.shape[1]), pool(k, 1)
 
 
-def _gate_impl(q, k, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given, return_scores):
+def _gate_impl(q, k, topk, block, causal, sink, local, scale, cnum, cidx, cfnum, cfidx, given, return_scores,
+               cu_seqlens=None):
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     Mq, Nk = -(-Sq // block), -(-Skv // block)
@@ -267,12 +268,12 @@ def _gate_impl(q, k, topk, block, causal, sink, local, scale, cnum, cidx, cfnum,
     ws = None
     if q.is_cuda:
         key = (_sig(q), _sig(k), topk, block, causal, sink, local, _sig(cnum), _sig(cidx), _sig(cfnum),
-               given is not None, return_scores)
+               given is not None, return_scores, _sig(cu_seqlens))
         nbytes = _gate_ws.get(key)
         if nbytes is None:
-            nbytes = _gate_ws[key] = _ext.gate_workspace_bytes(*args)
+            nbytes = _gate_ws[key] = _ext.gate_workspace_bytes(*args, cu_seqlens)
         ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-    _ext.gate(*args, ws, _stream(q))
+    _ext.gate(*args, ws, _stream(q), cu_seqlens)
     _mark_checked(num, idx, None, None)
     return num, idx, scores if scores is not None else num.new_empty(0, dtype=torch.float32)
 
@@ -281,14 +282,14 @@ def _gate_impl(q, k, topk, block, causal, sink, local, scale, cnum, cidx, cfnum,
 def _gate_op(q: Tensor, k: Tensor, topk: int, block: int, causal: bool, sink: int, local: int, scale: float,
              cand_num: Optional[Tensor], cand_idx: Optional[Tensor], cand_full_num: Optional[Tensor],
              cand_full_idx: Optional[Tensor], given_scores: Optional[Tensor],
-             return_scores: bool) -> tuple[Tensor, Tensor, Tensor]:
+             return_scores: bool, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     return _gate_impl(q, k, topk, block, causal, sink, local, scale, cand_num, cand_idx, cand_full_num,
-                      cand_full_idx, given_scores, return_scores)
+                      cand_full_idx, given_scores, return_scores, cu_seqlens)
 
 
 @_gate_op.register_fake
 def _(q, k, topk, block, causal, sink, local, scale, cand_num, cand_idx, cand_full_num, cand_full_idx,
-      given_scores, return_scores):
+      given_scores, return_scores, cu_seqlens=None):
     B, Sq = q.shape[0], q.shape[2]
     Hkv, Skv = k.shape[1], k.shape[2]
     Mq, Nk = (Sq + block - 1) // block, (Skv + block - 1) // block
@@ -299,7 +300,7 @@ def _(q, k, topk, block, causal, sink, local, scale, cand_num, cand_idx, cand_fu
     return num, idx, scores
 
 
-def gate(q, k, topk, block, causal, sink, local, scorer, cand, return_scores, scale):
+def gate(q, k, topk, block, causal, sink, local, scorer, cand, return_scores, scale, cu_seqlens=None):
     for x, n in ((q, "q"), (k, "k")):
         if not isinstance(x, Tensor):
             raise TypeError(f"{n} must be a torch tensor like q, got {type(x).__name__}")
@@ -323,7 +324,7 @@ def gate(q, k, topk, block, causal, sink, local, scorer, cand, return_scores, sc
             raise ValueError(f"scorer returned {got}, expected scores of shape [B, Hkv, Mq, Nk] = {want}")
         given = given.detach().float().contiguous()
     # No gradient through the selection: the op sees detached inputs.
-    args = (q.detach(), k.detach(), topk, block, causal, sink, local, scale, *c, given, return_scores)
+    args = (q.detach(), k.detach(), topk, block, causal, sink, local, scale, *c, given, return_scores, cu_seqlens)
     if torch.compiler.is_compiling():
         num, idx, scores = torch.ops.sparsek.gate(*args)
     else:

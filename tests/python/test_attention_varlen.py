@@ -299,3 +299,65 @@ def test_gpu_packed_backward_matches_the_cpu_backend(name, D, block, causal):
         assert torch.isfinite(g).all(), f"d{n} has non-finite values"
         err, naive_err = _max_err(g, w), _max_err(nv, w)
         assert err <= 2 * naive_err, f"{name} d{n}: error {err:.3g} vs naive bf16 {naive_err:.3g}"
+
+
+# ---- the top-k gate over packed sequences ----
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gate_packed_selects_as_each_sequence_alone(framework, causal):
+    """Sequences of whole blocks: each sequence's rows select what the gate selects on it alone,
+    shifted by its first block (sink counted from it; pooling never crosses a boundary here)."""
+    lens, block = (256, 0, 64, 576, 192), 64
+    T = sum(lens)
+    gen = torch.Generator().manual_seed(5)
+    q, k, _ = qkv(gen, 1, 4, 2, T, T, 64)
+    cu = offsets(lens)
+    if framework == "numpy":
+        q, k, cu = q.numpy(), k.numpy(), cu.numpy()
+    packed = sparsek.gate(q, k, 2, block=block, causal=causal, sink=1, local=2, cu_seqlens=cu)
+    num, idx = np.asarray(packed.kv_num_blocks), np.asarray(packed.kv_indices)
+    row = 0
+    for n in lens:
+        if not n:
+            continue
+        alone = sparsek.gate(q[:, :, row:row + n], k[:, :, row:row + n], 2, block=block, causal=causal, sink=1,
+                             local=2)
+        an, ai = np.asarray(alone.kv_num_blocks), np.asarray(alone.kv_indices)
+        b0 = row // block
+        for g in range(2):
+            for i in range(an.shape[2]):
+                got = idx[0, g, b0 + i, :num[0, g, b0 + i]]
+                want = ai[0, g, i, :an[0, g, i]] + b0
+                assert np.array_equal(got, want), f"causal {causal}, sequence at {row}, head {g}, block {i}"
+        row += n
+
+
+def test_gate_packed_errors_name_cu_seqlens():
+    q = np.zeros((1, 2, 300, 64), np.float32)
+    with pytest.raises(ValueError, match="cu_seqlens dtype int64 must be int32"):
+        sparsek.gate(q, q, 2, block=64, cu_seqlens=np.array([0, 100, 300], np.int64))
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\]=299 is not the packed length q.s=300"):
+        sparsek.gate(q, q, 2, block=64, cu_seqlens=np.array([0, 100, 299], np.int32))
+
+
+@cuda_only
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gate_packed_matches_the_cpu(causal):
+    lens, block = (300, 0, 1, 517, 77, 128), 64
+    T = sum(lens)
+    gen = torch.Generator().manual_seed(8)
+    q, k, _ = qkv(gen, 1, 4, 2, T, T, 64, torch.bfloat16)
+    cu = offsets(lens)
+    want, ws = sparsek.gate(q, k, 3, block=block, causal=causal, cu_seqlens=cu, return_scores=True)
+    got, gs = sparsek.gate(q.cuda(), k.cuda(), 3, block=block, causal=causal, cu_seqlens=cu.cuda(), return_scores=True)
+    gs = gs.cpu()
+    assert torch.equal(torch.isinf(gs), torch.isinf(ws)), "the allowed blocks (finite scores) differ"
+    torch.testing.assert_close(gs[~torch.isinf(ws)], ws[~torch.isinf(ws)], atol=1e-3, rtol=1e-3)
+    assert torch.equal(got.kv_num_blocks.cpu(), want.kv_num_blocks)
+    # Every selected block is allowed (selections may differ between near-tied scores only).
+    num, idx = got.kv_num_blocks.cpu(), got.kv_indices.cpu().long()
+    for g in range(num.shape[1]):
+        for i in range(num.shape[2]):
+            sel = idx[0, g, i, :num[0, g, i]]
+            assert torch.isfinite(ws[0, g, i, sel]).all(), f"head {g}, block {i} selected a block not allowed"
