@@ -391,6 +391,11 @@ typedef struct {
   float* scores;             /* NULL, or out f32 [B, Hkv, Mq, Nk] (-inf where not allowed) */
   void* workspace;           /* device memory: sparsek_gate_workspace_bytes() bytes, 16-byte aligned */
   uint64_t workspace_bytes;
+  /* Packed sequences, or NULL and 0 (as sparsek_attention_args'; B = 1, Sq = Skv, in q's memory):
+   * query block i selects only among the blocks holding keys of its rows' sequences, and its sink
+   * blocks count from the first of them. Zero-initialize the struct. */
+  const int32_t* cu_seqlens;
+  int64_t num_seqs;
 } sparsek_gate_args;
 
 /* Device scratch the gate needs for args (0 for host memory or given scores). */

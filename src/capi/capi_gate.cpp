@@ -34,6 +34,8 @@ GateArgs to_args(const sparsek_gate_args& c, AttentionLayout& layout) {
   g.scores = c.scores;
   g.workspace = c.workspace;
   g.workspace_bytes = size_t(c.workspace_bytes);
+  g.cu_seqlens = c.cu_seqlens;
+  g.num_seqs = c.num_seqs;
   return g;
 }
 

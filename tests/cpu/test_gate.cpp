@@ -736,5 +736,37 @@ TEST(GateCApi, ScratchBeyondThisMachinesMemoryIsANamedError) {
       << sparsek_last_error();
 }
 
+TEST(GateCApi, PackedSequences) {
+  GateSpec s;
+  s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
+  s.Sq = s.Skv = 700;
+  GateCase c(s);
+  c.q.fill_random(5);
+  c.k.fill_random(6);
+  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
+  // The C struct gives the C++ call's selection, and names the error.
+  c.args.cu_seqlens = cu.data();
+  c.args.num_seqs = 4;
+  c.run_host();
+  const std::vector<int32_t> want_num = c.num, want_idx = c.idx;
+  const GateArgs& a = c.host_args();
+  sparsek_gate_args g{};
+  g.q = c_tensor(a.q);
+  g.k = c_tensor(a.k);
+  g.topk = a.topk, g.block = a.block, g.causal = 0, g.sink = a.sink, g.local = a.local, g.scale = a.scale;
+  g.kv_num_blocks = a.kv_num_blocks;
+  g.kv_indices = a.kv_indices;
+  g.kmax = a.kmax;
+  g.cu_seqlens = cu.data();
+  g.num_seqs = 4;
+  ASSERT_EQ(sparsek_gate(&g, nullptr), SPARSEK_OK) << sparsek_last_error();
+  EXPECT_EQ(c.num, want_num);
+  EXPECT_EQ(c.idx, want_idx);
+  g.num_seqs = 0;
+  EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sparsek_last_error()).find("num_seqs=0 with cu_seqlens given"), std::string::npos)
+      << sparsek_last_error();
+}
+
 }  // namespace
 }  // namespace sparsek::test
