@@ -594,8 +594,11 @@ int bench_attention_main(const std::vector<std::string>& argv) {
   if (suite && suite_name != "attention" && suite_name != "packed")
     args.bad("--suite", "must be attention or packed");
   if (suite)
-    for (const char* f : {"--density", "--layout", "--dim", "--causal", "--kv-heads", "--seqlens", "--batch", "--seq"})
+    for (const char* f : {"--density", "--layout", "--dim", "--causal", "--kv-heads", "--seqlens"})
       if (args.has(f)) args.bad(f, "not with --suite (each row of the suite sets it)");
+  if (suite_name == "packed")
+    for (const char* f : {"--batch", "--seq"})
+      if (args.has(f)) args.bad(f, "not with --suite packed (its rows set the lengths)");
   const Backend backend = args.backend("--backend");
   const bool gpu = use_gpu(backend);
   const int64_t big = int64_t(1) << 20;
