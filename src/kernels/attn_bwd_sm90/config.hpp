@@ -164,9 +164,10 @@ __device__ __forceinline__ Item decode(int id, const Params& p) {
 }
 
 // ---- host side of the main kernel (kernel.cu) ----
+// Each configuration is built twice: without packed sequences (info) and with them (packed_info).
 struct Kernel {
   Key key;
-  kit::KernelInfo info;
+  kit::KernelInfo info, packed_info;
   void (*launch)(const AttentionBackwardArgs& a, const Params& p, int grid, cudaStream_t stream);
 };
 // The built kernel for key, or null.

@@ -29,25 +29,37 @@ namespace sparsek::attn_bwd_sm90 {
 // applied or not.
 // seq (packed sequences): a query attends only keys of its own sequence, tested as "the query is
 // among the rows of the key's sequence" (this thread's two keys: two searches, not one per query).
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void softmax_grad(float (&s)[Cfg::S_REGS], float (&dp)[Cfg::S_REGS], const float4* rows,
                                              int row0, bool causal, bool tail, bool seq, int key_row,
                                              const Params& p) {
   const int lane = threadIdx.x % 32;
-  if (tail || causal || seq) {
+  if constexpr (PACKED) {
+    if (tail || causal || seq) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = key_row + 8 * h;
-      int lo = INT32_MIN, hi = INT32_MAX;
-      if (seq) kit::sequence_rows(p.cu_seqlens, p.nseq, key, lo, hi);
+      for (int h = 0; h < 2; ++h) {
+        const int key = key_row + 8 * h;
+        int lo = INT32_MIN, hi = INT32_MAX;
+        if (seq) kit::sequence_rows(p.cu_seqlens, p.nseq, key, lo, hi);
 #pragma unroll
-      for (int c = 0; c < Cfg::MS / 8; ++c)
+        for (int c = 0; c < Cfg::MS / 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int q = row0 + 8 * c + 2 * (lane % 4) + e;
+            if (key >= p.skv || (causal && key > q) || q < lo || q >= hi) s[4 * c + 2 * h + e] = -INFINITY;
+          }
+      }
+    }
+  } else if (tail || causal) {
+#pragma unroll
+    for (int c = 0; c < Cfg::MS / 8; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int q = row0 + 8 * c + 2 * (lane % 4) + e;
-          if (key >= p.skv || (causal && key > q) || q < lo || q >= hi) s[4 * c + 2 * h + e] = -INFINITY;
+          const int key = key_row + 8 * h, col = 8 * c + 2 * (lane % 4);
+          if (key >= p.skv || (causal && key > row0 + col + e)) s[4 * c + 2 * h + e] = -INFINITY;
         }
-    }
   }
 #pragma unroll
   for (int c = 0; c < Cfg::MS / 8; ++c) {
@@ -95,7 +107,7 @@ __device__ __forceinline__ void issue_dq(float (&acc)[32], const Smem<Cfg>& sm, 
 // NOTE: the consumers wait without the trap of mbar_wait_or_trap (see the forward kernel: a trap
 // block shared between the warpgroup branches makes ptxas compile the consumers within the entry
 // register budget); a lost arrival stalls the producer, which traps.
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensorMap* tm_dv, const Params& p,
                                         const Smem<Cfg>& sm, int wg) {
   using QCols = typename Cfg::QCols;
@@ -136,7 +148,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
       const int row0 = si.x, hq = si.y >> 1;
       const bool causal = p.causal && !(si.y & 1) && it.j * Cfg::BN + Cfg::BN - 1 > row0;
       bool seq = false;
-      if (p.cu_seqlens) {  // (packed sequences have Sq = Skv)
+      if constexpr (PACKED) {  // (packed sequences have Sq = Skv)
         const int2 r = *sm.seq_range();
         seq = row0 < r.x || min(row0 + Cfg::MS, p.skv) > r.y;
       }
@@ -152,7 +164,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         ptx::fence_operand(s[r]);
         ptx::fence_operand(dp[r]);
       }
-      softmax_grad<Cfg>(s, dp, rows, row0, causal, tail, seq, key_row, p);
+      softmax_grad<Cfg, PACKED>(s, dp, rows, row0, causal, tail, seq, key_row, p);
       uint32_t pa[Cfg::MS / 16][4], da[Cfg::MS / 16][4];
 #pragma unroll
       for (int kk = 0; kk < Cfg::MS / 16; ++kk)

@@ -39,7 +39,7 @@
 
 namespace sparsek::attn_bwd_sm90 {
 
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
     attention_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
   __syncthreads();
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-    if (threadIdx.x < 32) produce<Cfg>(&tm_q, &tm_k, &tm_v, &tm_do, p, sm);
+    if (threadIdx.x < 32) produce<Cfg, PACKED>(&tm_q, &tm_k, &tm_v, &tm_do, p, sm);
   } else {
     ptx::setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-    consume<Cfg>(&tm_dk, &tm_dv, p, sm, threadIdx.x / 128 - 1);
+    consume<Cfg, PACKED>(&tm_dk, &tm_dv, p, sm, threadIdx.x / 128 - 1);
   }
 #endif
 }
@@ -78,7 +78,10 @@ void launch(const AttentionBackwardArgs& a, const Params& p, int grid, cudaStrea
   }
   const CUtensorMap tm_k = tma_map_bhsd(f.k, Cfg::BN, "k"), tm_v = tma_map_bhsd(f.v, Cfg::BN, "v");
   const CUtensorMap tm_dk = tma_map_bhsd(a.dk, 64, "dk"), tm_dv = tma_map_bhsd(a.dv, 64, "dv");
-  attention_bwd_kernel<Cfg><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_dk, tm_dv, p);
+  if (p.cu_seqlens)
+    attention_bwd_kernel<Cfg, true><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_dk, tm_dv, p);
+  else
+    attention_bwd_kernel<Cfg, false><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_dk, tm_dv, p);
   check_cuda(cudaGetLastError(), "attention_bwd_kernel launch");
 }
 
@@ -86,7 +89,8 @@ template <int I>
 Kernel kernel_at() {
   using Cfg = ConfigAt<I>;
   return {kConfigs[I],
-          {reinterpret_cast<const void*>(&attention_bwd_kernel<Cfg>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
+          {reinterpret_cast<const void*>(&attention_bwd_kernel<Cfg, false>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
+          {reinterpret_cast<const void*>(&attention_bwd_kernel<Cfg, true>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
           &launch<Cfg>};
 }
 const Kernel* find_kernel(const Key& key) {

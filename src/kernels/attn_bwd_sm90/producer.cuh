@@ -11,7 +11,7 @@
 
 namespace sparsek::attn_bwd_sm90 {
 
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                         const CUtensorMap* tm_do, const Params& p, const Smem<Cfg>& sm) {
   const int lane = threadIdx.x % 32;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     // Packed sequences: the query rows {lo, hi} every key of this block may be attended by (none
     // when the keys span sequences); the consumers mask the steps with rows outside them.
     int2 seq_range = make_int2(0, INT32_MAX);
-    if (p.cu_seqlens && steps > 0) {
+    if (PACKED && steps > 0) {
       int s0, s1;
       kit::warp_sequences_of(p.cu_seqlens, p.nseq, it.j * Cfg::BN, min((it.j + 1) * Cfg::BN, p.skv) - 1, s0, s1);
       seq_range = s0 == s1 ? make_int2(__ldg(p.cu_seqlens + s0), __ldg(p.cu_seqlens + s0 + 1)) : make_int2(0, INT32_MIN);
@@ -48,7 +48,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     if (lane == 0) {
       ptx::mbar_wait_or_trap(sm.item_empty(), item_phase ^ 1, kit::kWaitLimit);
       *sm.item_info() = make_int2(done ? -1 : id, steps);
-      *sm.seq_range() = seq_range;
+      if constexpr (PACKED) *sm.seq_range() = seq_range;
       ptx::mbar_arrive_expect_tx(sm.item_full(), steps > 0 ? 2 * Cfg::KV_BYTES : 0);
       if (steps > 0) {
         // k, v: (64 of D, keys, D chunks, kv heads, batch), box (64, BN, CHUNKS, 1, 1)

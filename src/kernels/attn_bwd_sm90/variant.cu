@@ -101,7 +101,7 @@ std::unique_ptr<VariantState> prepare_hopper_bwd(const AttentionBackwardArgs& a,
   const AttentionLayout& l = f.layout;
   const int block = l.block_q;
   const Kernel& k = *attn_bwd_sm90::find_kernel(key_of(a));
-  kit::set_smem_limit(k.info, "attention_bwd_kernel");
+  kit::set_smem_limit(a.forward.cu_seqlens ? k.packed_info : k.info, "attention_bwd_kernel");
   tma_encode_tiled();  // resolves the driver entry point (not under capture)
   const int64_t mq = (f.q.s + block - 1) / block, nkb = (f.k.s + block - 1) / block;
   LayoutParams& lp = st->lp;

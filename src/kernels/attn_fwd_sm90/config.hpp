@@ -168,9 +168,11 @@ __device__ __forceinline__ void item_counts(const Item& it, const Params& p, int
 }
 
 // ---- host side of the kernels (kernel.cu) ----
+// Each configuration is built twice: without packed sequences (info) and with them (packed_info),
+// so that the sequence masks cost the unpacked kernels nothing, not even registers.
 struct Kernel {
   Key key;
-  kit::KernelInfo info;
+  kit::KernelInfo info, packed_info;
   void (*launch)(const AttentionArgs& a, const Params& p, int grid, cudaStream_t stream);
 };
 // The built kernel for key, or null.

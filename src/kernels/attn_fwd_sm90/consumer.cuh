@@ -21,8 +21,8 @@ namespace sparsek::attn_fwd_sm90 {
 // NOTE: runs while no wgmma of this warpgroup is in flight (the other warpgroup's are), so S and O
 // may be written in place. An overlap of this softmax with the warpgroup's own PV (two P register
 // sets) measured 2.4x slower: docs/history/attention.md.
-// seq_range: the shared-memory slot of the item's {lo, hi} (packed sequences).
-template <class Cfg>
+// seq_range: the shared-memory slot of the item's {lo, hi} (PACKED: packed sequences).
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void softmax(float (&s)[Cfg::S_REGS], RowState<Cfg>& st, uint32_t (&pa)[Cfg::BN / 16][4],
                                         int2 info, int row0, const Params& p, bool first, uint32_t seq_range) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
@@ -35,18 +35,21 @@ __device__ __forceinline__ void softmax(float (&s)[Cfg::S_REGS], RowState<Cfg>& 
       // Packed sequences: the keys of row q's own sequence (rare blocks: near a boundary), the
       // item's when its rows are all in one sequence, else this row's own (a search).
       int lo = INT32_MIN, hi = INT32_MAX;
-      if (flags & kMaskSequence) {
-        const int2 r = ptx::ld_shared_v2(seq_range);
-        if (r.y != INT32_MIN) lo = r.x, hi = r.y;
-        else kit::sequence_rows(p.cu_seqlens, p.nseq, q, lo, hi);
+      if constexpr (PACKED) {
+        if (flags & kMaskSequence) {
+          const int2 r = ptx::ld_shared_v2(seq_range);
+          if (r.y != INT32_MIN) lo = r.x, hi = r.y;
+          else kit::sequence_rows(p.cu_seqlens, p.nseq, q, lo, hi);
+        }
       }
 #pragma unroll
       for (int j = 0; j < Cfg::BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = col0 + 8 * j + e;
-          const bool masked = (flags & kMaskAll) || ((flags & kMaskTail) && col >= p.skv) ||
-                              ((flags & kMaskCausal) && col > q) || col < lo || col >= hi;
+          bool masked = (flags & kMaskAll) || ((flags & kMaskTail) && col >= p.skv) ||
+                        ((flags & kMaskCausal) && col > q);
+          if constexpr (PACKED) masked = masked || col < lo || col >= hi;
           if (masked) s[4 * j + 2 * h + e] = -INFINITY;
         }
     }
@@ -98,7 +101,7 @@ __device__ __forceinline__ void softmax(float (&s)[Cfg::S_REGS], RowState<Cfg>& 
 // block between the warpgroup branches and compiles the consumers within the kernel's entry budget
 // of 168 registers instead of their setmaxnreg budget (232 bytes of spills at D = 128). A lost
 // arrival that stalls the producer (the usual case: the ring fills) still traps there.
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p, const Smem<Cfg>& sm, int wg) {
   using QT = typename Cfg::QTile;
   using KT = typename Cfg::KTile;
@@ -122,7 +125,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
   uint32_t pa[Cfg::BN / 16][4];
   for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
     ptx::mbar_wait(sm.q_full(), q_phase);
-    const uint32_t seq_range = sm.seq_range(q_phase);
+    const uint32_t seq_range = PACKED ? sm.seq_range(q_phase) : 0u;
     q_phase ^= 1;
     // Every thread reads the info words and arrives on q_empty and k_empty itself: an arrival by
     // lane 0 alone would order the other lanes' reads before the producer's next write only through
@@ -154,7 +157,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
     ptx::mbar_arrive(sm.k_empty(kr.stage));
     kr.advance();
     if (total == 1) ptx::mbar_arrive(sm.q_empty());
-    softmax<Cfg>(s, st, pa, info, row0, p, true, seq_range);
+    softmax<Cfg, PACKED>(s, st, pa, info, row0, p, true, seq_range);
     // Batch t + 1: O += P_t V_t, and S = Q K_{t+1}^T (NEXT: t + 1 < total; the last batch is PV
     // alone). NEXT is a compile-time argument and the last batch its own copy: a wgmma under a
     // run-time `if` inside the batch made ptxas inject a warpgroup arrive and a dummy wgmma into
@@ -187,7 +190,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_o, const Params& p
         ptx::mbar_arrive(sm.k_empty(kr.stage));
         if (t + 2 == total) ptx::mbar_arrive(sm.q_empty());  // the item's last QK^T is done
         kr.advance();
-        softmax<Cfg>(s, st, pa, info, row0, p, false, seq_range);
+        softmax<Cfg, PACKED>(s, st, pa, info, row0, p, false, seq_range);
       }
     };
     for (int t = 0; t + 1 < total; ++t) batch(std::true_type{}, t);

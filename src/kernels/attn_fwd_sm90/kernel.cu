@@ -23,7 +23,7 @@ __global__ void attention_item_lengths(const Params p, unsigned* lengths) {
   }
 }
 
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -43,10 +43,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::CTAS_PER_SM)
   __syncthreads();
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-    if (threadIdx.x < 32) produce<Cfg>(&tm_q, &tm_k, &tm_v, p, sm);
+    if (threadIdx.x < 32) produce<Cfg, PACKED>(&tm_q, &tm_k, &tm_v, p, sm);
   } else {
     ptx::setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-    consume<Cfg>(&tm_o, p, sm, threadIdx.x / 128 - 1);
+    consume<Cfg, PACKED>(&tm_o, p, sm, threadIdx.x / 128 - 1);
   }
 #endif
 }
@@ -61,7 +61,10 @@ void launch(const AttentionArgs& a, const Params& p, int grid, cudaStream_t stre
     tm_k = tma_map_bhsd(a.k, Cfg::BN, "k");
     tm_v = tma_map_bhsd(a.v, Cfg::BN, "v");
   }
-  attention_fwd_kernel<Cfg><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_o, p);
+  if (p.cu_seqlens)
+    attention_fwd_kernel<Cfg, true><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_o, p);
+  else
+    attention_fwd_kernel<Cfg, false><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(tm_q, tm_k, tm_v, tm_o, p);
   check_cuda(cudaGetLastError(), "attention_fwd_kernel launch");
 }
 
@@ -69,7 +72,8 @@ template <int I>
 Kernel kernel_at() {
   using Cfg = ConfigAt<I>;
   return {kConfigs[I],
-          {reinterpret_cast<const void*>(&attention_fwd_kernel<Cfg>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
+          {reinterpret_cast<const void*>(&attention_fwd_kernel<Cfg, false>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
+          {reinterpret_cast<const void*>(&attention_fwd_kernel<Cfg, true>), Cfg::THREADS, Cfg::SMEM, Cfg::CTAS_PER_SM, 1},
           &launch<Cfg>};
 }
 const Kernel* find_kernel(const Key& key) {

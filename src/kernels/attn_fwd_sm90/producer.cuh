@@ -9,7 +9,7 @@
 
 namespace sparsek::attn_fwd_sm90 {
 
-template <class Cfg>
+template <class Cfg, bool PACKED>
 __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                         const Params& p, const Smem<Cfg>& sm) {
   const int lane = threadIdx.x % 32;
@@ -25,7 +25,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     // Packed sequences: the keys [seq_lo, seq_hi) every row of this query block may attend; a
     // block outside them (or any block, when the rows span sequences) gets kMaskSequence.
     int seq_lo = 0, seq_hi = INT32_MAX;
-    if (p.cu_seqlens && total > 0) {
+    if (PACKED && total > 0) {
       int s0, s1;
       kit::warp_sequences_of(p.cu_seqlens, p.nseq, it.qb * Cfg::BM, min((it.qb + 1) * Cfg::BM, p.sq) - 1, s0, s1);
       if (s0 == s1) {
@@ -38,7 +38,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
     if (lane == 0) {
       ptx::mbar_wait_or_trap(sm.q_empty(), q_phase ^ 1, kit::kWaitLimit);
       ptx::st_shared_v2(sm.q_info(), id, total);
-      if (p.cu_seqlens) ptx::st_shared_v2(sm.seq_range(q_phase), seq_lo, seq_hi);
+      if constexpr (PACKED) ptx::st_shared_v2(sm.seq_range(q_phase), seq_lo, seq_hi);
       ptx::mbar_arrive_expect_tx(sm.q_full(), total > 0 ? Cfg::Q_BYTES : 0);
       // q: (64 of D, rows, D chunks, heads, batch), box (64, BM, D / 64, 1, 1)
       if (total > 0) ptx::tma_load_5d(sm.q(), tm_q, sm.q_full(), 0, it.qb * Cfg::BM, 0, it.hq, it.b);
@@ -59,7 +59,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_q, const CUtensorM
       } else {
         if ((blk + 1) * Cfg::BN > p.skv) flags |= kMaskTail;
         if (e < np && p.causal && blk * Cfg::BN + Cfg::BN - 1 > q_first) flags |= kMaskCausal;
-        if (p.cu_seqlens && (blk * Cfg::BN < seq_lo || min((blk + 1) * Cfg::BN, p.skv) > seq_hi)) flags |= kMaskSequence;
+        if (PACKED && (blk * Cfg::BN < seq_lo || min((blk + 1) * Cfg::BN, p.skv) > seq_hi)) flags |= kMaskSequence;
       }
       const int count = min(32, total - t0);
       for (int t = 0; t < count; ++t) {

@@ -73,7 +73,7 @@ int items_of(const AttentionArgs& a) {
 std::unique_ptr<VariantState> prepare_hopper(const AttentionArgs& a, const Options&) {
   auto st = std::make_unique<AttentionState>();
   const Kernel& k = *find_kernel(key_of(a));
-  kit::set_smem_limit(k.info, "attention_fwd_kernel");
+  kit::set_smem_limit(a.cu_seqlens ? k.packed_info : k.info, "attention_fwd_kernel");
   tma_encode_tiled();  // resolves the driver entry point (not under capture)
   st->items = items_of(a);
   st->grid = std::max(1, std::min(st->items, device_info().sm_count * k.info.ctas_per_sm));
