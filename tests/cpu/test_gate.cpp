@@ -661,18 +661,27 @@ sparsek_tensor4 c_tensor(const Tensor4View& v) {
   return t;
 }
 
-TEST(GateCApi, RunsAndReportsErrors) {
-  GateCase c(hand_spec());
-  set_blocks(c, {1, 1, -1, 1, 1, 1, 1, 1}, kC);
-  const GateArgs& a = c.host_args();
+// The C struct of host gate args (as the C API's caller would fill it).
+sparsek_gate_args c_gate_args(const GateArgs& a) {
   sparsek_gate_args g{};
   g.q = c_tensor(a.q);
   g.k = c_tensor(a.k);
-  g.topk = a.topk, g.block = a.block, g.causal = 0, g.sink = a.sink, g.local = a.local, g.scale = a.scale;
+  g.topk = a.topk, g.block = a.block, g.causal = a.causal ? 1 : 0, g.sink = a.sink, g.local = a.local;
+  g.scale = a.scale;
   g.kv_num_blocks = a.kv_num_blocks;
   g.kv_indices = a.kv_indices;
   g.kmax = a.kmax;
   g.scores = a.scores;
+  g.cu_seqlens = a.cu_seqlens;
+  g.num_seqs = a.num_seqs;
+  return g;
+}
+
+TEST(GateCApi, RunsAndReportsErrors) {
+  GateCase c(hand_spec());
+  set_blocks(c, {1, 1, -1, 1, 1, 1, 1, 1}, kC);
+  const GateArgs& a = c.host_args();
+  sparsek_gate_args g = c_gate_args(a);
   uint64_t bytes = 99;
   ASSERT_EQ(sparsek_gate_workspace_bytes(&g, &bytes), SPARSEK_OK) << sparsek_last_error();
   EXPECT_EQ(bytes, 0u);
@@ -750,15 +759,8 @@ TEST(GateCApi, PackedSequences) {
   c.run_host();
   const std::vector<int32_t> want_num = c.num, want_idx = c.idx;
   const GateArgs& a = c.host_args();
-  sparsek_gate_args g{};
-  g.q = c_tensor(a.q);
-  g.k = c_tensor(a.k);
-  g.topk = a.topk, g.block = a.block, g.causal = 0, g.sink = a.sink, g.local = a.local, g.scale = a.scale;
-  g.kv_num_blocks = a.kv_num_blocks;
-  g.kv_indices = a.kv_indices;
-  g.kmax = a.kmax;
-  g.cu_seqlens = cu.data();
-  g.num_seqs = 4;
+  sparsek_gate_args g = c_gate_args(a);
+  g.scores = nullptr;
   ASSERT_EQ(sparsek_gate(&g, nullptr), SPARSEK_OK) << sparsek_last_error();
   EXPECT_EQ(c.num, want_num);
   EXPECT_EQ(c.idx, want_idx);
