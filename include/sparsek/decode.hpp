@@ -178,10 +178,14 @@ void decode_attention(const DecodeArgs& args, const Options& options = {});
 // head hk with the largest bound on q . k over the page's keys that any of the group's query vectors
 // reaches (query heads hk*G .. hk*G+G-1 of the request's n_b new tokens, G = Hq / Hkv):
 //
-//   score = max over those q of  sum over d = 0..D-1 of  q_d * (q_d >= 0 ? max_d : min_d)
+//   score = max over those q of  sum over d = 0..D-1 of  min(q_d, 0) * min_d + max(q_d, 0) * max_d
 //
-// (f32, one fused multiply-add per channel in ascending d: the CPU and the GPU give the same bits),
-// and keeps pages 0 .. sink-1, the `local` newest pages and the `topk` best of the others (equal
+// (= q_d * (q_d >= 0 ? max_d : min_d) for finite values; a summary holding an infinity can make a
+// bound NaN, and a NaN bound is never picked). The sums are f32: on the CPU fused multiply-adds in
+// ascending d, on the GPU tensor-core products (f16/bf16 inputs, exact products, f32 accumulation in
+// the hardware's order). The two backends can differ in the last bits of a score, and so choose
+// differently between pages whose scores are that close; each is deterministic run to run, and on
+// data whose sums are exact in f32 (small integers) they choose the same pages. It keeps pages 0 .. sink-1, the `local` newest pages and the `topk` best of the others (equal
 // scores: the lower page; NaN and -inf scores are never picked), in ascending order:
 // sel_indices[b, hk, 0 : sel_counts[b, hk]] (entries past the count are set to 0), the selection
 // decode_attention() takes. With local >= 1 the page holding the newest tokens is always kept.

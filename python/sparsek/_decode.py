@@ -161,8 +161,9 @@ def select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, topk, sink=1,
 
         score = max over those q of  sum over d of  q_d * (max_d if q_d >= 0 else min_d)
 
-    (float32, one fused multiply-add per channel in ascending d: the CPU and the GPU give the same
-    bits). Kept: pages ``0 .. sink-1``, the ``local`` newest pages (with ``local >= 1`` the page
+    (float32 sums: fused multiply-adds in ascending d on the CPU, tensor-core products on the GPU,
+    so the two can choose differently between pages whose scores are within rounding of each other;
+    each is deterministic). Kept: pages ``0 .. sink-1``, the ``local`` newest pages (with ``local >= 1`` the page
     holding the newest tokens) and the ``topk`` best-scoring others (equal scores: the lower page;
     NaN and -inf scores are never picked). Row ``sel_indices[b, hk, :sel_counts[b, hk]]`` lists them
     in ascending order; entries past the count are 0. ``kmax`` (default ``min(max_pages, topk +

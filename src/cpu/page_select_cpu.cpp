@@ -1,7 +1,7 @@
 // CPU backend and reference of page selection (include/sparsek/decode.hpp): the page summaries'
 // update and the top-k of pages per (request, key/value head). The GPU kernels
-// (src/kernels/decode/select.cu) compute the same f32 bounds in the same order, so both give the
-// same selection bit for bit.
+// (src/kernels/decode/select.cu) write the same summaries bit for bit; they sum the bounds on the
+// tensor cores, so a score can differ from this one in its last bits (exact sums agree).
 //
 // Index contents are not trusted (as in decode_cpu.cpp): counts and lengths are clamped, pages
 // outside the cache are skipped (never pickable), writes stay inside the outputs.
@@ -12,7 +12,7 @@
 
 #include "cpu/parallel.hpp"
 #include "format/decode_internal.hpp"
-#include "plan/gate_internal.hpp"  // gate_order_key
+#include "plan/gate_internal.hpp"  // gate_order_key, summary_min, summary_max
 
 namespace sparsek {
 
@@ -56,8 +56,8 @@ void page_summaries_cpu(const PageSelectArgs& a, int threads_requested) {
         float mn = load_as_float(a.k.data, a.k.dtype, a.k.index(pp, 0, hk, d)), mx = mn;
         for (int64_t s = 1; s < slots; ++s) {
           const float x = load_as_float(a.k.data, a.k.dtype, a.k.index(pp, s, hk, d));
-          mn = std::fmin(mn, x);
-          mx = std::fmax(mx, x);
+          mn = summary_min(mn, x);
+          mx = summary_max(mx, x);
         }
         store_from_float(a.summaries, a.k.dtype, out + d, mn);  // a cache value: exact
         store_from_float(a.summaries, a.k.dtype, out + D + d, mx);
@@ -80,8 +80,9 @@ void select_pages_cpu(const PageSelectArgs& a, int threads_requested) {
     for (int64_t i = 0; i < nvec; ++i)
       for (int64_t d = 0; d < D; ++d)
         q[size_t(i * D + d)] = load_as_float(a.q.data, a.q.dtype, a.q.index(r.q0 + i / G, hk * G + i % G, d));
-    // The bound per page: the largest over the vectors, each summed with one fma per channel in
-    // ascending d (NaN bounds never win).
+    // The bound per page: the largest over the vectors, each summed in ascending d as q-·min + q+·max
+    // (two fmas, one of them adding an exact zero: the value of one fma of q_d with the side its
+    // sign picks, and the GPU's NaN where a summary is infinite; NaN bounds never win).
     std::vector<uint32_t> key(size_t(npages), 0u);
     std::vector<float> mn(static_cast<size_t>(D)), mx(static_cast<size_t>(D));
     auto always_on = [&](int64_t j) { return j < a.sink || j >= npages - a.local; };
@@ -97,7 +98,10 @@ void select_pages_cpu(const PageSelectArgs& a, int threads_requested) {
       for (int64_t i = 0; i < nvec; ++i) {
         const float* qi = &q[size_t(i * D)];
         float acc = 0.f;
-        for (int64_t d = 0; d < D; ++d) acc = std::fma(qi[d], qi[d] >= 0.f ? mx[size_t(d)] : mn[size_t(d)], acc);
+        for (int64_t d = 0; d < D; ++d) {
+          const float qn = qi[d] < 0.f ? qi[d] : 0.f, qp = qi[d] > 0.f ? qi[d] : 0.f;
+          acc = std::fma(qp, mx[size_t(d)], std::fma(qn, mn[size_t(d)], acc));
+        }
         if (acc > best) best = acc;
       }
       key[size_t(j)] = gate_order_key(best);

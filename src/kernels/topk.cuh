@@ -1,11 +1,14 @@
-// One warp's exact top-k over order keys, shared by the block gate (src/kernels/gate) and the
-// decode page selection (src/kernels/decode/select.cu); sm_80+, no PTX.
+// Exact top-k over order keys, shared by the block gate (src/kernels/gate) and the decode page
+// selection (src/kernels/decode/select.cu); sm_80+, no PTX.
 //
-// Keys are order-preserving u32 (gate_order_key: 0 = not pickable). Without a sort: the warp finds
-// T, the k-th largest key, most significant bits first, two bits per pass (count the keys >= each
-// of the three candidate prefixes; keep the largest prefix that still counts >= k). Keys > T are
-// taken, and of the keys == T the lowest indices, as many as k still needs: "ties -> the lower
-// index". Fixed-order reductions: the same keys give the same bits.
+// Keys are order-preserving u32 (gate_order_key: 0 = not pickable). Without a sort: find T, the
+// k-th largest key, most significant bits first; keys > T are taken, and of the keys == T the
+// lowest indices, as many as k still needs: "ties -> the lower index". Two ways to find T:
+//   warp_topk_threshold   one warp, two bits per pass (16 passes over the keys, three counts each):
+//                         for many short rows, a warp each (the gate);
+//   block_topk_threshold  a whole CTA, eight bits per pass (4 passes, a shared-memory histogram):
+//                         for one long row per CTA (the page selection).
+// Counts are exact integers: the same keys give the same T whatever the order of the additions.
 #pragma once
 #include <cstdint>
 
@@ -51,6 +54,72 @@ __device__ TopkThreshold warp_topk_threshold(Key key, int n, uint32_t k) {
   for (int j = lane; j < n; j += 32) above += key(j) > T;
   th.T = T;
   th.need = k - warp_count(above);  // >= 1: T is the k-th largest key
+  return th;
+}
+
+// The same threshold found by all THREADS threads of the CTA (every thread must call it; it
+// synchronizes the CTA). scratch: 256 + 2 words of shared memory. Each pass histograms the next
+// 8 bits of the keys that share the bits fixed so far, and keeps the largest digit whose suffix
+// count still reaches the k the pass needs.
+template <int THREADS, class Key>
+__device__ TopkThreshold block_topk_threshold(Key key, int n, uint32_t k, uint32_t* scratch) {
+  static_assert(THREADS % 32 == 0 && THREADS >= 256, "a thread per histogram bin");
+  const int t = threadIdx.x, lane = t % 32;
+  uint32_t* hist = scratch;  // [256]
+  uint32_t* found = scratch + 256;  // [2]: the digit, the count above it
+  if (t == 0) found[0] = 0u;
+  __syncthreads();
+  uint32_t pickable = 0;
+  for (int j = t; j < n; j += THREADS) pickable += key(j) != 0u;
+  pickable = warp_count(pickable);
+  if (lane == 0 && pickable) atomicAdd(&found[0], pickable);
+  __syncthreads();
+  const uint32_t E = found[0];
+  TopkThreshold th;
+  if (E <= k) return th;  // T = 0: every pickable key
+  if (k == 0u) {
+    th.T = 0xffffffffu;  // none
+    return th;
+  }
+  uint32_t T = 0u, rem = k;  // keys sharing T's fixed bits: rem of them are still to be taken
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    const uint32_t fixed = shift == 24 ? 0u : ~0u << (shift + 8);
+    __syncthreads();  // the previous pass read found[]
+    if (t < 256) hist[t] = 0u;
+    __syncthreads();
+    for (int j = t; j < n; j += THREADS) {
+      const uint32_t x = key(j);
+      if ((x & fixed) == T) atomicAdd(&hist[(x >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (t < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l: the suffix count from the top
+      uint32_t c[8], sum = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += c[e] = hist[255 - 8 * lane - e];
+      uint32_t above = sum;  // inclusive scan over lanes (lane 0 = the largest digits)
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, above, o);
+        if (lane >= o) above += y;
+      }
+      above -= sum;  // keys with a larger digit than this lane's
+      if (above < rem && above + sum >= rem) {  // exactly one lane: the k-th key's digit is here
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (above + c[e] >= rem) {
+            found[0] = uint32_t(255 - 8 * lane - e), found[1] = above;
+            break;
+          }
+          above += c[e];
+        }
+      }
+    }
+    __syncthreads();
+    T |= found[0] << shift;
+    rem -= found[1];
+  }
+  th.T = T;
+  th.need = rem;  // >= 1: T is the k-th largest key
   return th;
 }
 

@@ -79,4 +79,27 @@ SPARSEK_HD uint32_t gate_order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The page summaries' minimum and maximum (page selection), one definition for the CPU and the
+// GPU so that both write the same bits: NaN is skipped (as fmin/fmax do), and -0 counts as below +0
+// (fmin/fmax may return either zero of a +0/-0 pair; the two backends' libraries differ). Equal
+// arguments are identical bits except for that pair, whose sign bits OR (min) or AND (max) decide.
+SPARSEK_HD float summary_min(float a, float b) {
+  if (a != b) return fminf(a, b);
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  ua |= ub;
+  std::memcpy(&a, &ua, 4);
+  return a;
+}
+SPARSEK_HD float summary_max(float a, float b) {
+  if (a != b) return fmaxf(a, b);
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  ua &= ub;
+  std::memcpy(&a, &ua, 4);
+  return a;
+}
+
 }  // namespace sparsek

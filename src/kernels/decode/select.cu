@@ -1,18 +1,19 @@
 // Page selection on the GPU (sm_80+): the page summaries' update and the per-(request, head) top-k
 // of pages (include/sparsek/decode.hpp gives the semantics; src/cpu/page_select_cpu.cpp the
-// reference, which these kernels match bit for bit).
+// reference: the summaries match it bit for bit, the bounds up to the f32 rounding of their sums).
 //
 //   page_summary_kernel  one CTA per (request, key/value head, page): thread d walks the page's
 //                        stored slots of channel d (consecutive threads, consecutive addresses)
 //                        and writes its minimum and maximum. Without all_pages only the one or two
 //                        pages that hold the new tokens (n <= 16 <= page_size) run.
-//   page_select_kernel   one CTA (4 warps) per (request, key/value head); memory-bound. The group's
-//                        query vectors (G heads x n new tokens) wait in shared memory as f32. Each
-//                        warp copies 32 pages' summaries at a time into its shared-memory tile
-//                        (cp.async, coalesced 16-byte chunks), then lane l scores page l of them
-//                        in ascending d, as the CPU does; scores go to shared memory as order keys,
-//                        and warp 0 runs the exact top-k of src/kernels/topk.cuh and writes the row
-//                        ascending.
+//   page_select_kernel   one CTA (8 warps) per (request, key/value head); meant to be bound by the
+//                        summaries' bytes. The group's query vectors (G heads x n new tokens) wait
+//                        in shared memory as [q-, q+] rows in the cache's dtype. Each warp loads
+//                        16 pages' summaries at a time straight into registers (16-byte chunks)
+//                        and bounds them against 8 vectors at a time with tensor-core products
+//                        (mma.sync, f32 accumulation); the best bound per page goes to shared
+//                        memory as an order key, the CTA finds the exact top-k threshold
+//                        (src/kernels/topk.cuh, a radix select) and warp 0 writes the row ascending.
 //
 // Index contents are not trusted: counts and lengths are clamped, pages outside the cache are
 // never read (their score is "not pickable"), writes stay inside the outputs.
@@ -25,16 +26,17 @@
 #include "core/device.hpp"
 #include "kernels/decode/launch.hpp"
 #include "kernels/dtype.cuh"
-#include "kernels/ptx/mma_sm80.cuh"  // cp.async
+#include "kernels/ptx/mma_sm80.cuh"  // mma.sync m16n8k16
 #include "kernels/topk.cuh"
-#include "plan/gate_internal.hpp"  // gate_order_key
+#include "plan/gate_internal.hpp"  // gate_order_key, summary_min, summary_max
 
 namespace sparsek::page_select_gpu {
 namespace {
 
-constexpr int kSelectThreads = 128;  // 4 warps: each stages and scores 32 pages at a time
+constexpr int kSelectThreads = 256;  // 8 warps: each loads and scores 16 pages at a time
 constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr int kVecChunk = 32;  // query vectors staged in shared memory at a time (at most)
+constexpr int kVecTiles = kVecChunk / 8;  // tiles of 8 vectors (the mma's n) in a chunk
 constexpr int kMaxNew = 16;
 
 struct Params {
@@ -50,15 +52,9 @@ struct Params {
   int tokens, hkv, group, page_size, num_pages, max_pages;
   int64_t sel_kmax;
   int topk, sink, local;
-  int vec_chunk;  // query vectors per shared-memory chunk: a multiple of 4, <= kVecChunk
+  int vec_chunk;  // query vectors per shared-memory chunk: a multiple of 8, <= kVecChunk
   bool all_pages;
 };
-
-// A page's summary (min then max, 2 * D elements) in a warp's staging tile, 16 bytes apart from
-// the next page's: lane l reads its page at l * record bytes, so the 16-byte reads of 8 consecutive
-// lanes (one shared-memory phase) start 4 banks apart.
-template <class T, int D>
-constexpr int record_bytes() { return 2 * D * int(sizeof(T)) + 16; }
 
 // Request b's first new token, new-token count and length, clamped as the decode kernels clamp them.
 struct Req {
@@ -84,97 +80,148 @@ __global__ void __launch_bounds__(D) page_summary_kernel(Params p) {
   if (pp < 0 || pp >= p.num_pages) return;
   const int slots = min(ps, r.len - lp * ps);
   const T* src = static_cast<const T*>(p.k) + pp * p.c_sp + hk * p.c_sh + d;
-  float mn = dev::to_float(src[0]), mx = mn;
-  for (int s = 1; s < slots; ++s) {
-    const float x = dev::to_float(src[s * p.c_ss]);
-    mn = fminf(mn, x);
-    mx = fmaxf(mx, x);
-  }
-  T* dst = static_cast<T*>(p.summaries) + ((int64_t(pp) * p.hkv + hk) * 2) * D + d;
-  dst[0] = dev::from_float<T>(mn);  // a cache value: exact
-  dst[D] = dev::from_float<T>(mx);
-}
-
-// 8 elements of a 16-byte load as floats.
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const T* e = reinterpret_cast<const T*>(&u);
+  // Four running minima and maxima (slots s, s + 1, s + 2, s + 3), so that the loop's loads are
+  // independent and many are in flight; the order does not change the result (summary_min/max
+  // define one total order, -0 below +0).
+  float mn[4], mx[4];
+  const float first = dev::to_float(src[0]);
 #pragma unroll
-  for (int x = 0; x < 8; ++x) f[x] = dev::to_float(e[x]);
+  for (int u = 0; u < 4; ++u) mn[u] = mx[u] = first;
+#pragma unroll 4
+  for (int s = 1; s + 3 < slots; s += 4) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float x = dev::to_float(src[(s + u) * p.c_ss]);
+      mn[u] = summary_min(mn[u], x);
+      mx[u] = summary_max(mx[u], x);
+    }
+  }
+  for (int s = 1 + (slots - 1) / 4 * 4; s < slots; ++s) {
+    const float x = dev::to_float(src[s * p.c_ss]);
+    mn[0] = summary_min(mn[0], x);
+    mx[0] = summary_max(mx[0], x);
+  }
+#pragma unroll
+  for (int u = 1; u < 4; ++u) mn[0] = summary_min(mn[0], mn[u]), mx[0] = summary_max(mx[0], mx[u]);
+  T* dst = static_cast<T*>(p.summaries) + ((int64_t(pp) * p.hkv + hk) * 2) * D + d;
+  dst[0] = dev::from_float<T>(mn[0]);  // a cache value: exact
+  dst[D] = dev::from_float<T>(mx[0]);
 }
 
+// A 16x8x16 tensor-core product per (16 pages, 8 query vectors, 16 summary elements). The bound
+// Σ_d q_d · (q_d >= 0 ? max_d : min_d) is the dot product of [q-, q+] (q- = min(q, 0), q+ = max(q,
+// 0), exact in the cache's dtype) with a page's summary [min, max]: the summaries are the A operand
+// as they lie in memory (a row per page) and the vectors the B operand. A k-step needs, per thread,
+// elements 2t, 2t+1, 2t+8, 2t+9 of its rows; any permutation of k applied to both operands gives
+// the same dot products, so thread t of a row group takes whole 16-byte chunks instead: chunk
+// t + 4s of its two pages (g, g + 8) feeds two k-steps (elements 0-3, then 4-7), and the vectors
+// are staged so that the same chunk of a vector's [q-, q+] row gives the matching B registers.
 template <class T, int D>
-__global__ void __launch_bounds__(kSelectThreads) page_select_kernel(Params p) {
-  constexpr int RB = record_bytes<T, D>(), CH = 2 * D * int(sizeof(T)) / 16;  // 16-byte chunks per summary
+__global__ void __launch_bounds__(kSelectThreads, 2) page_select_kernel(Params p) {
+  constexpr int CH = 2 * D * int(sizeof(T)) / 16;  // 16-byte chunks per page summary (and per [q-, q+] row)
+  constexpr int HALF = CH / 8;                     // of them per thread and page in half a tile
+  constexpr int QROW = 2 * D * int(sizeof(T)) + 64;  // bytes per staged vector: rows g, g + 1 64 bytes apart mod 128
   extern __shared__ float4 smem4[];
-  char* tiles = reinterpret_cast<char*>(smem4);                   // [warps][32 pages][RB]
-  float* qs = reinterpret_cast<float*>(tiles + kSelectWarps * 32 * RB);  // [vec_chunk][D]
-  float* score = qs + p.vec_chunk * D;                             // [max_pages]: scores, then order keys
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  char* qs = reinterpret_cast<char*>(smem4);                                   // [vec_chunk][QROW]
+  float* score = reinterpret_cast<float*>(qs + p.vec_chunk * QROW);            // [max_pages]: scores, then order keys
+  uint32_t* scratch = reinterpret_cast<uint32_t*>(score + p.max_pages);        // [258]: the top-k's histogram
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tq = lane % 4;
   const int b = blockIdx.x / p.hkv, hk = blockIdx.x % p.hkv;
   const Req r = request(p, b);
   const int ps = p.page_size;
   const int npages = (r.len + ps - 1) / ps;
   const int nvec = p.group * r.n;  // vector i: new token i / G, query head hk * G + i % G
   const int32_t* table = p.page_table + int64_t(b) * p.max_pages;
-  char* tile = tiles + warp * 32 * RB;
-  const uint32_t tile_s = ptx::smem_addr(tile);
+  const char* sums = static_cast<const char*>(p.summaries) + int64_t(hk) * 2 * D * int64_t(sizeof(T));
+  const int64_t page_bytes = int64_t(p.hkv) * 2 * D * int64_t(sizeof(T));
 
+  // Physical pages g and g + 8 of the warp's tile at j0 (-1: outside the request or the cache).
+  auto lookup = [&](int j0, int (&pp)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = j0 + g + 8 * h;
+      pp[h] = j < npages ? table[j] : -1;
+      if (pp[h] >= p.num_pages) pp[h] = -1;
+    }
+  };
+  // Half a tile's summaries (chunks tq + 4s, s in [HALF * half, HALF * half + HALF), of pages pp[0]
+  // and pp[1]) into registers; a page of -1 reads as zeros.
+  auto load = [&](const int (&pp)[2], int half, uint4 (&buf)[2][HALF]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4* src = reinterpret_cast<const uint4*>(sums + (pp[h] >= 0 ? pp[h] : 0) * page_bytes);
+#pragma unroll
+      for (int s = 0; s < HALF; ++s)
+        buf[h][s] = pp[h] >= 0 ? src[tq + 4 * (HALF * half + s)] : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  // Those chunks' share of the bounds of pages g and g + 8 against every tile of 8 vectors.
+  auto bound = [&](const uint4 (&buf)[2][HALF], int half, int ntiles, float (&acc)[kVecTiles][4]) {
+#pragma unroll
+    for (int nt = 0; nt < kVecTiles; ++nt) {
+      if (nt >= ntiles) break;
+      const char* qv = qs + (nt * 8 + g) * QROW + (tq + 4 * HALF * half) * 16;
+#pragma unroll
+      for (int s = 0; s < HALF; ++s) {
+        const uint4 bq = *reinterpret_cast<const uint4*>(qv + s * 64);
+        ptx::mma_16816<T>(acc[nt], {buf[0][s].x, buf[1][s].x, buf[0][s].y, buf[1][s].y}, bq.x, bq.y);
+        ptx::mma_16816<T>(acc[nt], {buf[0][s].z, buf[1][s].z, buf[0][s].w, buf[1][s].w}, bq.z, bq.w);
+      }
+    }
+  };
   for (int j = t; j < npages; j += kSelectThreads) score[j] = -INFINITY;
   for (int c0 = 0; c0 < nvec; c0 += p.vec_chunk) {
-    const int nv = min(p.vec_chunk, nvec - c0);
+    const int nv = min(p.vec_chunk, nvec - c0), ntiles = (nv + 7) / 8;
+    // The warp's first tile: its pages and first half in flight while the vectors are staged.
+    int pp[2];
+    uint4 first[2][HALF], second[2][HALF];
+    lookup(warp * 16, pp);
+    load(pp, 0, first);
     __syncthreads();  // the previous chunk is consumed (and the scores initialized, the first time)
-    for (int e = t; e < (nv + 3) / 4 * 4 * D; e += kSelectThreads) {  // zeros up to whole groups of 4
-      const int i = c0 + e / D, d = e % D;
-      const T* qrow = static_cast<const T*>(p.q) + int64_t(r.q0 + i / p.group) * p.q_st +
-                      int64_t(hk * p.group + i % p.group) * p.q_sh;
-      qs[e] = e / D < nv ? dev::to_float(qrow[d]) : 0.f;
+    for (int e = t; e < ntiles * 8 * D; e += kSelectThreads) {  // zero vectors up to whole tiles of 8
+      const int i = e / D, d = e % D;
+      float x = 0.f;
+      if (i < nv) {
+        const T* qrow = static_cast<const T*>(p.q) + int64_t(r.q0 + (c0 + i) / p.group) * p.q_st +
+                        int64_t(hk * p.group + (c0 + i) % p.group) * p.q_sh;
+        x = dev::to_float(qrow[d]);
+      }
+      T* row = reinterpret_cast<T*>(qs + i * QROW);
+      row[d] = dev::from_float<T>(x < 0.f ? x : 0.f);  // q-, against the minima
+      row[D + d] = dev::from_float<T>(x > 0.f ? x : 0.f);  // q+, against the maxima
     }
     __syncthreads();
-    // Each warp: 32 pages at a time, their summaries copied in coalesced 16-byte chunks (pages
-    // outside the request or the cache are zero-filled and never scored), then lane l scores page
-    // j0 + l from shared memory.
-    for (int j0 = warp * 32; j0 < npages; j0 += kSelectThreads) {
-      const int j = j0 + lane;
-      const int pp = j < npages ? table[j] : -1;
-      const bool valid = pp >= 0 && pp < p.num_pages;
-#pragma unroll 4
-      for (int c = lane; c < 32 * CH; c += 32) {
-        const int rr = c / CH, off = c % CH;
-        const int prr = __shfl_sync(0xffffffffu, valid ? pp : -1, rr);
-        const char* src = static_cast<const char*>(p.summaries) +
-                          ((int64_t(prr < 0 ? 0 : prr) * p.hkv + hk) * 2 * D) * int64_t(sizeof(T)) + off * 16;
-        ptx::cp_async_16(tile_s + rr * RB + off * 16, src, prr < 0 ? 0 : 16);
-      }
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<0>();
-      __syncwarp();
-      if (valid) {
-        const char* rec = tile + lane * RB;
-        float best = score[j];
-        for (int v0 = 0; v0 < nv; v0 += 4) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-          for (int d8 = 0; d8 < D / 8; ++d8) {
-            float mn[8], mx[8];
-            unpack8<T>(*reinterpret_cast<const uint4*>(rec + d8 * 16), mn);
-            unpack8<T>(*reinterpret_cast<const uint4*>(rec + D * int(sizeof(T)) + d8 * 16), mx);
+    // Each warp: 16 pages at a time, in two halves, with the next half always in flight while one
+    // is bounded: this tile's second half while its first is, the next tile's first while its
+    // second is.
+    for (int j0 = warp * 16; j0 < npages; j0 += kSelectWarps * 16) {
+      load(pp, 1, second);
+      int next[2];
+      lookup(j0 + kSelectWarps * 16, next);
+      float acc[kVecTiles][4] = {};
+      bound(first, 0, ntiles, acc);
+      load(next, 0, first);
+      bound(second, 1, ntiles, acc);
+      // acc[nt]: pages g (0, 1) and g + 8 (2, 3) against vectors 2tq, 2tq + 1 of tile nt; zero
+      // vectors past nv are not bounds. fmaxf drops NaN: a NaN bound never wins.
+      float best[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // vectors past nv are zeros, their bounds unused
-              const float* qv = qs + (v0 + v) * D + 8 * d8;  // the same address in every lane: broadcast
-              const float4 qa = *reinterpret_cast<const float4*>(qv), qb = *reinterpret_cast<const float4*>(qv + 4);
-              const float qx[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+      for (int nt = 0; nt < kVecTiles; ++nt) {
+        const int v = nt * 8 + 2 * tq;
 #pragma unroll
-              for (int x = 0; x < 8; ++x) acc[v] = __fmaf_rn(qx[x], qx[x] >= 0.f ? mx[x] : mn[x], acc[v]);
-            }
-          }
-#pragma unroll
-          for (int v = 0; v < 4; ++v)
-            if (v0 + v < nv && acc[v] > best) best = acc[v];  // a NaN bound never wins
+        for (int h = 0; h < 2; ++h) {
+          if (v < nv) best[h] = fmaxf(best[h], acc[nt][2 * h]);
+          if (v + 1 < nv) best[h] = fmaxf(best[h], acc[nt][2 * h + 1]);
         }
-        score[j] = best;
       }
-      __syncwarp();  // the tile is consumed before the next copy into it
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        best[h] = fmaxf(best[h], __shfl_xor_sync(0xffffffffu, best[h], 1));
+        best[h] = fmaxf(best[h], __shfl_xor_sync(0xffffffffu, best[h], 2));
+        const int j = j0 + g + 8 * h;  // this warp's page in every chunk
+        if (tq == 0 && pp[h] >= 0) score[j] = fmaxf(score[j], best[h]);
+      }
+      pp[0] = next[0], pp[1] = next[1];
     }
   }
   __syncthreads();
@@ -183,9 +230,9 @@ __global__ void __launch_bounds__(kSelectThreads) page_select_kernel(Params p) {
   for (int j = t; j < npages; j += kSelectThreads)
     score[j] = __uint_as_float(always_on(j) ? 0u : gate_order_key(score[j]));
   __syncthreads();
-  if (warp != 0) return;
   auto key = [&](int j) { return __float_as_uint(score[j]); };
-  const dev::TopkThreshold th = dev::warp_topk_threshold(key, npages, uint32_t(p.topk));
+  const dev::TopkThreshold th = dev::block_topk_threshold<kSelectThreads>(key, npages, uint32_t(p.topk), scratch);
+  if (warp != 0) return;
   int32_t* out = p.sel_indices + int64_t(blockIdx.x) * p.sel_kmax;
   const int pos = dev::warp_write_selected(key, npages, th, always_on, out, p.sel_kmax);
   for (int64_t e = pos + lane; e < p.sel_kmax; e += 32) out[e] = 0;
@@ -207,13 +254,13 @@ Params params(const PageSelectArgs& a) {
   p.all_pages = a.all_pages;
   // The most vectors a request brings: G * min(16, T - B + 1) (every other request has >= 1 token).
   const int64_t most = (a.q.h / a.k.h) * std::clamp<int64_t>(a.q.t - a.batch + 1, 1, kMaxNew);
-  p.vec_chunk = int(std::min<int64_t>(kVecChunk, (most + 3) / 4 * 4));
+  p.vec_chunk = int(std::min<int64_t>(kVecChunk, (most + 7) / 8 * 8));
   return p;
 }
 
 size_t select_smem_bytes(const PageSelectArgs& a) {
-  const int64_t rb = 2 * a.q.d * int64_t(dtype_size(a.k.dtype)) + 16;
-  return size_t(kSelectWarps * 32 * rb) + size_t(params(a).vec_chunk * a.q.d + a.max_pages) * 4;
+  const int64_t qrow = 2 * a.q.d * int64_t(dtype_size(a.k.dtype)) + 64;  // the kernel's QROW
+  return size_t(params(a).vec_chunk * qrow) + size_t(a.max_pages + 258) * 4;
 }
 
 template <class T, int D>
