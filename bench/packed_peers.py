@@ -19,12 +19,12 @@ Answers: sparsek's O against FlexAttention's, FA4's against sparsek's (max |diff
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 
 import sparsek
+import torch_peers  # the shared timer (this script's folder is on sys.path)
 
 LENS = [1024, 1536, 2560, 3968, 6016, 8960, 12032, 29440]
 BLOCK = 128
@@ -59,17 +59,8 @@ def unmasked(mask, causal):
 
 
 def time_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """torch_peers' CUDA-event median of single calls, on one input set (fn takes no set index)."""
+    return torch_peers.time_ms(lambda _set: fn(), 1, warmup, reps)
 
 
 def flex_block_mask(mask, lens, causal):
