@@ -2,7 +2,9 @@
 //!
 //! - DSD `C = alpha * op(A) * B + beta * C` with A sparse ([`dsd`]),
 //! - DDS `C = alpha * A * op(B) + beta * C` with B sparse ([`dds`]),
-//! - SDD `C = alpha * (A * B) + beta * C` on the stored blocks of C ([`sdd`]).
+//! - SDD `C = alpha * (A * B) + beta * C` on the stored blocks of C ([`sdd`]);
+//! - block-sparse attention, forward and backward ([`attention`], [`attention_backward`]), with a
+//!   FlexAttention-style [`BlockLayout`], GQA, causal masking and packed sequences.
 //!
 //! fp8: [`E4m3`] operands carry fp32 scales (one per stored block of the sparse operand, one per
 //! token of the dense one): [`BsrMatrix::quantize`], [`quantize_dense`], then [`dsd`] / [`dds`].
@@ -30,6 +32,7 @@ use std::ffi::CStr;
 
 pub use sparsek_sys as sys;
 
+mod attention;
 pub mod device;
 mod error;
 mod matrix;
@@ -37,6 +40,7 @@ mod ops;
 mod plan;
 mod types;
 
+pub use attention::{attention, attention_backward, AttentionOptions, BlockLayout, ForwardOutputs, Tensor4, Tensor4Mut};
 pub use error::{Error, Result, Status};
 pub use matrix::{dequantize_dense, quantize_dense, scale_count, BsrMatrix, DenseMut, DenseRef};
 pub use ops::{dds, dsd, sdd};
