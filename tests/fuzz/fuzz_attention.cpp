@@ -66,8 +66,9 @@ Count g_counts[] = {{"sparsek_attention"},
                     {"decode_attention (paged)"},
                     {"decode plan run on edited indices"},
                     {"context-parallel ranks (host)"},
-                    {"packed sequences (one-shot forward)"}};
-enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited, kCp, kPacked };
+                    {"packed sequences (one-shot forward)"},
+                    {"sparsek_gate on packed sequences"}};
+enum { kForward, kPlan, kEdited, kBackward, kBackwardEdited, kGate, kDecode, kDecodeEdited, kCp, kPacked, kGatePacked };
 void count(int which, bool refused, bool checked = false) {
   Count& c = g_counts[which];
   ++c.calls;
@@ -491,6 +492,21 @@ void fuzz_backward(Reader& r) {
 
 // ---- the gate ----
 
+// With packed sequences, the key blocks query block i may select: from the block holding the start
+// of its first row's sequence to the one holding the end of its last row's. A linear scan (the
+// library searches): row r's sequence is the last x < n with cu[x] <= r.
+void sequence_blocks(const std::vector<int32_t>& cu, int64_t i, int64_t blk, int64_t T, int64_t& first, int64_t& end) {
+  auto seq = [&](int64_t row) {
+    size_t s = 0;
+    for (size_t x = 0; x + 1 < cu.size(); ++x)
+      if (cu[x] <= row) s = x;
+    return s;
+  };
+  const int64_t r0 = i * blk, r1 = std::min((i + 1) * blk, T) - 1;
+  first = cu[seq(r0)] / blk;
+  end = (int64_t(cu[seq(r1) + 1]) + blk - 1) / blk;
+}
+
 void fuzz_gate(Reader& r) {
   Problem p;  // q, k and a candidate layout; v and o unused
   make_problem(r, p);
@@ -510,6 +526,19 @@ void fuzz_gate(Reader& r) {
   g.scale = sb < 200 ? 0.f : kScales[sb % 8];
   const bool cand = r.u8() >= 160;
   if (cand) g.candidates = &p.args.layout;
+  // Packed sequences (one batch row): the problem's offsets, or up to 5 sequences cut at random
+  // rows here; sometimes an offset broken, and q.s != k.s: both must be refused.
+  std::vector<int32_t> cu = p.cu;
+  if (cu.empty() && p.B == 1 && p.Sq > 0 && r.u8() >= 128) {
+    const int n = 1 + r.u8() % 5;
+    cu.assign(1, 0);
+    for (int i = 1; i < n; ++i) cu.push_back(int32_t(r.u8() % (p.Sq + 1)));
+    cu.push_back(int32_t(p.Sq));
+    std::sort(cu.begin(), cu.end());
+    if (r.u8() >= 240) cu[size_t(r.u8() % (n + 1))] = int32_t(r.u32());
+  }
+  const bool packed = !cu.empty() && !huge;
+  if (packed) g.cu_seqlens = cu.data(), g.num_seqs = int64_t(cu.size()) - 1;
   const int64_t blk = g.block == 64 || g.block == 128 ? g.block : 64;
   const int64_t mq = p.Sq > 0 ? (p.Sq + blk - 1) / blk : 0, nk = g.k.s > 0 ? (g.k.s + blk - 1) / blk : 0;
   const int64_t hkv = std::max<int64_t>(p.Hkv, 0), rows = std::max<int64_t>(p.B, 0) * hkv * mq;
@@ -535,12 +564,18 @@ void fuzz_gate(Reader& r) {
   const sparsek_status st = sparsek_gate(&g, nullptr);
   check_status(st, "sparsek_gate");
   count(kGate, st != SPARSEK_OK, st == SPARSEK_OK);
+  if (packed) count(kGatePacked, st != SPARSEK_OK, st == SPARSEK_OK);
   if (huge) {
     if (st == SPARSEK_OK) finding("a key sequence of 2^40 broadcast rows was accepted");
     // Refused for its scratch (not for another fault of the input): the argument is named.
     if (std::strstr(sparsek_last_error(), "scratch") && !std::strstr(sparsek_last_error(), "k.s = "))
       finding("the scratch refusal does not name k.s");
     return;
+  }
+  if (packed && st == SPARSEK_OK) {
+    bool ok = cu.front() == 0 && cu.back() == p.Sq && p.Sq == g.k.s;
+    for (size_t x = 1; x < cu.size(); ++x) ok = ok && cu[x - 1] <= cu[x];
+    if (!ok) finding("the gate accepted packed sequences it must refuse (offsets broken, or q.s != k.s)");
   }
   if (st != SPARSEK_OK) return;
   // The rules of a well-formed selection, row by row (b, g, i).
@@ -567,6 +602,11 @@ void fuzz_gate(Reader& r) {
     if (g.causal)
       for (int64_t j = 0; j < nk; ++j)
         if (!gate_causal_allows(i, j, blk, p.Sq)) allowed[size_t(j)] = 0;
+    // Packed: only the blocks holding keys of the block's rows' sequences; sinks count from the first.
+    int64_t first = 0, end = nk;
+    if (packed) sequence_blocks(cu, i, blk, p.Sq, first, end);
+    for (int64_t j = 0; j < nk; ++j)
+      if (j < first || j >= end) allowed[size_t(j)] = 0;
     int64_t always = 0, others = 0;
     std::vector<char> chosen(size_t(nk), 0);
     for (int32_t e = 0; e < n; ++e) {
@@ -575,12 +615,12 @@ void fuzz_gate(Reader& r) {
       if (e > 0 && j <= idx[size_t(row * g.kmax + e - 1)]) finding("gate indices not ascending");
       if (!allowed[size_t(j)]) finding("gate chose block " + std::to_string(j) + ", which is not allowed");
       chosen[size_t(j)] = 1;
-      gate_always_on(i, j, g.sink, g.local) ? ++always : ++others;
+      gate_always_on(i, j, g.sink, g.local, first) ? ++always : ++others;
     }
     for (int64_t e = n; e < g.kmax; ++e)
       if (idx[size_t(row * g.kmax + e)] != 0) finding("gate entry past the count is not 0");
     for (int64_t j = 0; j < nk; ++j)
-      if (allowed[size_t(j)] && gate_always_on(i, j, g.sink, g.local) && !chosen[size_t(j)])
+      if (allowed[size_t(j)] && gate_always_on(i, j, g.sink, g.local, first) && !chosen[size_t(j)])
         finding("an allowed sink/local block " + std::to_string(j) + " was dropped");
     if (others > g.topk) finding("gate kept more than topk other blocks");
     for (int64_t j = 0; !scores.empty() && j < nk; ++j)
