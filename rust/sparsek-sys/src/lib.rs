@@ -173,6 +173,34 @@ pub struct sparsek_attention_backward_args {
     pub nondeterministic: i32,
 }
 
+/// The top-k block gate: q and k are mean-pooled per block (a group's query heads together),
+/// scored `scale * pooled_q . pooled_k` per key/value head, and each query block keeps its sink,
+/// local and `topk` best other allowed blocks, ascending (sparsek.h says the rules). Outputs:
+/// `kv_num_blocks [B, Hkv, Mq]`, `kv_indices [B, Hkv, Mq, kmax]`, optionally `scores
+/// [B, Hkv, Mq, Nk]`. Zero-initialize it: null and 0 in the optional fields mean "not given".
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_gate_args {
+    pub q: sparsek_tensor4,
+    pub k: sparsek_tensor4,
+    pub topk: i32,
+    pub block: i32,
+    pub causal: i32,
+    pub sink: i32,
+    pub local: i32,
+    pub scale: c_float,
+    pub candidates: *const sparsek_attention_layout,
+    pub given_scores: *const c_float,
+    pub kv_num_blocks: *mut i32,
+    pub kv_indices: *mut i32,
+    pub kmax: i64,
+    pub scores: *mut c_float,
+    pub workspace: *mut c_void,
+    pub workspace_bytes: u64,
+    pub cu_seqlens: *const i32,
+    pub num_seqs: i64,
+}
+
 /// Opaque attention plan (`struct sparsek_attention_plan_s`).
 #[repr(C)]
 pub struct sparsek_attention_plan_s {
@@ -292,4 +320,7 @@ extern "C" {
         plan: sparsek_attention_backward_plan,
         bytes: *mut u64,
     ) -> sparsek_status;
+
+    pub fn sparsek_gate_workspace_bytes(args: *const sparsek_gate_args, bytes: *mut u64) -> sparsek_status;
+    pub fn sparsek_gate(args: *const sparsek_gate_args, stream: *mut c_void) -> sparsek_status;
 }

@@ -171,3 +171,16 @@ fn packed_sequences_attend_only_their_own_keys() {
     assert_eq!(unsafe { sparsek_attention(&none, std::ptr::null_mut()) }, SPARSEK_INVALID_ARGUMENT);
     assert!(last_error().contains("num_seqs = 0 with cu_seqlens given"), "{}", last_error());
 }
+
+#[test]
+fn gate_struct_layout_matches_the_c_layout() {
+    // sparsek_gate_args: 2 tensors (144), 5 x i32 and the scale (24), 4 pointers, kmax, 2 pointers,
+    // workspace_bytes, cu_seqlens, num_seqs = 248 bytes on LP64.
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, topk), 144);
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, scale), 164);
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, candidates), 168);
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, kmax), 200);
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, workspace_bytes), 224);
+    assert_eq!(std::mem::offset_of!(sparsek_gate_args, num_seqs), 240);
+    assert_eq!(std::mem::size_of::<sparsek_gate_args>(), 248);
+}

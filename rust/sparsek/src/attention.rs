@@ -37,7 +37,7 @@ use sparsek_sys as sys;
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
-fn to_i64(what: &str, v: usize) -> Result<i64> {
+pub(crate) fn to_i64(what: &str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::invalid(format!("{what}={v} does not fit in int64")))
 }
 
@@ -109,7 +109,7 @@ impl<'a, T: Element> Tensor4<'a, T> {
     pub fn shape(&self) -> [usize; 4] {
         self.dims.shape
     }
-    fn raw(&self) -> Result<sys::sparsek_tensor4> {
+    pub(crate) fn raw(&self) -> Result<sys::sparsek_tensor4> {
         self.dims.raw(self.data.as_ptr() as *mut c_void, T::DTYPE.raw())
     }
 }
@@ -202,7 +202,7 @@ impl<'a> BlockLayout<'a> {
         self.full = Some((full_kv_num_blocks, full_kv_indices, full_kmax));
         Ok(self)
     }
-    fn raw(&self) -> Result<sys::sparsek_attention_layout> {
+    pub(crate) fn raw(&self) -> Result<sys::sparsek_attention_layout> {
         let block = i32::try_from(self.block).map_err(|_| Error::invalid(format!("block={} does not fit in int32", self.block)))?;
         let (full_num, full_idx, full_kmax) = match self.full {
             Some((n, i, k)) => (n.as_ptr(), i.as_ptr(), k),

@@ -4,7 +4,8 @@
 //! - DDS `C = alpha * A * op(B) + beta * C` with B sparse ([`dds`]),
 //! - SDD `C = alpha * (A * B) + beta * C` on the stored blocks of C ([`sdd`]);
 //! - block-sparse attention, forward and backward ([`attention`], [`attention_backward`]), with a
-//!   FlexAttention-style [`BlockLayout`], GQA, causal masking and packed sequences.
+//!   FlexAttention-style [`BlockLayout`], GQA, causal masking and packed sequences, and the top-k
+//!   block [`gate`] that chooses such a layout from q and k.
 //!
 //! fp8: [`E4m3`] operands carry fp32 scales (one per stored block of the sparse operand, one per
 //! token of the dense one): [`BsrMatrix::quantize`], [`quantize_dense`], then [`dsd`] / [`dds`].
@@ -34,6 +35,7 @@ pub use sparsek_sys as sys;
 
 mod attention;
 pub mod device;
+mod gate;
 mod error;
 mod matrix;
 mod ops;
@@ -42,6 +44,7 @@ mod types;
 
 pub use attention::{attention, attention_backward, AttentionOptions, BlockLayout, ForwardOutputs, Tensor4, Tensor4Mut};
 pub use error::{Error, Result, Status};
+pub use gate::{gate, GateLayout, GateOptions};
 pub use matrix::{dequantize_dense, quantize_dense, scale_count, BsrMatrix, DenseMut, DenseRef};
 pub use ops::{dds, dsd, sdd};
 pub use plan::{Kind, Plan};
