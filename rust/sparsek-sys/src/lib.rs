@@ -201,6 +201,90 @@ pub struct sparsek_gate_args {
     pub num_seqs: i64,
 }
 
+/// A `[t, h, d]` tensor of tokens (decode); strides in elements, `d` contiguous.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_tokens {
+    pub data: *mut c_void,
+    pub dtype: sparsek_dtype,
+    pub memory: sparsek_memory,
+    pub t: i64,
+    pub h: i64,
+    pub d: i64,
+    pub stride_t: i64,
+    pub stride_h: i64,
+}
+
+/// A paged KV cache `[pages, page_size, h, d]`; strides in elements, `d` contiguous.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_paged_cache {
+    pub data: *mut c_void,
+    pub dtype: sparsek_dtype,
+    pub memory: sparsek_memory,
+    pub pages: i64,
+    pub page_size: i64,
+    pub h: i64,
+    pub d: i64,
+    pub stride_page: i64,
+    pub stride_slot: i64,
+    pub stride_h: i64,
+}
+
+/// Decode attention over a paged KV cache (sparsek.h gives the semantics). `lse`, `sel_indices`
+/// and `sel_counts` may be null (the selection: both or neither).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_decode_args {
+    pub q: sparsek_tokens,
+    pub k: sparsek_paged_cache,
+    pub v: sparsek_paged_cache,
+    pub o: sparsek_tokens,
+    pub lse: *mut c_float,
+    pub page_table: *const i32,
+    pub seq_lens: *const i32,
+    pub cu_seqlens_q: *const i32,
+    pub sel_indices: *const i32,
+    pub sel_counts: *const i32,
+    pub batch: i64,
+    pub max_pages: i64,
+    pub sel_kmax: i64,
+    pub index_memory: sparsek_memory,
+    pub causal_new: i32,
+    pub scale: c_float,
+}
+
+/// Opaque decode plan (`struct sparsek_decode_plan_s`).
+#[repr(C)]
+pub struct sparsek_decode_plan_s {
+    _private: [u8; 0],
+}
+pub type sparsek_decode_plan = *mut sparsek_decode_plan_s;
+
+/// Page selection for decode: the summaries' update and the per-(request, key/value head) top-k
+/// of pages (sparsek.h gives the rules).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sparsek_page_select_args {
+    pub q: sparsek_tokens,
+    pub k: sparsek_paged_cache,
+    pub summaries: *mut c_void,
+    pub page_table: *const i32,
+    pub seq_lens: *const i32,
+    pub cu_seqlens_q: *const i32,
+    pub batch: i64,
+    pub max_pages: i64,
+    pub index_memory: sparsek_memory,
+    pub sel_indices: *mut i32,
+    pub sel_counts: *mut i32,
+    pub sel_kmax: i64,
+    pub topk: i64,
+    pub sink: i64,
+    pub local: i64,
+    pub all_pages: i32,
+    pub skip_index_check: i32,
+}
+
 /// Opaque attention plan (`struct sparsek_attention_plan_s`).
 #[repr(C)]
 pub struct sparsek_attention_plan_s {
@@ -320,6 +404,20 @@ extern "C" {
         plan: sparsek_attention_backward_plan,
         bytes: *mut u64,
     ) -> sparsek_status;
+
+    pub fn sparsek_decode_attention(args: *const sparsek_decode_args, stream: *mut c_void) -> sparsek_status;
+    pub fn sparsek_decode_plan_create(
+        plan: *mut sparsek_decode_plan,
+        problem: *const sparsek_decode_args,
+        kv_splits: i32,
+    ) -> sparsek_status;
+    pub fn sparsek_decode_plan_run(plan: sparsek_decode_plan, args: *const sparsek_decode_args, stream: *mut c_void)
+        -> sparsek_status;
+    pub fn sparsek_decode_plan_destroy(plan: sparsek_decode_plan) -> sparsek_status;
+    pub fn sparsek_decode_plan_info(plan: sparsek_decode_plan, kv_splits: *mut i32, workspace_bytes: *mut u64)
+        -> sparsek_status;
+    pub fn sparsek_update_page_summaries(args: *const sparsek_page_select_args, stream: *mut c_void) -> sparsek_status;
+    pub fn sparsek_select_pages(args: *const sparsek_page_select_args, stream: *mut c_void) -> sparsek_status;
 
     pub fn sparsek_gate_workspace_bytes(args: *const sparsek_gate_args, bytes: *mut u64) -> sparsek_status;
     pub fn sparsek_gate(args: *const sparsek_gate_args, stream: *mut c_void) -> sparsek_status;

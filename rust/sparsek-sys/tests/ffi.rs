@@ -184,3 +184,27 @@ fn gate_struct_layout_matches_the_c_layout() {
     assert_eq!(std::mem::offset_of!(sparsek_gate_args, num_seqs), 240);
     assert_eq!(std::mem::size_of::<sparsek_gate_args>(), 248);
 }
+
+#[test]
+fn decode_struct_layouts_match_the_c_layout() {
+    // sparsek_tokens: pointer, 2 enums, 5 x i64 = 56; sparsek_paged_cache: pointer, 2 enums,
+    // 7 x i64 = 72 (LP64).
+    assert_eq!(std::mem::size_of::<sparsek_tokens>(), 56);
+    assert_eq!(std::mem::size_of::<sparsek_paged_cache>(), 72);
+    // sparsek_decode_args: q, k, v, o (256), 6 pointers, 3 x i64, index_memory, causal_new, scale (+4).
+    assert_eq!(std::mem::offset_of!(sparsek_decode_args, lse), 256);
+    assert_eq!(std::mem::offset_of!(sparsek_decode_args, batch), 304);
+    assert_eq!(std::mem::offset_of!(sparsek_decode_args, index_memory), 328);
+    assert_eq!(std::mem::offset_of!(sparsek_decode_args, causal_new), 332);
+    assert_eq!(std::mem::offset_of!(sparsek_decode_args, scale), 336);
+    assert_eq!(std::mem::size_of::<sparsek_decode_args>(), 344);
+    // sparsek_page_select_args: q, k (128), 4 pointers, 2 x i64, index_memory (+4), 2 pointers,
+    // 4 x i64, 2 x i32 = 240.
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, summaries), 128);
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, index_memory), 176);
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, sel_indices), 184);
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, topk), 208);
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, all_pages), 232);
+    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, skip_index_check), 236);
+    assert_eq!(std::mem::size_of::<sparsek_page_select_args>(), 240);
+}

@@ -5,7 +5,9 @@
 //! - SDD `C = alpha * (A * B) + beta * C` on the stored blocks of C ([`sdd`]);
 //! - block-sparse attention, forward and backward ([`attention`], [`attention_backward`]), with a
 //!   FlexAttention-style [`BlockLayout`], GQA, causal masking and packed sequences, and the top-k
-//!   block [`gate`] that chooses such a layout from q and k.
+//!   block [`gate`] that chooses such a layout from q and k;
+//! - decode attention over a paged KV cache ([`decode_attention`]) and the page selection that
+//!   chooses which pages it reads ([`update_page_summaries`], [`select_pages`]).
 //!
 //! fp8: [`E4m3`] operands carry fp32 scales (one per stored block of the sparse operand, one per
 //! token of the dense one): [`BsrMatrix::quantize`], [`quantize_dense`], then [`dsd`] / [`dds`].
@@ -34,6 +36,7 @@ use std::ffi::CStr;
 pub use sparsek_sys as sys;
 
 mod attention;
+mod decode;
 pub mod device;
 mod gate;
 mod error;
@@ -43,6 +46,7 @@ mod plan;
 mod types;
 
 pub use attention::{attention, attention_backward, AttentionOptions, BlockLayout, ForwardOutputs, Tensor4, Tensor4Mut};
+pub use decode::{decode_attention, select_pages, update_page_summaries, DecodeOptions, PageSelection, PagedCache, Requests, Tokens, TokensMut};
 pub use error::{Error, Result, Status};
 pub use gate::{gate, GateLayout, GateOptions};
 pub use matrix::{dequantize_dense, quantize_dense, scale_count, BsrMatrix, DenseMut, DenseRef};
