@@ -295,9 +295,11 @@ sparsek_status sparsek_decode_plan_info(sparsek_decode_plan plan, int32_t* kv_sp
  * dtype and memory ([p, h, 0, :] the per-channel minimum, [p, h, 1, :] the maximum of the page's
  * stored keys), and the choice of pages each key/value head attends, as sparsek/decode.hpp says:
  * a page's score is the largest, over the query heads of the group and the request's new tokens,
- * of sum_d q_d * (q_d >= 0 ? max_d : min_d); each (request, key/value head) keeps pages
- * 0..sink-1, the `local` newest pages and the `topk` best others (equal scores: the lower page),
- * in ascending order, with zeros past the count: the selection sparsek_decode_args takes. */
+ * of sum_d q_d * (q_d >= 0 ? max_d : min_d) (f32: the GPU sums on the tensor cores, so its choice
+ * can differ from the CPU's between pages whose scores are within rounding of each other); each
+ * (request, key/value head) keeps pages 0..sink-1, the `local` newest pages and the `topk` best
+ * others (equal scores: the lower page), in ascending order, with zeros past the count: the
+ * selection sparsek_decode_args takes. */
 typedef struct {
   sparsek_tokens q;      /* [T, Hq, D] the step's new tokens; update reads its shape only (data may be NULL) */
   sparsek_paged_cache k; /* [num_pages, page_size, Hkv, D] the key cache; select reads its shape only */
