@@ -41,6 +41,15 @@ pub(crate) fn to_i64(what: &str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::invalid(format!("{what}={v} does not fit in int64")))
 }
 
+/// The product of extents, or an error naming `what` when it overflows (a wrapped product would let
+/// a short slice pass a length check).
+pub(crate) fn product(what: &str, extents: &[usize]) -> Result<usize> {
+    extents
+        .iter()
+        .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+        .ok_or_else(|| Error::invalid(format!("{what} {extents:?} has more elements than a usize holds")))
+}
+
 /// Shape and strides of a `[b, h, s, d]` tensor (strides in elements, d contiguous).
 #[derive(Debug, Clone, Copy)]
 struct Dims {
@@ -85,8 +94,8 @@ impl Dims {
     }
 }
 
-fn packed_strides([_, h, s, d]: [usize; 4]) -> [usize; 3] {
-    [h * s * d, s * d, d]
+fn packed_strides([_, h, s, d]: [usize; 4]) -> Result<[usize; 3]> {
+    Ok([product("a batch row", &[h, s, d])?, s * d, d])
 }
 
 /// A read-only `[b, h, s, d]` tensor over a host slice.
@@ -99,7 +108,7 @@ pub struct Tensor4<'a, T: Element> {
 impl<'a, T: Element> Tensor4<'a, T> {
     /// Packed: `[b, h, s, d]` row-major.
     pub fn new(data: &'a [T], shape: [usize; 4]) -> Result<Self> {
-        Self::with_strides(data, shape, packed_strides(shape))
+        Self::with_strides(data, shape, packed_strides(shape)?)
     }
     /// Any strides for b, h and s, in elements (d is contiguous): `[s*h*d, d, h*d]` views a
     /// `[b, s, h, d]` array.
@@ -124,7 +133,7 @@ pub struct Tensor4Mut<'a, T: Element> {
 impl<'a, T: Element> Tensor4Mut<'a, T> {
     /// Packed: `[b, h, s, d]` row-major.
     pub fn new(data: &'a mut [T], shape: [usize; 4]) -> Result<Self> {
-        Self::with_strides(data, shape, packed_strides(shape))
+        Self::with_strides(data, shape, packed_strides(shape)?)
     }
     /// Any strides for b, h and s, in elements (d is contiguous).
     pub fn with_strides(data: &'a mut [T], shape: [usize; 4], strides: [usize; 3]) -> Result<Self> {
@@ -169,26 +178,27 @@ impl<'a> BlockLayout<'a> {
         kmax: usize,
         block: usize,
     ) -> Result<Self> {
-        let rows = batch * heads * q_blocks;
+        let rows = product("kv_num_blocks", &[batch, heads, q_blocks])?;
+        let entries = product("kv_indices", &[rows, kmax])?;
         if kv_num_blocks.len() < rows {
             return Err(Error::invalid(format!(
                 "kv_num_blocks has {} entries but [{batch}, {heads}, {q_blocks}] needs {rows}",
                 kv_num_blocks.len()
             )));
         }
-        if kv_indices.len() < rows * kmax {
+        if kv_indices.len() < entries {
             return Err(Error::invalid(format!(
-                "kv_indices has {} entries but [{batch}, {heads}, {q_blocks}, {kmax}] needs {}",
-                kv_indices.len(),
-                rows * kmax
+                "kv_indices has {} entries but [{batch}, {heads}, {q_blocks}, {kmax}] needs {entries}",
+                kv_indices.len()
             )));
         }
         Ok(BlockLayout { kv_num_blocks, kv_indices, full: None, batch, heads, q_blocks, kmax, block })
     }
     /// The same layout with full lists `[batch, heads, q_blocks]` and `[.., full_kmax]`.
     pub fn with_full(mut self, full_kv_num_blocks: &'a [i32], full_kv_indices: &'a [i32], full_kmax: usize) -> Result<Self> {
-        let rows = self.batch * self.heads * self.q_blocks;
-        if full_kv_num_blocks.len() < rows || full_kv_indices.len() < rows * full_kmax {
+        let rows = self.batch * self.heads * self.q_blocks; // checked in new()
+        let entries = product("full_kv_indices", &[rows, full_kmax])?;
+        if full_kv_num_blocks.len() < rows || full_kv_indices.len() < entries {
             return Err(Error::invalid(format!(
                 "full lists have {} and {} entries but [{}, {}, {}] with full_kmax {full_kmax} needs {rows} and {}",
                 full_kv_num_blocks.len(),
@@ -196,7 +206,7 @@ impl<'a> BlockLayout<'a> {
                 self.batch,
                 self.heads,
                 self.q_blocks,
-                rows * full_kmax
+                entries
             )));
         }
         self.full = Some((full_kv_num_blocks, full_kv_indices, full_kmax));
@@ -270,7 +280,7 @@ fn forward_args<T: Element>(
 /// The rows of LSE a problem writes: `[B, Hq, Sq]`.
 fn lse_len(q: &Tensor4<impl Element>) -> usize {
     let [b, h, s, _] = q.shape();
-    b * h * s
+    b.saturating_mul(h).saturating_mul(s) // saturated: no slice is that long, the check fails
 }
 
 /// The forward: O (and LSE `[B, Hq, Sq]`, f32, where given) from q `[B, Hq, Sq, D]`, k and v
@@ -359,5 +369,14 @@ mod tests {
         assert!(e.message().contains("needs more than its 64 elements"), "{}", e.message());
         let e = Tensor4::with_strides(&x, [1, 2, 1, 32], [64, 40, 32]).unwrap_err();
         assert!(e.message().contains("strides [64, 40, 32]"), "{}", e.message());
+    }
+
+    #[test]
+    fn extents_whose_product_overflows_are_refused() {
+        let x = [0f32; 64];
+        let e = Tensor4::new(&x, [1, usize::MAX / 2, 4, 64]).unwrap_err();
+        assert!(e.message().contains("more elements than a usize holds"), "{}", e.message());
+        let e = BlockLayout::new(&[0; 4], &[0; 4], usize::MAX / 2, 3, 1, 1, 64).unwrap_err();
+        assert!(e.message().contains("kv_num_blocks"), "{}", e.message());
     }
 }

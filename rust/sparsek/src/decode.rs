@@ -12,7 +12,7 @@ use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::to_i64;
+use crate::attention::{product, to_i64};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
@@ -42,7 +42,7 @@ pub struct Tokens<'a, T: Element> {
 impl<'a, T: Element> Tokens<'a, T> {
     /// Packed `[t, h, d]`.
     pub fn new(data: &'a [T], shape: [usize; 3]) -> Result<Self> {
-        Self::with_strides(data, shape, [shape[1] * shape[2], shape[2]])
+        Self::with_strides(data, shape, [product("a token", &shape[1..])?, shape[2]])
     }
     /// Strides of t and h in elements (d contiguous).
     pub fn with_strides(data: &'a [T], shape: [usize; 3], strides: [usize; 2]) -> Result<Self> {
@@ -81,7 +81,7 @@ pub struct TokensMut<'a, T: Element> {
 impl<'a, T: Element> TokensMut<'a, T> {
     /// Packed `[t, h, d]`.
     pub fn new(data: &'a mut [T], shape: [usize; 3]) -> Result<Self> {
-        let strides = [shape[1] * shape[2], shape[2]];
+        let strides = [product("a token", &shape[1..])?, shape[2]];
         fits("tokens", &shape[..2], &strides, shape[2], data.len())?;
         Ok(TokensMut { data, shape, strides })
     }
@@ -104,7 +104,7 @@ impl<'a, T: Element> PagedCache<'a, T> {
     /// Packed `[num_pages, page_size, h, d]`; page_size a multiple of 16 in [16, 128].
     pub fn new(data: &'a [T], shape: [usize; 4]) -> Result<Self> {
         let [_, ps, h, d] = shape;
-        fits("cache", &shape[..3], &[ps * h * d, h * d, d], d, data.len())?;
+        fits("cache", &shape[..3], &[product("a page", &[ps, h, d])?, h * d, d], d, data.len())?;
         Ok(PagedCache { data, shape })
     }
     pub fn shape(&self) -> [usize; 4] {
@@ -113,7 +113,8 @@ impl<'a, T: Element> PagedCache<'a, T> {
     /// The length of its page summaries, `num_pages * h * 2 * d` ([`update_page_summaries`]).
     pub fn summaries_len(&self) -> usize {
         let [pages, _, h, d] = self.shape;
-        pages * h * 2 * d
+        // Saturated on overflow: no slice is that long, so the summaries' length check fails.
+        pages.saturating_mul(h).saturating_mul(2).saturating_mul(d)
     }
     fn raw(&self) -> Result<sys::sparsek_paged_cache> {
         let [pages, ps, h, d] = self.shape;
@@ -153,11 +154,11 @@ impl<'a> Requests<'a> {
                 batch + 1
             )));
         }
-        if page_table.len() < batch * max_pages {
+        let entries = product("page_table", &[batch, max_pages])?;
+        if page_table.len() < entries {
             return Err(Error::invalid(format!(
-                "page_table has {} entries but [{batch}, {max_pages}] needs {}",
-                page_table.len(),
-                batch * max_pages
+                "page_table has {} entries but [{batch}, {max_pages}] needs {entries}",
+                page_table.len()
             )));
         }
         Ok(Requests { page_table, seq_lens, cu_seqlens_q, max_pages })
@@ -208,21 +209,22 @@ pub fn decode_attention<T: Element>(
     let [t, hq, _] = q.shape();
     let hkv = k.shape()[2];
     let lse_ptr = match lse {
-        Some(l) if l.len() < t * hq => return Err(Error::invalid(format!("lse has {} entries but [T, Hq] needs {}", l.len(), t * hq))),
+        Some(l) if l.len() < t.saturating_mul(hq) => return Err(Error::invalid(format!("lse has {} entries but [T, Hq] needs {}", l.len(), t * hq))),
         Some(l) => l.as_mut_ptr(),
         None => ptr::null_mut(),
     };
     let (sel_idx, sel_cnt, sel_kmax) = match selection {
         Some(s) => {
-            let rows = requests.batch() * hkv;
-            if s.counts.len() < rows || s.indices.len() < rows * s.kmax {
+            let rows = product("the selection's counts", &[requests.batch(), hkv])?;
+            let entries = product("the selection's indices", &[rows, s.kmax])?;
+            if s.counts.len() < rows || s.indices.len() < entries {
                 return Err(Error::invalid(format!(
                     "the selection has {} counts and {} indices but [{}, {hkv}] with kmax {} needs {rows} and {}",
                     s.counts.len(),
                     s.indices.len(),
                     requests.batch(),
                     s.kmax,
-                    rows * s.kmax
+                    entries
                 )));
             }
             (s.indices.as_ptr(), s.counts.as_ptr(), s.kmax)
@@ -317,8 +319,8 @@ pub fn select_pages<T: Element>(
     local: usize,
 ) -> Result<PageSelection> {
     let kmax = requests.max_pages.min(topk.saturating_add(sink).saturating_add(local));
-    let rows = requests.batch() * k.shape()[2];
-    let mut sel = PageSelection { indices: vec![0; rows * kmax], counts: vec![0; rows], kmax };
+    let rows = product("sel_counts", &[requests.batch(), k.shape()[2]])?;
+    let mut sel = PageSelection { indices: vec![0; product("sel_indices", &[rows, kmax])?], counts: vec![0; rows], kmax };
     let mut args = page_args(q, k, summaries.as_ptr() as *mut c_void, summaries.len(), requests)?;
     args.sel_indices = sel.indices.as_mut_ptr();
     args.sel_counts = sel.counts.as_mut_ptr();

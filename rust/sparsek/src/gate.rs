@@ -11,7 +11,7 @@ use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::{to_i64, BlockLayout, Tensor4};
+use crate::attention::{product, to_i64, BlockLayout, Tensor4};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
@@ -89,17 +89,20 @@ pub fn gate<T: Element>(q: &Tensor4<T>, k: &Tensor4<T>, opts: &GateOptions) -> R
     let blk = opts.block.max(1);
     let (mq, nk) = (sq.div_ceil(blk), skv.div_ceil(blk));
     let kmax = nk.min(opts.topk.saturating_add(opts.sink).saturating_add(opts.local));
-    let rows = b * hkv * mq;
+    let rows = product("kv_num_blocks", &[b, hkv, mq])?;
     let mut out = GateLayout {
         kv_num_blocks: vec![0; rows],
-        kv_indices: vec![0; rows * kmax],
+        kv_indices: vec![0; product("kv_indices", &[rows, kmax])?],
         batch: b,
         heads: hkv,
         q_blocks: mq,
         kmax,
         block: opts.block,
-        scores: opts.want_scores.then(|| vec![0f32; rows * nk]),
+        scores: None,
     };
+    if opts.want_scores {
+        out.scores = Some(vec![0f32; product("scores", &[rows, nk])?]);
+    }
     let candidates = match opts.candidates {
         Some(c) => Some(c.raw()?),
         None => None,
