@@ -1,5 +1,6 @@
 // The C API: statuses, thread-local last-error text naming the argument, success clearing it,
 // version and feature queries, and products that match the oracle.
+#include <cstddef>
 #include <cstring>
 #include <regex>
 #include <string>
@@ -7,6 +8,83 @@
 
 #include "sparsek/sparsek.h"
 #include "test_util.hpp"
+
+// The C structs the Rust crate declares too (rust/sparsek-sys/tests/ffi.rs asserts the same
+// offsets and sizes on its side): a field moved on either side fails a build or a test.
+static_assert(sizeof(sparsek_tokens) == 56, "sparsek_tokens: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, data) == 0, "sparsek_tokens.data: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, dtype) == 8, "sparsek_tokens.dtype: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, memory) == 12, "sparsek_tokens.memory: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, t) == 16, "sparsek_tokens.t: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, h) == 24, "sparsek_tokens.h: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, d) == 32, "sparsek_tokens.d: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, stride_t) == 40, "sparsek_tokens.stride_t: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_tokens, stride_h) == 48, "sparsek_tokens.stride_h: keep rust/sparsek-sys in step");
+static_assert(sizeof(sparsek_paged_cache) == 72, "sparsek_paged_cache: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, data) == 0, "sparsek_paged_cache.data: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, dtype) == 8, "sparsek_paged_cache.dtype: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, memory) == 12, "sparsek_paged_cache.memory: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, pages) == 16, "sparsek_paged_cache.pages: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, page_size) == 24, "sparsek_paged_cache.page_size: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, h) == 32, "sparsek_paged_cache.h: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, d) == 40, "sparsek_paged_cache.d: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, stride_page) == 48, "sparsek_paged_cache.stride_page: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, stride_slot) == 56, "sparsek_paged_cache.stride_slot: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_paged_cache, stride_h) == 64, "sparsek_paged_cache.stride_h: keep rust/sparsek-sys in step");
+static_assert(sizeof(sparsek_gate_args) == 248, "sparsek_gate_args: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, q) == 0, "sparsek_gate_args.q: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, k) == 72, "sparsek_gate_args.k: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, topk) == 144, "sparsek_gate_args.topk: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, block) == 148, "sparsek_gate_args.block: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, causal) == 152, "sparsek_gate_args.causal: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, sink) == 156, "sparsek_gate_args.sink: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, local) == 160, "sparsek_gate_args.local: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, scale) == 164, "sparsek_gate_args.scale: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, candidates) == 168, "sparsek_gate_args.candidates: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, given_scores) == 176, "sparsek_gate_args.given_scores: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, kv_num_blocks) == 184, "sparsek_gate_args.kv_num_blocks: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, kv_indices) == 192, "sparsek_gate_args.kv_indices: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, kmax) == 200, "sparsek_gate_args.kmax: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, scores) == 208, "sparsek_gate_args.scores: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, workspace) == 216, "sparsek_gate_args.workspace: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, workspace_bytes) == 224, "sparsek_gate_args.workspace_bytes: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, cu_seqlens) == 232, "sparsek_gate_args.cu_seqlens: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_gate_args, num_seqs) == 240, "sparsek_gate_args.num_seqs: keep rust/sparsek-sys in step");
+static_assert(sizeof(sparsek_decode_args) == 344, "sparsek_decode_args: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, q) == 0, "sparsek_decode_args.q: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, k) == 56, "sparsek_decode_args.k: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, v) == 128, "sparsek_decode_args.v: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, o) == 200, "sparsek_decode_args.o: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, lse) == 256, "sparsek_decode_args.lse: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, page_table) == 264, "sparsek_decode_args.page_table: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, seq_lens) == 272, "sparsek_decode_args.seq_lens: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, cu_seqlens_q) == 280, "sparsek_decode_args.cu_seqlens_q: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, sel_indices) == 288, "sparsek_decode_args.sel_indices: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, sel_counts) == 296, "sparsek_decode_args.sel_counts: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, batch) == 304, "sparsek_decode_args.batch: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, max_pages) == 312, "sparsek_decode_args.max_pages: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, sel_kmax) == 320, "sparsek_decode_args.sel_kmax: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, index_memory) == 328, "sparsek_decode_args.index_memory: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, causal_new) == 332, "sparsek_decode_args.causal_new: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_decode_args, scale) == 336, "sparsek_decode_args.scale: keep rust/sparsek-sys in step");
+static_assert(sizeof(sparsek_page_select_args) == 240, "sparsek_page_select_args: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, q) == 0, "sparsek_page_select_args.q: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, k) == 56, "sparsek_page_select_args.k: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, summaries) == 128, "sparsek_page_select_args.summaries: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, page_table) == 136, "sparsek_page_select_args.page_table: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, seq_lens) == 144, "sparsek_page_select_args.seq_lens: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, cu_seqlens_q) == 152, "sparsek_page_select_args.cu_seqlens_q: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, batch) == 160, "sparsek_page_select_args.batch: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, max_pages) == 168, "sparsek_page_select_args.max_pages: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, index_memory) == 176, "sparsek_page_select_args.index_memory: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, sel_indices) == 184, "sparsek_page_select_args.sel_indices: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, sel_counts) == 192, "sparsek_page_select_args.sel_counts: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, sel_kmax) == 200, "sparsek_page_select_args.sel_kmax: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, topk) == 208, "sparsek_page_select_args.topk: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, sink) == 216, "sparsek_page_select_args.sink: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, local) == 224, "sparsek_page_select_args.local: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, all_pages) == 232, "sparsek_page_select_args.all_pages: keep rust/sparsek-sys in step");
+static_assert(offsetof(sparsek_page_select_args, skip_index_check) == 236, "sparsek_page_select_args.skip_index_check: keep rust/sparsek-sys in step");
 
 namespace sparsek::test {
 namespace {

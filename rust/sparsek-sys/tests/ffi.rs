@@ -172,39 +172,20 @@ fn packed_sequences_attend_only_their_own_keys() {
     assert!(last_error().contains("num_seqs = 0 with cu_seqlens given"), "{}", last_error());
 }
 
+/// Every field's offset and the size of the gate's, decode's and page selection's structs, as the C
+/// compiler lays them out on LP64 (the same numbers are static_asserts in tests/cpu/test_capi.cpp,
+/// so a change on either side fails a test).
 #[test]
-fn gate_struct_layout_matches_the_c_layout() {
-    // sparsek_gate_args: 2 tensors (144), 5 x i32 and the scale (24), 4 pointers, kmax, 2 pointers,
-    // workspace_bytes, cu_seqlens, num_seqs = 248 bytes on LP64.
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, topk), 144);
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, scale), 164);
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, candidates), 168);
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, kmax), 200);
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, workspace_bytes), 224);
-    assert_eq!(std::mem::offset_of!(sparsek_gate_args, num_seqs), 240);
-    assert_eq!(std::mem::size_of::<sparsek_gate_args>(), 248);
-}
-
-#[test]
-fn decode_struct_layouts_match_the_c_layout() {
-    // sparsek_tokens: pointer, 2 enums, 5 x i64 = 56; sparsek_paged_cache: pointer, 2 enums,
-    // 7 x i64 = 72 (LP64).
-    assert_eq!(std::mem::size_of::<sparsek_tokens>(), 56);
-    assert_eq!(std::mem::size_of::<sparsek_paged_cache>(), 72);
-    // sparsek_decode_args: q, k, v, o (256), 6 pointers, 3 x i64, index_memory, causal_new, scale (+4).
-    assert_eq!(std::mem::offset_of!(sparsek_decode_args, lse), 256);
-    assert_eq!(std::mem::offset_of!(sparsek_decode_args, batch), 304);
-    assert_eq!(std::mem::offset_of!(sparsek_decode_args, index_memory), 328);
-    assert_eq!(std::mem::offset_of!(sparsek_decode_args, causal_new), 332);
-    assert_eq!(std::mem::offset_of!(sparsek_decode_args, scale), 336);
-    assert_eq!(std::mem::size_of::<sparsek_decode_args>(), 344);
-    // sparsek_page_select_args: q, k (128), 4 pointers, 2 x i64, index_memory (+4), 2 pointers,
-    // 4 x i64, 2 x i32 = 240.
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, summaries), 128);
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, index_memory), 176);
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, sel_indices), 184);
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, topk), 208);
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, all_pages), 232);
-    assert_eq!(std::mem::offset_of!(sparsek_page_select_args, skip_index_check), 236);
-    assert_eq!(std::mem::size_of::<sparsek_page_select_args>(), 240);
+fn gate_and_decode_struct_layouts_match_the_c_layout() {
+    macro_rules! layout {
+        ($t:ty, $size:expr, $($f:ident = $off:expr),+ $(,)?) => {
+            $(assert_eq!(std::mem::offset_of!($t, $f), $off, concat!(stringify!($t), ".", stringify!($f)));)+
+            assert_eq!(std::mem::size_of::<$t>(), $size, stringify!($t));
+        };
+    }
+    layout!(sparsek_tokens, 56, data = 0, dtype = 8, memory = 12, t = 16, h = 24, d = 32, stride_t = 40, stride_h = 48);
+    layout!(sparsek_paged_cache, 72, data = 0, dtype = 8, memory = 12, pages = 16, page_size = 24, h = 32, d = 40, stride_page = 48, stride_slot = 56, stride_h = 64);
+    layout!(sparsek_gate_args, 248, q = 0, k = 72, topk = 144, block = 148, causal = 152, sink = 156, local = 160, scale = 164, candidates = 168, given_scores = 176, kv_num_blocks = 184, kv_indices = 192, kmax = 200, scores = 208, workspace = 216, workspace_bytes = 224, cu_seqlens = 232, num_seqs = 240);
+    layout!(sparsek_decode_args, 344, q = 0, k = 56, v = 128, o = 200, lse = 256, page_table = 264, seq_lens = 272, cu_seqlens_q = 280, sel_indices = 288, sel_counts = 296, batch = 304, max_pages = 312, sel_kmax = 320, index_memory = 328, causal_new = 332, scale = 336);
+    layout!(sparsek_page_select_args, 240, q = 0, k = 56, summaries = 128, page_table = 136, seq_lens = 144, cu_seqlens_q = 152, batch = 160, max_pages = 168, index_memory = 176, sel_indices = 184, sel_counts = 192, sel_kmax = 200, topk = 208, sink = 216, local = 224, all_pages = 232, skip_index_check = 236);
 }

@@ -3,7 +3,8 @@
 //!
 //! `O = softmax(scale * Q K^T restricted to the layout's blocks) V`, LSE = the natural log of each
 //! row's softmax sum. Query head h reads key/value head `h / (Hq / Hkv)`; with `causal`, key j >
-//! query i is masked inside the listed blocks; a row that attends no key gets O = 0 and LSE = -inf.
+//! query i is masked inside the `kv_indices` blocks (the full lists' blocks are never masked); a row
+//! that attends no key gets O = 0 and LSE = -inf.
 //! Device memory goes through [`sys::sparsek_attention`](crate::sys::sparsek_attention) and its
 //! plans directly.
 //!
@@ -48,6 +49,16 @@ pub(crate) fn product(what: &str, extents: &[usize]) -> Result<usize> {
         .iter()
         .try_fold(1usize, |acc, &x| acc.checked_mul(x))
         .ok_or_else(|| Error::invalid(format!("{what} {extents:?} has more elements than a usize holds")))
+}
+
+/// `n` zeros, or an error naming `what` when the allocation fails (an output sized from shapes the
+/// library has not checked yet must not abort the process).
+pub(crate) fn zeros<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::invalid(format!("{what} needs {n} elements, more than this process can allocate")))?;
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 /// Shape and strides of a `[b, h, s, d]` tensor (strides in elements, d contiguous).
@@ -238,9 +249,10 @@ impl<'a> BlockLayout<'a> {
 /// Masking and scale of an attention call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AttentionOptions<'a> {
-    /// Key j > query i is masked inside the listed blocks (within each sequence when packed).
+    /// Key j > query i is masked inside the `kv_indices` blocks, not the full lists' (within each
+    /// sequence when packed).
     pub causal: bool,
-    /// The softmax scale; `None`: 1 / sqrt(D).
+    /// The softmax scale; `None` (or `Some(0.0)`, as in the C API): 1 / sqrt(D).
     pub scale: Option<f32>,
     /// Packed sequences (varlen): `[num_seqs + 1]` offsets `0 = c[0] <= ... <= c[num_seqs] = T`;
     /// q, k and v are then one packed batch row (b = 1, Sq = Skv = T), sequence i at rows
@@ -376,7 +388,8 @@ mod tests {
         let x = [0f32; 64];
         let e = Tensor4::new(&x, [1, usize::MAX / 2, 4, 64]).unwrap_err();
         assert!(e.message().contains("more elements than a usize holds"), "{}", e.message());
-        let e = BlockLayout::new(&[0; 4], &[0; 4], usize::MAX / 2, 3, 1, 1, 64).unwrap_err();
-        assert!(e.message().contains("kv_num_blocks"), "{}", e.message());
+        // 2^62 x 4 wraps to 0: only the overflow check can refuse it.
+        let e = BlockLayout::new(&[0; 4], &[0; 4], 1 << 62, 4, 1, 1, 64).unwrap_err();
+        assert!(e.message().contains("kv_num_blocks [4611686018427387904, 4, 1] has more elements than a usize holds"), "{}", e.message());
     }
 }

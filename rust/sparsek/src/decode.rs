@@ -12,7 +12,7 @@ use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::{product, to_i64};
+use crate::attention::{product, to_i64, zeros};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
@@ -82,8 +82,15 @@ impl<'a, T: Element> TokensMut<'a, T> {
     /// Packed `[t, h, d]`.
     pub fn new(data: &'a mut [T], shape: [usize; 3]) -> Result<Self> {
         let strides = [product("a token", &shape[1..])?, shape[2]];
+        Self::with_strides(data, shape, strides)
+    }
+    /// Strides of t and h in elements (d contiguous).
+    pub fn with_strides(data: &'a mut [T], shape: [usize; 3], strides: [usize; 2]) -> Result<Self> {
         fits("tokens", &shape[..2], &strides, shape[2], data.len())?;
         Ok(TokensMut { data, shape, strides })
+    }
+    pub fn shape(&self) -> [usize; 3] {
+        self.shape
     }
     pub fn data(&self) -> &[T] {
         self.data
@@ -93,19 +100,24 @@ impl<'a, T: Element> TokensMut<'a, T> {
     }
 }
 
-/// A paged cache `[num_pages, page_size, h, d]` over a host slice, packed.
+/// A paged cache `[num_pages, page_size, h, d]` over a host slice.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedCache<'a, T: Element> {
     data: &'a [T],
     shape: [usize; 4],
+    strides: [usize; 3],
 }
 
 impl<'a, T: Element> PagedCache<'a, T> {
     /// Packed `[num_pages, page_size, h, d]`; page_size a multiple of 16 in [16, 128].
     pub fn new(data: &'a [T], shape: [usize; 4]) -> Result<Self> {
         let [_, ps, h, d] = shape;
-        fits("cache", &shape[..3], &[product("a page", &[ps, h, d])?, h * d, d], d, data.len())?;
-        Ok(PagedCache { data, shape })
+        Self::with_strides(data, shape, [product("a page", &[ps, h, d])?, h * d, d])
+    }
+    /// Strides of the page, the slot and h in elements (d contiguous).
+    pub fn with_strides(data: &'a [T], shape: [usize; 4], strides: [usize; 3]) -> Result<Self> {
+        fits("cache", &shape[..3], &strides, shape[3], data.len())?;
+        Ok(PagedCache { data, shape, strides })
     }
     pub fn shape(&self) -> [usize; 4] {
         self.shape
@@ -126,9 +138,9 @@ impl<'a, T: Element> PagedCache<'a, T> {
             page_size: to_i64("page_size", ps)?,
             h: to_i64("h", h)?,
             d: to_i64("d", d)?,
-            stride_page: to_i64("stride_page", ps * h * d)?,
-            stride_slot: to_i64("stride_slot", h * d)?,
-            stride_h: to_i64("stride_h", d)?,
+            stride_page: to_i64("stride_page", self.strides[0])?,
+            stride_slot: to_i64("stride_slot", self.strides[1])?,
+            stride_h: to_i64("stride_h", self.strides[2])?,
         })
     }
 }
@@ -177,12 +189,28 @@ pub struct PageSelection {
     pub kmax: usize,
 }
 
+/// What [`select_pages`] keeps per (request, key/value head): pages `0 .. sink`, the `local` newest
+/// and the `topk` best others. Default: topk 0, sink 1, local 1 (the newest page, so new tokens
+/// see themselves).
+#[derive(Debug, Clone, Copy)]
+pub struct PageSelectOptions {
+    pub topk: usize,
+    pub sink: usize,
+    pub local: usize,
+}
+
+impl Default for PageSelectOptions {
+    fn default() -> Self {
+        PageSelectOptions { topk: 0, sink: 1, local: 1 }
+    }
+}
+
 /// Masking and scale of a decode step.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeOptions {
     /// New token j of n sees positions up to its own (else all `seq_len` of them).
     pub causal_new: bool,
-    /// `None`: 1 / sqrt(D).
+    /// `None` (or `Some(0.0)`, as in the C API): 1 / sqrt(D).
     pub scale: Option<f32>,
 }
 
@@ -208,8 +236,9 @@ pub fn decode_attention<T: Element>(
 ) -> Result<()> {
     let [t, hq, _] = q.shape();
     let hkv = k.shape()[2];
+    let lse_rows = t.saturating_mul(hq);
     let lse_ptr = match lse {
-        Some(l) if l.len() < t.saturating_mul(hq) => return Err(Error::invalid(format!("lse has {} entries but [T, Hq] needs {}", l.len(), t * hq))),
+        Some(l) if l.len() < lse_rows => return Err(Error::invalid(format!("lse has {} entries but [T, Hq] needs {lse_rows}", l.len()))),
         Some(l) => l.as_mut_ptr(),
         None => ptr::null_mut(),
     };
@@ -292,11 +321,11 @@ fn page_args<T: Element>(
 /// maximum, of its stored keys) of the pages holding each request's new tokens, or of every stored
 /// page with `all_pages` (after a prefill). q gives the step's shape (its values are not read).
 pub fn update_page_summaries<T: Element>(
-    summaries: &mut [T],
     q: &Tokens<T>,
     k: &PagedCache<T>,
     requests: &Requests,
     all_pages: bool,
+    summaries: &mut [T],
 ) -> Result<()> {
     let mut args = page_args(q, k, summaries.as_mut_ptr() as *mut c_void, summaries.len(), requests)?;
     args.all_pages = i32::from(all_pages);
@@ -308,19 +337,21 @@ pub fn update_page_summaries<T: Element>(
 /// `local` newest and the `topk` best others by the bound of Quest (the largest over the group's
 /// query vectors of `sum_d q_d * (q_d >= 0 ? max_d : min_d)`; equal scores: the lower page),
 /// ascending, `kmax = min(max_pages, topk + sink + local)`. The selection decode_attention takes.
-#[allow(clippy::too_many_arguments)]
 pub fn select_pages<T: Element>(
     q: &Tokens<T>,
-    summaries: &[T],
     k: &PagedCache<T>,
     requests: &Requests,
-    topk: usize,
-    sink: usize,
-    local: usize,
+    summaries: &[T],
+    opts: &PageSelectOptions,
 ) -> Result<PageSelection> {
+    let (topk, sink, local) = (opts.topk, opts.sink, opts.local);
     let kmax = requests.max_pages.min(topk.saturating_add(sink).saturating_add(local));
     let rows = product("sel_counts", &[requests.batch(), k.shape()[2]])?;
-    let mut sel = PageSelection { indices: vec![0; product("sel_indices", &[rows, kmax])?], counts: vec![0; rows], kmax };
+    let mut sel = PageSelection {
+        indices: zeros("sel_indices", product("sel_indices", &[rows, kmax])?)?,
+        counts: zeros("sel_counts", rows)?,
+        kmax,
+    };
     let mut args = page_args(q, k, summaries.as_ptr() as *mut c_void, summaries.len(), requests)?;
     args.sel_indices = sel.indices.as_mut_ptr();
     args.sel_counts = sel.counts.as_mut_ptr();

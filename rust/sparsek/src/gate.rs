@@ -3,15 +3,15 @@
 //!
 //! q `[B, Hq, Sq, D]` and k `[B, Hkv, Skv, D]` are mean-pooled per block (a group's query heads
 //! together), scored `scale * pooled_q . pooled_k` per key/value head, and each query block keeps
-//! the sink blocks, the `local` newest blocks up to its own and the `topk` best other allowed blocks
-//! (equal scores: the lower block), in ascending order. Allowed: with `causal`, blocks holding a key
+//! the sink blocks and the `local` blocks up to its own (where allowed) and the `topk` best other
+//! allowed blocks (equal scores: the lower block), in ascending order. Allowed: with `causal`, blocks holding a key
 //! at or before the block's last query row; with candidates, that layout's blocks; with packed
 //! sequences, the blocks of the block's rows' sequences (sinks counted from their first block).
 use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::{product, to_i64, BlockLayout, Tensor4};
+use crate::attention::{product, to_i64, zeros, BlockLayout, Tensor4};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
@@ -20,14 +20,15 @@ use crate::types::Element;
 pub struct GateOptions<'a> {
     /// The best other blocks kept per query block.
     pub topk: usize,
-    /// Blocks `0 .. sink` (of the block's sequences with packed sequences), always kept.
+    /// Blocks `0 .. sink` (counted from the first block of the block's sequences when packed),
+    /// kept where allowed, outside the topk budget. Default 1.
     pub sink: usize,
-    /// Blocks `i - local + 1 ..= i`, always kept.
+    /// Blocks `i - local + 1 ..= i`, kept where allowed, outside the topk budget. Default 1.
     pub local: usize,
     /// Query and key block size: 64 or 128.
     pub block: usize,
     pub causal: bool,
-    /// `None`: 1 / sqrt(D).
+    /// `None` (or `Some(0.0)`, as in the C API): 1 / sqrt(D).
     pub scale: Option<f32>,
     /// Select among these blocks only (same block size; heads 1, Hq or Hkv; batch 1 or B).
     pub candidates: Option<&'a BlockLayout<'a>>,
@@ -41,8 +42,8 @@ impl Default for GateOptions<'_> {
     fn default() -> Self {
         GateOptions {
             topk: 0,
-            sink: 0,
-            local: 0,
+            sink: 1,
+            local: 1,
             block: 128,
             causal: false,
             scale: None,
@@ -91,8 +92,8 @@ pub fn gate<T: Element>(q: &Tensor4<T>, k: &Tensor4<T>, opts: &GateOptions) -> R
     let kmax = nk.min(opts.topk.saturating_add(opts.sink).saturating_add(opts.local));
     let rows = product("kv_num_blocks", &[b, hkv, mq])?;
     let mut out = GateLayout {
-        kv_num_blocks: vec![0; rows],
-        kv_indices: vec![0; product("kv_indices", &[rows, kmax])?],
+        kv_num_blocks: zeros("kv_num_blocks", rows)?,
+        kv_indices: zeros("kv_indices", product("kv_indices", &[rows, kmax])?)?,
         batch: b,
         heads: hkv,
         q_blocks: mq,
@@ -101,7 +102,7 @@ pub fn gate<T: Element>(q: &Tensor4<T>, k: &Tensor4<T>, opts: &GateOptions) -> R
         scores: None,
     };
     if opts.want_scores {
-        out.scores = Some(vec![0f32; product("scores", &[rows, nk])?]);
+        out.scores = Some(zeros("scores", product("scores", &[rows, nk])?)?);
     }
     let candidates = match opts.candidates {
         Some(c) => Some(c.raw()?),

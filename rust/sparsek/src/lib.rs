@@ -46,7 +46,10 @@ mod plan;
 mod types;
 
 pub use attention::{attention, attention_backward, AttentionOptions, BlockLayout, ForwardOutputs, Tensor4, Tensor4Mut};
-pub use decode::{decode_attention, select_pages, update_page_summaries, DecodeOptions, PageSelection, PagedCache, Requests, Tokens, TokensMut};
+pub use decode::{
+    decode_attention, select_pages, update_page_summaries, DecodeOptions, PageSelectOptions, PageSelection, PagedCache, Requests,
+    Tokens, TokensMut,
+};
 pub use error::{Error, Result, Status};
 pub use gate::{gate, GateLayout, GateOptions};
 pub use matrix::{dequantize_dense, quantize_dense, scale_count, BsrMatrix, DenseMut, DenseRef};

@@ -4,8 +4,8 @@
 //! update (only the new tokens' pages touched), the Quest bound's top-k on integer data (exact,
 //! ties to the lower page), and named errors.
 use sparsek::{
-    decode_attention, select_pages, update_page_summaries, DecodeOptions, PageSelection, PagedCache, Requests, Status,
-    Tokens, TokensMut,
+    decode_attention, select_pages, update_page_summaries, DecodeOptions, PageSelectOptions, PageSelection, PagedCache,
+    Requests, Status, Tokens, TokensMut,
 };
 
 struct Rng(u64);
@@ -228,9 +228,9 @@ fn page_selection_keeps_sinks_local_pages_and_the_best_bounds() {
     let q = Tokens::new(&c.q, [c.t(), HQ, D]).unwrap();
     let k = PagedCache::new(&c.k, [c.pages, PS, HKV, D]).unwrap();
     let mut summaries = vec![-768f32; k.summaries_len()];
-    update_page_summaries(&mut summaries, &q, &k, &c.requests(), true).unwrap();
+    update_page_summaries(&q, &k, &c.requests(), true, &mut summaries).unwrap();
     for (topk, sink, local) in [(2, 1, 1), (1, 0, 0), (0, 2, 1), (10, 0, 0)] {
-        let sel = select_pages(&q, &summaries, &k, &c.requests(), topk, sink, local).unwrap();
+        let sel = select_pages(&q, &k, &c.requests(), &summaries, &PageSelectOptions { topk, sink, local }).unwrap();
         assert_eq!(sel.kmax, c.max_pages.min(topk + sink + local));
         let want = reference_selection(&c, topk, sink, local);
         for (r, w) in want.iter().enumerate() {
@@ -258,9 +258,9 @@ fn equal_bounds_go_to_the_lower_page() {
     let q = Tokens::new(&c.q, [c.t(), HQ, D]).unwrap();
     let k = PagedCache::new(&c.k, [c.pages, PS, HKV, D]).unwrap();
     let mut summaries = vec![0f32; k.summaries_len()];
-    update_page_summaries(&mut summaries, &q, &k, &c.requests(), true).unwrap();
+    update_page_summaries(&q, &k, &c.requests(), true, &mut summaries).unwrap();
     for topk in [1, 2, 3] {
-        let sel = select_pages(&q, &summaries, &k, &c.requests(), topk, 0, 1).unwrap();
+        let sel = select_pages(&q, &k, &c.requests(), &summaries, &PageSelectOptions { topk, sink: 0, local: 1 }).unwrap();
         let want = reference_selection(&c, topk, 0, 1);
         for (r, w) in want.iter().enumerate() {
             assert_eq!(&sel.indices[r * sel.kmax..][..sel.counts[r] as usize], &w[..], "topk {topk}, row {r}");
@@ -274,7 +274,7 @@ fn the_update_touches_only_the_new_tokens_pages() {
     let q = Tokens::new(&c.q, [c.t(), HQ, D]).unwrap();
     let k = PagedCache::new(&c.k, [c.pages, PS, HKV, D]).unwrap();
     let mut s = vec![-768f32; k.summaries_len()];
-    update_page_summaries(&mut s, &q, &k, &c.requests(), false).unwrap();
+    update_page_summaries(&q, &k, &c.requests(), false, &mut s).unwrap();
     let mut touched = vec![false; c.pages];
     for b in 0..3 {
         let (len, n) = (c.seq[b] as usize, (c.cu[b + 1] - c.cu[b]) as usize);
@@ -321,6 +321,6 @@ fn bad_input_is_a_named_error() {
     assert!(e.message().contains("page_table[0, 1] = 900"), "{}", e.message());
     let k = PagedCache::new(&c.k, [c.pages, PS, HKV, D]).unwrap();
     let mut short = vec![0f32; 10];
-    let e = update_page_summaries(&mut short, &Tokens::new(&c.q, [c.t(), HQ, D]).unwrap(), &k, &c.requests(), true).unwrap_err();
+    let e = update_page_summaries(&Tokens::new(&c.q, [c.t(), HQ, D]).unwrap(), &k, &c.requests(), true, &mut short).unwrap_err();
     assert!(e.message().contains("summaries has 10 elements"), "{}", e.message());
 }
