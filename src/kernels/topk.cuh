@@ -58,15 +58,17 @@ __device__ TopkThreshold warp_topk_threshold(Key key, int n, uint32_t k) {
 }
 
 // The same threshold found by all THREADS threads of the CTA (every thread must call it; it
-// synchronizes the CTA). scratch: 256 + 2 words of shared memory. Each pass histograms the next
+// synchronizes the CTA). scratch: 256 + 3 words of shared memory. Each pass histograms the next
 // 8 bits of the keys that share the bits fixed so far, and keeps the largest digit whose suffix
-// count still reaches the k the pass needs.
+// count still reaches the k the pass needs. When that digit's keys are exactly the ones still
+// needed, every key from the digit up is taken and the passes stop early (T = the digit's smallest
+// key - 1, need 0): with distinct scores, usually after two passes.
 template <int THREADS, class Key>
 __device__ TopkThreshold block_topk_threshold(Key key, int n, uint32_t k, uint32_t* scratch) {
   static_assert(THREADS % 32 == 0 && THREADS >= 256, "a thread per histogram bin");
   const int t = threadIdx.x, lane = t % 32;
   uint32_t* hist = scratch;  // [256]
-  uint32_t* found = scratch + 256;  // [2]: the digit, the count above it
+  uint32_t* found = scratch + 256;  // [3]: the digit, the count above it, the count in it
   if (t == 0) found[0] = 0u;
   __syncthreads();
   uint32_t pickable = 0;
@@ -107,7 +109,7 @@ __device__ TopkThreshold block_topk_threshold(Key key, int n, uint32_t k, uint32
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           if (above + c[e] >= rem) {
-            found[0] = uint32_t(255 - 8 * lane - e), found[1] = above;
+            found[0] = uint32_t(255 - 8 * lane - e), found[1] = above, found[2] = c[e];
             break;
           }
           above += c[e];
@@ -117,6 +119,10 @@ __device__ TopkThreshold block_topk_threshold(Key key, int n, uint32_t k, uint32
     __syncthreads();
     T |= found[0] << shift;
     rem -= found[1];
+    if (found[2] == rem && T != 0u) {  // (T = 0 would take the unpickable keys too)
+      th.T = T - 1u;
+      return th;  // need = 0: every key > T, none tied
+    }
   }
   th.T = T;
   th.need = rem;  // >= 1: T is the k-th largest key

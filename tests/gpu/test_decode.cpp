@@ -391,6 +391,9 @@ TEST(GpuPageSelect, MatchesTheCpu) {
           for (bool integers : {false, true}) {
             DecodeSpec s;
             s.dtype = t, s.d = d, s.hq = hq, s.hkv = hkv, s.page_size = ps, s.seed = uint64_t(d + hq + ps + int(t));
+            // q's rows: packed, padded to 16 bytes (the kernel's 8-element loads), or padded by 3
+            // elements (one element at a time).
+            s.q_pad = ps == 16 ? 0 : d == 64 ? 3 : 8;
             s.new_tokens = {1, 16, 4, 3};
             s.seq_lens = {1, 40 * ps + 5, 9 * ps, 70 * ps - 1};
             check_page_select(s, 5, 1, 2, integers);

@@ -54,6 +54,7 @@ struct Params {
   int topk, sink, local;
   int vec_chunk;  // query vectors per shared-memory chunk: a multiple of 8, <= kVecChunk
   bool all_pages;
+  bool q_vec16;  // q's rows start on 16 bytes (pointer and both strides): the vectors load 8 at a time
 };
 
 // Request b's first new token, new-token count and length, clamped as the decode kernels clamp them.
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kSelectThreads, 2) page_select_kernel(Params p
   extern __shared__ float4 smem4[];
   char* qs = reinterpret_cast<char*>(smem4);                                   // [vec_chunk][QROW]
   float* score = reinterpret_cast<float*>(qs + p.vec_chunk * QROW);            // [max_pages]: scores, then order keys
-  uint32_t* scratch = reinterpret_cast<uint32_t*>(score + p.max_pages);        // [258]: the top-k's histogram
+  uint32_t* scratch = reinterpret_cast<uint32_t*>(score + p.max_pages);        // [259]: the top-k's histogram
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tq = lane % 4;
   const int b = blockIdx.x / p.hkv, hk = blockIdx.x % p.hkv;
   const Req r = request(p, b);
@@ -178,17 +179,38 @@ __global__ void __launch_bounds__(kSelectThreads, 2) page_select_kernel(Params p
     lookup(warp * 16, pp);
     load(pp, 0, first);
     __syncthreads();  // the previous chunk is consumed (and the scores initialized, the first time)
-    for (int e = t; e < ntiles * 8 * D; e += kSelectThreads) {  // zero vectors up to whole tiles of 8
-      const int i = e / D, d = e % D;
-      float x = 0.f;
-      if (i < nv) {
-        const T* qrow = static_cast<const T*>(p.q) + int64_t(r.q0 + (c0 + i) / p.group) * p.q_st +
-                        int64_t(hk * p.group + (c0 + i) % p.group) * p.q_sh;
-        x = dev::to_float(qrow[d]);
+    // Zero vectors up to whole tiles of 8. Eight elements a thread where q's rows allow 16-byte
+    // loads (most calls: one load each, one round trip), else one.
+    const T* q = static_cast<const T*>(p.q);
+    auto vec_row = [&](int i) {  // vector c0 + i: new token (c0 + i) / G, query head hk * G + (c0 + i) % G
+      return q + int64_t(r.q0 + (c0 + i) / p.group) * p.q_st + int64_t(hk * p.group + (c0 + i) % p.group) * p.q_sh;
+    };
+    if (p.q_vec16) {
+      for (int e = t; e < ntiles * D; e += kSelectThreads) {  // e: 8 elements of vector e / (D / 8)
+        const int i = e / (D / 8), d = e % (D / 8) * 8;
+        const uint4 u = i < nv ? *reinterpret_cast<const uint4*>(vec_row(i) + d) : make_uint4(0u, 0u, 0u, 0u);
+        const T* x = reinterpret_cast<const T*>(&u);
+        uint4 neg, pos;
+        T* n8 = reinterpret_cast<T*>(&neg);
+        T* p8 = reinterpret_cast<T*>(&pos);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float f = dev::to_float(x[j]);
+          n8[j] = dev::from_float<T>(f < 0.f ? f : 0.f);
+          p8[j] = dev::from_float<T>(f > 0.f ? f : 0.f);
+        }
+        T* row = reinterpret_cast<T*>(qs + i * QROW);
+        *reinterpret_cast<uint4*>(row + d) = neg;      // q-, against the minima
+        *reinterpret_cast<uint4*>(row + D + d) = pos;  // q+, against the maxima
       }
-      T* row = reinterpret_cast<T*>(qs + i * QROW);
-      row[d] = dev::from_float<T>(x < 0.f ? x : 0.f);  // q-, against the minima
-      row[D + d] = dev::from_float<T>(x > 0.f ? x : 0.f);  // q+, against the maxima
+    } else {
+      for (int e = t; e < ntiles * 8 * D; e += kSelectThreads) {
+        const int i = e / D, d = e % D;
+        const float x = i < nv ? dev::to_float(vec_row(i)[d]) : 0.f;
+        T* row = reinterpret_cast<T*>(qs + i * QROW);
+        row[d] = dev::from_float<T>(x < 0.f ? x : 0.f);
+        row[D + d] = dev::from_float<T>(x > 0.f ? x : 0.f);
+      }
     }
     __syncthreads();
     // Each warp: 16 pages at a time, in two halves, with the next half always in flight while one
@@ -255,12 +277,13 @@ Params params(const PageSelectArgs& a) {
   // The most vectors a request brings: G * min(16, T - B + 1) (every other request has >= 1 token).
   const int64_t most = (a.q.h / a.k.h) * std::clamp<int64_t>(a.q.t - a.batch + 1, 1, kMaxNew);
   p.vec_chunk = int(std::min<int64_t>(kVecChunk, (most + 7) / 8 * 8));
+  p.q_vec16 = reinterpret_cast<uintptr_t>(a.q.data) % 16 == 0 && a.q.stride_t % 8 == 0 && a.q.stride_h % 8 == 0;
   return p;
 }
 
 size_t select_smem_bytes(const PageSelectArgs& a) {
   const int64_t qrow = 2 * a.q.d * int64_t(dtype_size(a.k.dtype)) + 64;  // the kernel's QROW
-  return size_t(params(a).vec_chunk * qrow) + size_t(a.max_pages + 258) * 4;
+  return size_t(params(a).vec_chunk * qrow) + size_t(a.max_pages + 259) * 4;
 }
 
 template <class T, int D>
