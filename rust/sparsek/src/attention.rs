@@ -68,25 +68,27 @@ struct Dims {
     strides: [usize; 3],
 }
 
+/// Checks that the last element of a tensor (`extents` of the outer dimensions with their
+/// `strides`, then `d` contiguous elements) lies inside a slice of `len` elements.
+pub(crate) fn fits(name: &str, extents: &[usize], strides: &[usize], d: usize, len: usize) -> Result<()> {
+    if extents.contains(&0) || d == 0 {
+        return Ok(()); // the library names the empty extent
+    }
+    let last = extents
+        .iter()
+        .zip(strides)
+        .try_fold(d, |acc, (&n, &st)| (n - 1).checked_mul(st).and_then(|x| x.checked_add(acc)));
+    match last {
+        Some(n) if n <= len => Ok(()),
+        _ => Err(Error::invalid(format!("{name} {extents:?} x {d} with strides {strides:?} needs more than its {len} elements"))),
+    }
+}
+
 impl Dims {
     /// Checks that every element lies inside a slice of `len` elements.
     fn check(shape: [usize; 4], strides: [usize; 3], name: &str, len: usize) -> Result<Dims> {
-        let [b, h, s, d] = shape;
-        if b == 0 || h == 0 || s == 0 || d == 0 {
-            return Ok(Dims { shape, strides }); // the library names the empty extent
-        }
-        let last = (b - 1)
-            .checked_mul(strides[0])
-            .and_then(|x| x.checked_add((h - 1).checked_mul(strides[1])?))
-            .and_then(|x| x.checked_add((s - 1).checked_mul(strides[2])?))
-            .and_then(|x| x.checked_add(d));
-        match last {
-            Some(n) if n <= len => Ok(Dims { shape, strides }),
-            _ => Err(Error::invalid(format!(
-                "{name} [{b}, {h}, {s}, {d}] with strides [{}, {}, {}] needs more than its {len} elements",
-                strides[0], strides[1], strides[2]
-            ))),
-        }
+        fits(name, &shape[..3], &strides, shape[3], len)?;
+        Ok(Dims { shape, strides })
     }
     fn raw(&self, data: *mut c_void, dtype: sys::sparsek_dtype) -> Result<sys::sparsek_tensor4> {
         let [b, h, s, d] = self.shape;
@@ -261,6 +263,15 @@ pub struct AttentionOptions<'a> {
     pub cu_seqlens: Option<&'a [i32]>,
 }
 
+/// The C API's (cu_seqlens, num_seqs) for packed sequences: null and 0 when not packed.
+pub(crate) fn packed_sequences(cu_seqlens: Option<&[i32]>) -> Result<(*const i32, i64)> {
+    match cu_seqlens {
+        Some([]) => Err(Error::invalid("cu_seqlens is empty: it holds num_seqs + 1 >= 2 offsets")),
+        Some(c) => Ok((c.as_ptr(), to_i64("num_seqs", c.len() - 1)?)),
+        None => Ok((ptr::null(), 0)),
+    }
+}
+
 fn forward_args<T: Element>(
     q: &Tensor4<T>,
     k: &Tensor4<T>,
@@ -270,11 +281,7 @@ fn forward_args<T: Element>(
     layout: &BlockLayout,
     opts: &AttentionOptions,
 ) -> Result<sys::sparsek_attention_args> {
-    let (cu, num_seqs) = match opts.cu_seqlens {
-        Some([]) => return Err(Error::invalid("cu_seqlens is empty: it holds num_seqs + 1 >= 2 offsets")),
-        Some(c) => (c.as_ptr(), to_i64("num_seqs", c.len() - 1)?),
-        None => (ptr::null(), 0),
-    };
+    let (cu, num_seqs) = packed_sequences(opts.cu_seqlens)?;
     Ok(sys::sparsek_attention_args {
         q: q.raw()?,
         k: k.raw()?,

@@ -12,24 +12,9 @@ use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::{product, to_i64, zeros};
+use crate::attention::{fits, product, to_i64, zeros};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
-
-/// Checks that the last element of a tensor with these extents and strides lies inside `len`.
-fn fits(name: &str, extents: &[usize], strides: &[usize], d: usize, len: usize) -> Result<()> {
-    if extents.contains(&0) || d == 0 {
-        return Ok(()); // the library names the empty extent
-    }
-    let last = extents
-        .iter()
-        .zip(strides)
-        .try_fold(d, |acc, (&n, &st)| (n - 1).checked_mul(st).and_then(|x| x.checked_add(acc)));
-    match last {
-        Some(n) if n <= len => Ok(()),
-        _ => Err(Error::invalid(format!("{name} {extents:?} x {d} with strides {strides:?} needs more than its {len} elements"))),
-    }
-}
 
 /// A read-only `[t, h, d]` tensor of tokens over a host slice.
 #[derive(Debug, Clone, Copy)]

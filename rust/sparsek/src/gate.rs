@@ -11,7 +11,7 @@ use std::ptr;
 
 use sparsek_sys as sys;
 
-use crate::attention::{product, to_i64, zeros, BlockLayout, Tensor4};
+use crate::attention::{packed_sequences, product, to_i64, zeros, BlockLayout, Tensor4};
 use crate::error::{check, Error, Result};
 use crate::types::Element;
 
@@ -108,11 +108,7 @@ pub fn gate<T: Element>(q: &Tensor4<T>, k: &Tensor4<T>, opts: &GateOptions) -> R
         Some(c) => Some(c.raw()?),
         None => None,
     };
-    let (cu, num_seqs) = match opts.cu_seqlens {
-        Some([]) => return Err(Error::invalid("cu_seqlens is empty: it holds num_seqs + 1 >= 2 offsets")),
-        Some(c) => (c.as_ptr(), to_i64("num_seqs", c.len() - 1)?),
-        None => (ptr::null(), 0),
-    };
+    let (cu, num_seqs) = packed_sequences(opts.cu_seqlens)?;
     let args = sys::sparsek_gate_args {
         q: q.raw()?,
         k: k.raw()?,

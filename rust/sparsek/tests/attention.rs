@@ -4,22 +4,8 @@
 //! backward (dq, dk, dv; repeated runs bit-identical), bf16, and bad input as named errors.
 use sparsek::{attention, attention_backward, AttentionOptions, Bf16, BlockLayout, Element, ForwardOutputs, Status, Tensor4, Tensor4Mut};
 
-/// A small deterministic generator (xorshift64*), so the tests need no crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn real(&mut self) -> f32 {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 // [-1, 1)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+mod common;
+use common::Rng;
 
 /// One problem: packed [b, h, s, d] f32 tensors and a layout [lb, lh, q_blocks, kmax].
 struct Case {

@@ -3,22 +3,8 @@
 //! is exact in f32 and the comparisons can be exact too.
 use sparsek::{dds, dsd, sdd, Bf16, BsrMatrix, DenseMut, DenseRef, Element, Kind, Layout, Op, Plan, Status, F16};
 
-/// A small deterministic generator (xorshift64*), so the tests need no crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn int(&mut self) -> f32 {
-        (self.next() % 9) as f32 - 4.0 // [-4, 4]
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
+mod common;
+use common::Rng;
 
 /// A random BSR matrix: each block present with probability `density`, block row 0 empty when
 /// `empty_first_row`, integer values.

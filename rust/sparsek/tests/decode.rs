@@ -8,21 +8,8 @@ use sparsek::{
     Requests, Status, Tokens, TokensMut,
 };
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn real(&mut self) -> f32 {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-    }
-    fn int(&mut self) -> f32 {
-        (self.next() % 9) as f32 - 4.0
-    }
-}
+mod common;
+use common::Rng;
 
 const HQ: usize = 4;
 const HKV: usize = 2;

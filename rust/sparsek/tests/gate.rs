@@ -4,18 +4,8 @@
 //! output, the gate's layout fed to attention, and named errors.
 use sparsek::{attention, gate, AttentionOptions, BlockLayout, GateOptions, Status, Tensor4, Tensor4Mut};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn int(&mut self) -> f32 {
-        (self.next() % 9) as f32 - 4.0
-    }
-}
+mod common;
+use common::Rng;
 
 const BLK: usize = 64;
 
