@@ -1,8 +1,8 @@
 // GPU tests of the Hopper fp8 variant `hopper_fp8`: e4m3 DSD (B column-major, read in place; B
 // row-major, transposed first) and DDS (a layer's x * W^T), one scale per stored block and one per
 // token, against the fp64 oracle on NaN-poisoned outputs with C's padding checked: every block
-// shape it builds, every output dtype, beta, integer data (exact), empty rows, no stored block,
-// N not a tile multiple; and what it refuses, by name.
+// shape it builds, every output dtype, beta, C stored by TMA or by the threads, integer data
+// (exact), empty rows, no stored block, N not a tile multiple; and what it refuses, by name.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -73,6 +73,21 @@ TEST(HopperFp8, RowMajorBTransposeEveryTileKind) {
     s.pad_b = pad;
     check(s);
   }
+}
+
+// 16-bit row-major C with beta = 0 leaves through TMA stores of 64 x 64 boxes when its rows are
+// 16-byte aligned, else from the threads: N = 256 (whole boxes), N = 200 with ld 208 (boxes clipped
+// at N, the padding must stay untouched), N = 200 with ld 200, N = 100 with ld 101 (the threads),
+// each at both block heights (128 rows: two consumers by rows; 64: by columns).
+TEST(HopperFp8, SixteenBitCThroughTmaStoresAndNot) {
+  SPARSEK_REQUIRE_SM90();
+  for (int bm : {64, 128})
+    for (auto [free, pad] : {std::pair<int64_t, int64_t>{256, 0}, {200, 8}, {200, 0}, {100, 1}}) {
+      CaseSpec s = fp8_spec(OpKind::dsd, Op::none, bm, 128, 5, 4, free, DType::f16, uint64_t(bm + free + pad));
+      s.lb = Layout::col_major;
+      s.pad_c = pad;
+      check(s);
+    }
 }
 
 TEST(HopperFp8, IntegerDataIsExact) {

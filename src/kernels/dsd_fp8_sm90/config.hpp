@@ -49,11 +49,17 @@ struct Config {
   using BTile = kit::TileLayout<BN, BK, true, 64, 1>;  // B's panel: BN rows (of B^T) of BK bytes, K-major
   static constexpr int A_BYTES = ATile::BYTES, B_BYTES = BTile::BYTES;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int STAGES = std::min(8, (kit::kSmemPerBlock - 2048) / STAGE_BYTES);
-  // Shared memory: A stages | B stages | full[STAGES] | empty[STAGES] | the block scales [STAGES].
+  // 16-bit C leaves through a staging tile per consumer (64 rows x WN columns as [WN / 64][64][64],
+  // 128B-swizzled: one TMA box of 64 x 64 per chunk) where the TMA can store C (Params::tma_c); f32
+  // C is stored by the threads, and so is 16-bit C that the TMA cannot store or that is read (beta).
+  static constexpr bool STAGED = sizeof(TOut) == 2;
+  static constexpr int STAGING_BYTES = STAGED ? 64 * WN * 2 : 0;  // one consumer's
+  static constexpr int STAGES = std::min(8, (kit::kSmemPerBlock - 2048 - 2 * STAGING_BYTES) / STAGE_BYTES);
+  // Shared memory: A stages | B stages | staging [2] | full[STAGES] | empty[STAGES] | block scales [STAGES].
   static constexpr kit::Region A = kit::first_region(STAGES * A_BYTES);
   static constexpr kit::Region B = A.then(STAGES * B_BYTES);
-  static constexpr kit::Region FULL = B.then(8 * STAGES, 8);
+  static constexpr kit::Region STAGING = B.then(2 * STAGING_BYTES);
+  static constexpr kit::Region FULL = STAGING.then(8 * STAGES, 8);
   static constexpr kit::Region EMPTY = FULL.then(8 * STAGES, 8);
   static constexpr kit::Region SCALE = EMPTY.then(4 * STAGES, 4);
   static constexpr int SMEM = int(SCALE.end()) + kit::kSmemAlignSlack;
@@ -78,6 +84,7 @@ struct Params {
   int64_t c_rs, c_cs;
   int n;                  // N
   int c_pairs;            // an accumulator pair (n, n + 1) is two adjacent, aligned elements of C
+  int tma_c;              // 16-bit C written by TMA stores from the staging tiles (the kernel's third map)
   int out_bf16;           // bf16 (else f16) C when TOut is 16-bit
   float alpha, beta;
 };

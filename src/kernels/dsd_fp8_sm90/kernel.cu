@@ -8,8 +8,11 @@
 //    block's partial sum is promoted, block by block (DeepGEMM's promotion, at the block's own
 //    granularity). The two consumer warpgroups work on every item (128-row blocks: 64 rows each;
 //    64-row blocks: 64 columns each), so one warpgroup's promotion runs under the other's wgmmas.
-//  - Epilogue straight from the registers: C = alpha * sB[n] * acc (+ beta * C), the pair of
-//    adjacent columns one access where C allows.
+//  - Epilogue: C = alpha * sB[n] * acc (+ beta * C). 16-bit C that the TMA can store, with beta = 0,
+//    goes through a swizzled staging tile per consumer and TMA stores (the threads' part is a few
+//    shared-memory stores; the tensor cores wait for nothing else); any other C straight from the
+//    registers, the pair of adjacent columns one access where C allows. The column scales are loaded
+//    before the item's K loop: loaded beside the stores, each one's latency was paid in turn.
 //  - B's K must be contiguous for the TMA to load K-major panels: a row-major B (the DSD view's;
 //    a DDS layer's row-major activations arrive column-major in that view and need nothing) is
 //    transposed into the plan's workspace first (transpose_b).
@@ -24,6 +27,7 @@
 #include "kernels/ptx/async.cuh"
 #include "kernels/ptx/wgmma.cuh"
 #include "kernels/sm90/kit/ring.cuh"
+#include "kernels/sm90/kit/store.cuh"
 
 namespace sparsek::dsd_fp8_sm90 {
 
@@ -35,8 +39,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
                                         uint32_t empty, uint32_t scales) {
   const int lane = threadIdx.x % 32;
   kit::Ring<Cfg::STAGES> ring;
+  int4 next = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   for (int it = first; it < last; ++it) {
-    const int4 w = p.items[it];
+    const int4 w = next;
+    if (it + 1 < last) next = p.items[it + 1];  // one dependent load fewer before the next item's first TMA
     for (int j0 = w.z; j0 < w.w; j0 += 32) {
       int col = 0;
       float sc = 0.f;
@@ -65,24 +71,62 @@ __device__ __forceinline__ void produce(const CUtensorMap* tm_a, const CUtensorM
   }
 }
 
-// C = alpha * sB[n] * acc (+ beta * C): this consumer's 64 rows x WN columns at (row0, n0). used:
-// the item had a stored block (else the rows are beta * C whatever alpha and the scales are).
+// sB[n] of the thread's columns of an item (two per fragment column group j), 0 past N and for a
+// row without stored blocks (whose C is beta * C: no Inf * 0 there). Loaded before the item's K
+// loop and used only in the epilogue, so that their latency hides under the loop (alpha is
+// multiplied there: multiplied here, the loads were waited for before the first wgmma).
 template <class Cfg>
-__device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const Params& p, int row0, int n0, bool used) {
+__device__ __forceinline__ void column_scales(float (&sb)[Cfg::ACC / 2], const Params& p, int n0, bool used) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = n0 + kit::fragment_col(lane, j, e);
+      sb[2 * j + e] = used && n < p.n ? p.b_scales[n] : 0.f;
+    }
+}
+
+// C = alpha * sb[n] * acc (+ beta * C): this consumer's 64 rows x WN columns at (row0, n0). Through the
+// staging tile (s_stage, stage_ptr) and TMA stores where Params::tma_c, else from the registers.
+template <class Cfg>
+__device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const float (&sb)[Cfg::ACC / 2],
+                                         const CUtensorMap* tm_c, const Params& p, int row0, int n0, int which,
+                                         uint32_t s_stage, uint8_t* stage_ptr) {
   using T = typename Cfg::TOut;
-  T* c = static_cast<T*>(p.c);
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  if constexpr (Cfg::STAGED) {
+    if (p.tma_c) {
+      kit::staging_acquire(tid == 0, 1 + which);  // the tile's last TMA store has read it
+#pragma unroll
+      for (int j = 0; j < Cfg::ACC / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float v0 = p.alpha * sb[2 * j] * acc[4 * j + 2 * h];
+          const float v1 = p.alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
+          *reinterpret_cast<uint32_t*>(stage_ptr + kit::fragment_pair_offset(warp, lane, j, h)) =
+              p.out_bf16 ? dev::pack2<true>(v0, v1) : dev::pack2<false>(v0, v1);
+        }
+      kit::staging_release(1 + which);
+      if (tid == 0) {
+        // C: (N, M), boxes (64, 64); columns and rows outside C are not written
+#pragma unroll
+        for (int c = 0; c < Cfg::WN / 64; ++c) ptx::tma_store_2d(tm_c, s_stage + c * 64 * 128, n0 + 64 * c, row0);
+        ptx::bulk_commit_group();
+      }
+      return;
+    }
+  }
+  T* c = static_cast<T*>(p.c);
   const bool read_c = p.beta != 0.f;
 #pragma unroll
   for (int j = 0; j < Cfg::ACC / 4; ++j) {
     const int n = n0 + kit::fragment_col(lane, j, 0);
-    // The columns' scales times alpha (0 for a row without blocks: no Inf * 0 there).
-    const float s0 = used && n < p.n ? p.alpha * p.b_scales[n] : 0.f;
-    const float s1 = used && n + 1 < p.n ? p.alpha * p.b_scales[n + 1] : 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = row0 + kit::fragment_row(warp, lane, h);
-      const float v0 = used ? s0 * acc[4 * j + 2 * h] : 0.f, v1 = used ? s1 * acc[4 * j + 2 * h + 1] : 0.f;
+      const float v0 = p.alpha * sb[2 * j] * acc[4 * j + 2 * h];
+      const float v1 = p.alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
       const int64_t off0 = int64_t(m) * p.c_rs + int64_t(n) * p.c_cs;
       if (p.c_pairs && n + 1 < p.n) {
         float o0 = v0, o1 = v1;
@@ -111,8 +155,9 @@ __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const Par
 // are waited for before its promotion (config.hpp says where each is used and why). A block row
 // with no stored block gives beta * C (epilogue's `used`).
 template <class Cfg>
-__device__ __forceinline__ void consume(const Params& p, int first, int last, int which, uint32_t s_a, uint32_t s_b,
-                                        uint32_t full, uint32_t empty, uint32_t scales) {
+__device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p, int first, int last, int which,
+                                        uint32_t s_a, uint32_t s_b, uint32_t full, uint32_t empty, uint32_t scales,
+                                        uint32_t s_stage, uint8_t* stage_ptr) {
   using AT = typename Cfg::ATile;
   using BT = typename Cfg::BTile;
   const int lane = threadIdx.x % 32;
@@ -140,8 +185,12 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
 #pragma unroll
     for (int i = 0; i < Cfg::ACC; ++i) acc[i] = fmaf(scale, d[i], acc[i]);
   };
+  int4 next = first < last ? p.items[first] : make_int4(0, 0, 0, 0);
   for (int it = first; it < last; ++it) {
-    const int4 w = p.items[it];
+    const int4 w = next;
+    if (it + 1 < last) next = p.items[it + 1];  // its latency hides under this item
+    float sb[Cfg::ACC / 2];
+    column_scales<Cfg>(sb, p, w.y + b_e0, w.w > w.z);
 #pragma unroll
     for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
     int st0 = 0, st1 = 0;
@@ -173,13 +222,15 @@ __device__ __forceinline__ void consume(const Params& p, int first, int last, in
         fold(part1, st1, sc1);
       }
     }
-    epilogue<Cfg>(acc, p, w.x * Cfg::BM + a_e0, w.y + b_e0, w.w > w.z);
+    epilogue<Cfg>(acc, sb, tm_c, p, w.x * Cfg::BM + a_e0, w.y + b_e0, which, s_stage, stage_ptr);
   }
+  if (threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();  // the staging tile stays until its stores are done
 }
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
-    dsd_fp8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const Params p) {
+    dsd_fp8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                   const __grid_constant__ CUtensorMap tm_c, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const kit::SmemBase sm = kit::SmemBase::of(smem_raw);  // Config's regions
@@ -197,7 +248,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) produce<Cfg>(&tm_a, &tm_b, p, range.first, range.last, s_a, s_b, full, empty, scales);
   } else {
     ptx::setmaxnreg_inc<232>();
-    consume<Cfg>(p, range.first, range.last, threadIdx.x / 128 - 1, s_a, s_b, full, empty, scales);
+    const int which = threadIdx.x / 128 - 1;
+    consume<Cfg>(&tm_c, p, range.first, range.last, which, s_a, s_b, full, empty, scales,
+                 sm.at(Cfg::STAGING.offset, which * Cfg::STAGING_BYTES),
+                 sm.ptr_at<uint8_t>(Cfg::STAGING.offset, which * Cfg::STAGING_BYTES));
   }
 #endif
 }
@@ -206,9 +260,10 @@ template <class Cfg>
 void launch(const GemmArgs& g, const void* b_kmajor, int64_t b_ld, const LaunchState& st, cudaStream_t stream) {
   const BsrView& a = g.sparse;
   using T = typename Cfg::TOut;
-  CUtensorMap tm_a, tm_b;  // no stored block: never used
+  CUtensorMap tm_a, tm_b, tm_c;  // tm_a, tm_b: never used without stored blocks; tm_c: unless p.tma_c
   std::memset(&tm_a, 0, sizeof(tm_a));
   std::memset(&tm_b, 0, sizeof(tm_b));
+  std::memset(&tm_c, 0, sizeof(tm_c));
   if (a.nnzb > 0) {
     // vals: (nnzb * BM rows, BK bytes), boxes (BK, BM); B^T: (N rows, K bytes), boxes (BK, BN)
     tm_a = tma_map_2d(a.values, DType::e4m3, uint64_t(Cfg::BK), uint64_t(a.nnzb) * Cfg::BM, uint64_t(Cfg::BK), Cfg::BK,
@@ -231,8 +286,12 @@ void launch(const GemmArgs& g, const void* b_kmajor, int64_t b_ld, const LaunchS
   p.out_bf16 = g.c.dtype == DType::bf16;
   p.alpha = g.alpha;
   p.beta = g.beta;
+  p.tma_c = Cfg::STAGED && c_row && g.beta == 0.f && c_tma_storable(g.c);
+  if (p.tma_c)  // C: (N, M) row-major, boxes (64, 64), as the staging tiles are laid out
+    tm_c = tma_map_2d(g.c.data, g.c.dtype, uint64_t(g.c.cols), uint64_t(g.c.rows), uint64_t(g.c.ld) * 2, 64, 64,
+                      tma_swizzle(128), "C");
   const kit::KernelInfo info{nullptr, kThreads, Cfg::SMEM, 1, 1};
-  kit::launch(info, unsigned(st.grid), stream, false, &dsd_fp8_kernel<Cfg>, "dsd_fp8_kernel launch", tm_a, tm_b, p);
+  kit::launch(info, unsigned(st.grid), stream, false, &dsd_fp8_kernel<Cfg>, "dsd_fp8_kernel launch", tm_a, tm_b, tm_c, p);
 }
 
 template <int I>

@@ -97,7 +97,7 @@ std::unique_ptr<VariantState> prepare_fp8(const GemmArgs& args, const Options&) 
   st.grid = int(s.cta_items.size()) - 1;
   // (A block row without stored blocks is an item too: its epilogue writes beta * C.)
   if (st.grid > 0) {
-    if (a.nnzb > 0) tma_encode_tiled();  // resolves the driver entry point (not under capture)
+    tma_encode_tiled();  // resolves the driver entry point (not under capture); C may be stored by TMA
     state->ws.upload(&st.items, s.items);
     state->ws.upload(&st.cta_items, s.cta_items);
     if (a.nnzb > 0 && b_needs_transpose(g)) state->ws.reserve_bytes(&st.bt, size_t(g.b.rows) * size_t(g.b.cols));

@@ -277,15 +277,6 @@ struct LaunchState {
 };
 
 // C (the DSD view's) that the epilogue can store through the TMA.
-// NOTE: TMA stores need a 16-byte aligned base and line stride, and lines that are a whole number
-// of 16-byte granules: with N * sizeof(T) % 16 != 0 (row-major) the H100 wrote the rest of the
-// last granule, i.e. into C's padding past column N (found by `sparsek verify --variants hopper`).
-// Column-major lines are M long (a multiple of the block height).
-inline bool c_tma_storable(const DenseView& c) {
-  const int64_t es = int64_t(dtype_size(c.dtype)), line = c.layout == Layout::row_major ? c.cols : c.rows;
-  return reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (c.ld * es) % 16 == 0 && (line * es) % 16 == 0;
-}
-
 // One compiled kernel, as the host drives it. g: the DSD view (variant.cu's dsd_shape()).
 struct Kernel {
   Key key;

@@ -8,6 +8,7 @@
 
 #include "core/device.hpp"
 #include "sparsek/attention.hpp"
+#include "sparsek/gemm.hpp"
 
 namespace sparsek {
 
@@ -33,6 +34,11 @@ CUtensorMapDataType tma_dtype(DType t) {
     case DType::e4m3: return CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA only moves bytes: one per element
   }
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+bool c_tma_storable(const DenseView& c) {
+  const int64_t es = int64_t(dtype_size(c.dtype)), line = c.layout == Layout::row_major ? c.cols : c.rows;
+  return reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (c.ld * es) % 16 == 0 && (line * es) % 16 == 0;
 }
 
 CUtensorMapSwizzle tma_swizzle(int row_bytes) {

@@ -16,6 +16,7 @@
 namespace sparsek {
 
 struct Tensor4View;  // sparsek/attention.hpp
+struct DenseView;    // sparsek/gemm.hpp
 
 // The driver entry point (resolved once; throws Error(cuda_error) when the driver lacks it).
 // Call it in plan()/prepare(): the first call must not happen under stream capture.
@@ -45,5 +46,12 @@ CUtensorMap tma_map_2d(const void* base, DType dtype, uint64_t inner, uint64_t o
 CUtensorMap tma_map_bhsd(const Tensor4View& t, int rows, const char* what);
 // "" when tma_map_bhsd can describe t (16-byte aligned base and strides, 32-bit extents), else why.
 std::string tma_why_not_bhsd(const Tensor4View& t, const char* name);
+
+// Whether an epilogue may write dense C (a product's output) by TMA stores.
+// NOTE: TMA stores need a 16-byte aligned base and line stride, and lines that are a whole number
+// of 16-byte granules: with N * sizeof(T) % 16 != 0 (row-major) the H100 wrote the rest of the
+// last granule, i.e. into C's padding past column N (found by `sparsek verify --variants hopper`).
+// Column-major lines are M long.
+bool c_tma_storable(const DenseView& c);
 
 }  // namespace sparsek
