@@ -62,15 +62,20 @@ TEST(HopperFp8, DsdEveryBlockShapeBothBLayoutsAndOutputs) {
   std::printf("hopper_fp8 DSD, random e4m3 data: largest relative error vs fp64 %.3g\n", worst);
 }
 
-// A row-major B is transposed first: whole 64 x 64 tiles with 16-byte aligned rows move in 16-byte
-// words, edge tiles and unaligned rows byte by byte. N = 256 (every tile whole and aligned),
-// N = 200 with ld 208 (aligned rows, a partial edge tile), N = 200 with ld 200 (unaligned rows).
+// A row-major B is transposed first: whole 256 (K) x 128 (N) byte tiles by words where B's rows are
+// 4-byte aligned, the rest byte by byte. N = 256, K = 512 (whole tiles); N = 200 with ld 208 (a
+// column strip); N = 200 with ld 201 (unaligned rows: all bytes); N = 256 with K = 384 (a row
+// strip); N = 200 with K = 384 (both strips).
 TEST(HopperFp8, RowMajorBTransposeEveryTileKind) {
   SPARSEK_REQUIRE_SM90();
-  for (auto [free, pad] : {std::pair<int64_t, int64_t>{256, 0}, {200, 8}, {200, 0}}) {
-    CaseSpec s = fp8_spec(OpKind::dsd, Op::none, 128, 128, 3, 4, free, DType::bf16, uint64_t(free + pad));
+  struct Shape {
+    int64_t kb, free, pad;
+  };
+  for (Shape sh : {Shape{4, 256, 0}, Shape{4, 200, 8}, Shape{4, 200, 1}, Shape{3, 256, 0}, Shape{3, 200, 0}}) {
+    CaseSpec s = fp8_spec(OpKind::dsd, Op::none, 128, 128, 3, sh.kb, sh.free, DType::bf16,
+                          uint64_t(sh.kb + sh.free + sh.pad));
     s.lb = Layout::row_major;
-    s.pad_b = pad;
+    s.pad_b = sh.pad;
     check(s);
   }
 }
