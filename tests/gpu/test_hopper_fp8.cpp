@@ -62,10 +62,10 @@ TEST(HopperFp8, DsdEveryBlockShapeBothBLayoutsAndOutputs) {
   std::printf("hopper_fp8 DSD, random e4m3 data: largest relative error vs fp64 %.3g\n", worst);
 }
 
-// A row-major B is transposed first: whole 256 (K) x 128 (N) byte tiles by words where B's rows are
-// 4-byte aligned, the rest byte by byte. N = 256, K = 512 (whole tiles); N = 200 with ld 208 (a
-// column strip); N = 200 with ld 201 (unaligned rows: all bytes); N = 256 with K = 384 (a row
-// strip); N = 200 with K = 384 (both strips).
+// A row-major B is transposed first: whole 64 x 64 tiles with 16-byte aligned rows move in 16-byte
+// words, edge tiles and unaligned rows byte by byte. N = 256, K = 512 (every tile whole and
+// aligned); N = 200 with ld 208 (aligned rows, a partial edge tile); N = 200 with ld 201 (K = 512)
+// and with ld 200 (K = 384): unaligned rows; N = 256 with K = 384.
 TEST(HopperFp8, RowMajorBTransposeEveryTileKind) {
   SPARSEK_REQUIRE_SM90();
   struct Shape {

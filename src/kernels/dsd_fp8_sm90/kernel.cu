@@ -305,45 +305,24 @@ const Kernel* find_kernel(const Key& key) {
   return kit::find_by_key(table, key);
 }
 
-// B (K x N, N contiguous) -> B^T (N x K, K contiguous). Whole 128 (N) x 256 (K) byte tiles without
-// shared memory: lane l of a warp reads word l (4 bytes of N) of 32 consecutive rows (each load
-// instruction of the warp is one 128-byte line), transposes its 4 x 4 byte blocks in registers, and
-// writes 32 bytes of K for each of its 4 columns. Needs 4-byte aligned rows of B and 16-byte aligned
-// rows of B^T. (The first version, 64 x 64 tiles gathered byte by byte from shared memory, moved
-// 2 TB/s on an H200.)
-__global__ void __launch_bounds__(256) transpose_b_words(const uint8_t* b, int64_t ld, int64_t k, uint8_t* bt) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n0 = int64_t(blockIdx.x) * 128 + 4 * lane, k0 = int64_t(blockIdx.y) * 256 + 32 * warp;
-  uint32_t w[32];
+// B (K x N, N contiguous) -> B^T (N x K, K contiguous), 64 x 64 byte tiles through shared memory.
+// A whole tile with 16-byte aligned rows on both sides (`vec`) moves as one 16-byte load and one
+// 16-byte store per thread; edge tiles and unaligned operands go byte by byte.
+__global__ void __launch_bounds__(256) transpose_b_kernel(const uint8_t* b, int64_t ld, int64_t k, int64_t n,
+                                                          uint8_t* bt, bool vec) {
+  __shared__ __align__(16) uint8_t tile[64][80];  // 80: rows stay 16-byte aligned, banks spread
+  const int64_t k0 = int64_t(blockIdx.y) * 64, n0 = int64_t(blockIdx.x) * 64;
+  if (vec && k0 + 64 <= k && n0 + 64 <= n) {
+    const int r = threadIdx.x / 4, q = threadIdx.x % 4;
+    *reinterpret_cast<uint4*>(&tile[r][16 * q]) =  // r along K, 16 bytes along N
+        __ldg(reinterpret_cast<const uint4*>(b + (k0 + r) * ld + n0 + 16 * q));
+    __syncthreads();
+    uint32_t w[4] = {0u, 0u, 0u, 0u};  // r along N, 16 bytes along K
 #pragma unroll
-  for (int i = 0; i < 32; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(b + (k0 + i) * ld + n0));
-  uint32_t out[4][8];  // out[c][j]: bytes of column n0 + c, rows k0 + 4j .. k0 + 4j + 3
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    // byte c of w[4j + r] is B(k0 + 4j + r, n0 + c); out[c][j] gathers byte c of the four words
-    const uint32_t lo01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x5140);  // bytes 0 and 1 of rows 0, 1
-    const uint32_t hi01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x7362);  // bytes 2 and 3
-    const uint32_t lo23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x5140);
-    const uint32_t hi23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x7362);
-    out[0][j] = __byte_perm(lo01, lo23, 0x5410);
-    out[1][j] = __byte_perm(lo01, lo23, 0x7632);
-    out[2][j] = __byte_perm(hi01, hi23, 0x5410);
-    out[3][j] = __byte_perm(hi01, hi23, 0x7632);
+    for (int i = 0; i < 16; ++i) w[i / 4] |= uint32_t(tile[16 * q + i][r]) << (8 * (i % 4));
+    *reinterpret_cast<uint4*>(bt + (n0 + r) * k + k0 + 16 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
   }
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    uint4* dst = reinterpret_cast<uint4*>(bt + (n0 + c) * k + k0);
-    dst[0] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
-    dst[1] = make_uint4(out[c][4], out[c][5], out[c][6], out[c][7]);
-  }
-}
-
-// The same byte by byte, through 64 x 64 tiles in shared memory, for the tiles at (k_base, n_base)
-// onward: what transpose_b_words does not cover (its edges, or everything when rows are unaligned).
-__global__ void __launch_bounds__(256) transpose_b_bytes(const uint8_t* b, int64_t ld, int64_t k, int64_t n,
-                                                         uint8_t* bt, int64_t k_base, int64_t n_base) {
-  __shared__ uint8_t tile[64][65];
-  const int64_t k0 = k_base + int64_t(blockIdx.y) * 64, n0 = n_base + int64_t(blockIdx.x) * 64;
   for (int i = threadIdx.x; i < 64 * 64; i += 256) {
     const int r = i / 64, c = i % 64;  // r along K, c along N (consecutive threads: consecutive n)
     tile[r][c] = k0 + r < k && n0 + c < n ? b[(k0 + r) * ld + n0 + c] : uint8_t(0);
@@ -356,25 +335,12 @@ __global__ void __launch_bounds__(256) transpose_b_bytes(const uint8_t* b, int64
 }
 
 void transpose_b(const void* b, int64_t ld, int64_t k, int64_t n, void* bt, cudaStream_t stream) {
-  const auto* src = static_cast<const uint8_t*>(b);
-  auto* dst = static_cast<uint8_t*>(bt);
-  const bool words = ld % 4 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0 &&
-                     reinterpret_cast<uintptr_t>(bt) % 16 == 0;
-  const int64_t nw = words ? n / 128 * 128 : 0, kw = words ? k / 256 * 256 : 0;  // the whole tiles
-  auto bytes = [&](int64_t k_base, int64_t n_base, int64_t k_end, int64_t n_end) {
-    if (k_end <= k_base || n_end <= n_base) return;
-    const dim3 grid(unsigned((n_end - n_base + 63) / 64), unsigned((k_end - k_base + 63) / 64));
-    transpose_b_bytes<<<grid, 256, 0, stream>>>(src, ld, k, n, dst, k_base, n_base);
-    check_cuda(cudaGetLastError(), "transpose_b_bytes launch");
-  };
-  if (nw > 0 && kw > 0) {
-    transpose_b_words<<<dim3(unsigned(nw / 128), unsigned(kw / 256)), 256, 0, stream>>>(src, ld, k, dst);
-    check_cuda(cudaGetLastError(), "transpose_b_words launch");
-    bytes(0, nw, kw, n);  // the columns past the whole tiles, rows of the whole tiles
-    bytes(kw, 0, k, n);   // the rows past them, every column
-  } else {
-    bytes(0, 0, k, n);
-  }
+  const dim3 grid(unsigned((n + 63) / 64), unsigned((k + 63) / 64));
+  const bool vec = ld % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(bt) % 16 == 0;
+  transpose_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(b), ld, k, n, static_cast<uint8_t*>(bt),
+                                               vec);
+  check_cuda(cudaGetLastError(), "transpose_b_kernel launch");
 }
 
 }  // namespace sparsek::dsd_fp8_sm90
