@@ -49,6 +49,14 @@ inline int64_t layout_row(const AttentionLayout& l, int64_t hq, int64_t hkv, int
   return (lb * l.heads + lh) * l.q_blocks + i;
 }
 
+// Packed sequences (cu_seqlens, num_seqs), as attention and the gate take them. The checks that
+// read no offsets: with cu_seqlens, 1 <= num_seqs < INT32_MAX, B = 1 and Sq = Skv; without it,
+// num_seqs = 0. B, Sq and Skv are q.b, q.s and k.s.
+void check_packed_sequences(const int32_t* cu_seqlens, int64_t num_seqs, int64_t B, int64_t Sq, int64_t Skv);
+// The offsets themselves, on a host copy cu [num_seqs + 1]: cu[0] = 0, never decreasing, and
+// cu[num_seqs] = T (the packed length, q.s).
+void check_cu_seqlens(const int32_t* cu, int64_t num_seqs, int64_t T);
+
 // The content checks of validate(args, true) on a host view of args.layout: counts in [0, kmax],
 // indices sorted, unique and in range, no block in both lists; cu_seqlens (when hl has it) starts
 // at 0, never decreases and ends at T. Errors name the array, the index and the value.

@@ -127,6 +127,31 @@ void forward_ranges(const AttentionArgs& a, Named in[8], Named out[2]) {
 
 }  // namespace
 
+void check_packed_sequences(const int32_t* cu_seqlens, int64_t num_seqs, int64_t B, int64_t Sq, int64_t Skv) {
+  if (cu_seqlens) {
+    if (num_seqs < 1)
+      bad("num_seqs = " + s(num_seqs) + " with cu_seqlens given: a packed batch holds at least one sequence");
+    if (num_seqs >= INT32_MAX) bad("num_seqs = " + s(num_seqs) + " does not fit int32");
+    if (B != 1)
+      bad("q.b = " + s(B) + " with cu_seqlens: packed sequences are one batch row (B = 1) holding every sequence");
+    if (Sq != Skv)
+      bad("q.s = " + s(Sq) + " differs from k.s = " + s(Skv) +
+          " with cu_seqlens: queries and keys are the same packed tokens");
+  } else if (num_seqs != 0) {
+    bad("num_seqs = " + s(num_seqs) + " but cu_seqlens is null (give both, or num_seqs = 0)");
+  }
+}
+
+void check_cu_seqlens(const int32_t* cu, int64_t num_seqs, int64_t T) {
+  const int64_t n = num_seqs;
+  if (cu[0] != 0) bad("cu_seqlens[0] = " + s(cu[0]) + " is not 0 (the first sequence starts at row 0)");
+  for (int64_t i = 1; i <= n; ++i)
+    if (cu[i] < cu[i - 1])
+      bad("cu_seqlens[" + s(i) + "] = " + s(cu[i]) + " is less than cu_seqlens[" + s(i - 1) + "] = " +
+          s(cu[i - 1]) + " (offsets never decrease)");
+  if (cu[n] != T) bad("cu_seqlens[" + s(n) + "] = " + s(cu[n]) + " is not the packed length T = q.s = " + s(T));
+}
+
 void validate(const AttentionArgs& a, bool check_indices) { validate(a, check_indices, nullptr); }
 
 void validate(const AttentionArgs& a, bool check_indices, void* stream) {
@@ -205,18 +230,7 @@ void validate(const AttentionArgs& a, bool check_indices, void* stream) {
   if (a.lse && !mul_add(B * Hq, Sq, 0, &lse_bytes)) bad("lse: B * Hq * Sq overflows 64 bits");
   if (a.lse && !mul_add(lse_bytes, 4, 0, &lse_bytes)) bad("lse: its byte size overflows 64 bits");
 
-  // Packed sequences.
-  if (a.cu_seqlens) {
-    if (a.num_seqs < 1) bad("num_seqs = " + s(a.num_seqs) + " with cu_seqlens given: a packed batch holds at least one sequence");
-    if (a.num_seqs >= INT32_MAX) bad("num_seqs = " + s(a.num_seqs) + " does not fit int32");
-    if (B != 1)
-      bad("q.b = " + s(B) + " with cu_seqlens: packed sequences are one batch row (B = 1) holding every sequence");
-    if (Sq != Skv)
-      bad("q.s = " + s(Sq) + " differs from k.s = " + s(Skv) +
-          " with cu_seqlens: queries and keys are the same packed tokens");
-  } else if (a.num_seqs != 0) {
-    bad("num_seqs = " + s(a.num_seqs) + " but cu_seqlens is null (give both, or num_seqs = 0)");
-  }
+  check_packed_sequences(a.cu_seqlens, a.num_seqs, B, Sq, Skv);
 
   Named inputs[8], outputs[2];
   forward_ranges(a, inputs, outputs);
@@ -316,17 +330,7 @@ void check_layout_contents(const AttentionArgs& a, void* stream) {
 
 void validate_layout_contents(const AttentionArgs& a, const HostLayout& hl) {
   const AttentionLayout& l = a.layout;
-  if (hl.cu_seqlens) {
-    const int32_t* cu = hl.cu_seqlens;
-    const int64_t n = a.num_seqs;
-    if (cu[0] != 0) bad("cu_seqlens[0] = " + s(cu[0]) + " is not 0 (the first sequence starts at row 0)");
-    for (int64_t i = 1; i <= n; ++i)
-      if (cu[i] < cu[i - 1])
-        bad("cu_seqlens[" + s(i) + "] = " + s(cu[i]) + " is less than cu_seqlens[" + s(i - 1) + "] = " +
-            s(cu[i - 1]) + " (offsets never decrease)");
-    if (cu[n] != a.q.s)
-      bad("cu_seqlens[" + s(n) + "] = " + s(cu[n]) + " is not the packed length T = q.s = " + s(a.q.s));
-  }
+  if (hl.cu_seqlens) check_cu_seqlens(hl.cu_seqlens, a.num_seqs, a.q.s);
   const int64_t nk = (a.k.s + l.block_kv - 1) / l.block_kv;
   auto check_list = [&](const int32_t* num, const int32_t* idx, int64_t kmax, const char* num_name,
                         const char* idx_name, int64_t r, int64_t b, int64_t h, int64_t i) {

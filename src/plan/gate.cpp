@@ -133,23 +133,10 @@ GateShape validate_gate(const GateArgs& a, const Options& o) {
   if (kv_num > 0 && !a.kv_num_blocks) bad("kv_num_blocks is null");
   if (kv_idx > 0 && !a.kv_indices) bad("kv_indices is null");
   if (a.candidates) check_candidates(a, s);
-  if (a.cu_seqlens) {
-    if (a.num_seqs < 1) bad("num_seqs=" + str(a.num_seqs) + " with cu_seqlens given: a packed batch holds at least one sequence");
-    if (a.num_seqs >= INT32_MAX) bad("num_seqs=" + str(a.num_seqs) + " does not fit int32");
-    if (s.B != 1) bad("q.b=" + str(s.B) + " with cu_seqlens: packed sequences are one batch row (B = 1)");
-    if (s.Sq != s.Skv) bad("q.s=" + str(s.Sq) + " differs from k.s=" + str(s.Skv) + " with cu_seqlens");
-    if (mem == Memory::host) {  // (device offsets are not read back: any contents are read safely)
-      const int32_t* cu = a.cu_seqlens;
-      if (cu[0] != 0) bad("cu_seqlens[0]=" + str(cu[0]) + " is not 0");
-      for (int64_t i = 1; i <= a.num_seqs; ++i)
-        if (cu[i] < cu[i - 1])
-          bad("cu_seqlens[" + str(i) + "]=" + str(cu[i]) + " is less than cu_seqlens[" + str(i - 1) + "]=" + str(cu[i - 1]));
-      if (cu[a.num_seqs] != s.Sq)
-        bad("cu_seqlens[" + str(a.num_seqs) + "]=" + str(cu[a.num_seqs]) + " is not the packed length q.s=" + str(s.Sq));
-    }
-  } else if (a.num_seqs != 0) {
-    bad("num_seqs=" + str(a.num_seqs) + " but cu_seqlens is null");
-  }
+  // Packed sequences: attention's checks and messages (format/attention_layout.cpp). Device
+  // offsets are not read back: the kernels read any contents safely.
+  check_packed_sequences(a.cu_seqlens, a.num_seqs, s.B, s.Sq, s.Skv);
+  if (a.cu_seqlens && mem == Memory::host) check_cu_seqlens(a.cu_seqlens, a.num_seqs, s.Sq);
 
   if (mem == Memory::device) {
     if (!device_info().available)

@@ -397,13 +397,13 @@ TEST(Gate, PackedSequencesStayInsideTheirSequences) {
     c.args.num_seqs = n;
     expect_invalid([&] { gate(c.host_args()); }, {msg});
   };
-  bad({0, 100, 700}, 0, "num_seqs=0 with cu_seqlens given");
-  bad({1, 100, 700}, 2, "cu_seqlens[0]=1 is not 0");
-  bad({0, 300, 200, 700}, 3, "cu_seqlens[2]=200 is less than cu_seqlens[1]=300");
-  bad({0, 100, 699}, 2, "cu_seqlens[2]=699 is not the packed length q.s=700");
+  bad({0, 100, 700}, 0, "num_seqs = 0 with cu_seqlens given");
+  bad({1, 100, 700}, 2, "cu_seqlens[0] = 1 is not 0 (the first sequence starts at row 0)");
+  bad({0, 300, 200, 700}, 3, "cu_seqlens[2] = 200 is less than cu_seqlens[1] = 300 (offsets never decrease)");
+  bad({0, 100, 699}, 2, "cu_seqlens[2] = 699 is not the packed length T = q.s = 700");
   c.args.cu_seqlens = nullptr;
   c.args.num_seqs = 2;
-  expect_invalid([&] { gate(c.host_args()); }, {"num_seqs=2 but cu_seqlens is null"});
+  expect_invalid([&] { gate(c.host_args()); }, {"num_seqs = 2 but cu_seqlens is null (give both, or num_seqs = 0)"});
 }
 
 TEST(Gate, EmptyProblems) {
@@ -766,7 +766,7 @@ TEST(GateCApi, PackedSequences) {
   EXPECT_EQ(c.idx, want_idx);
   g.num_seqs = 0;
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(sparsek_last_error()).find("num_seqs=0 with cu_seqlens given"), std::string::npos)
+  EXPECT_NE(std::string(sparsek_last_error()).find("num_seqs = 0 with cu_seqlens given"), std::string::npos)
       << sparsek_last_error();
 }
 

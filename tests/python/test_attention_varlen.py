@@ -337,7 +337,7 @@ def test_gate_packed_errors_name_cu_seqlens():
     q = np.zeros((1, 2, 300, 64), np.float32)
     with pytest.raises(ValueError, match="cu_seqlens dtype int64 must be int32"):
         sparsek.gate(q, q, 2, block=64, cu_seqlens=np.array([0, 100, 300], np.int64))
-    with pytest.raises(ValueError, match=r"cu_seqlens\[2\]=299 is not the packed length q.s=300"):
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\] = 299 is not the packed length T = q\.s = 300"):
         sparsek.gate(q, q, 2, block=64, cu_seqlens=np.array([0, 100, 299], np.int32))
 
 

@@ -193,5 +193,5 @@ fn bad_input_is_a_named_error() {
     assert!(e.message().contains("96"), "{}", e.message());
     let cu = [0i32, 50];
     let e = gate(&q, &k, &GateOptions { topk: 1, block: BLK, cu_seqlens: Some(&cu), ..Default::default() }).unwrap_err();
-    assert!(e.message().contains("cu_seqlens[1]=50 is not the packed length q.s=128"), "{}", e.message());
+    assert!(e.message().contains("cu_seqlens[1] = 50 is not the packed length T = q.s = 128"), "{}", e.message());
 }
