@@ -362,18 +362,31 @@ TEST(Gate, PackedSequencesSelectAsIfEachWereAlone) {
   }
 }
 
+// Four packed sequences in 700 rows of random q and k (block 64: boundaries inside blocks, one
+// sequence of a single row), cu_seqlens and num_seqs set: the C++ and the C API tests' case.
+struct PackedGateCase {
+  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
+  GateCase c{spec()};
+  PackedGateCase() {
+    c.q.fill_random(5);
+    c.k.fill_random(6);
+    c.args.cu_seqlens = cu.data();
+    c.args.num_seqs = 4;
+  }
+  static GateSpec spec() {
+    GateSpec s;
+    s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
+    s.Sq = s.Skv = 700;
+    return s;
+  }
+};
+
 // Boundaries inside blocks: a row never selects a block of no sequence of its rows; errors name
 // cu_seqlens.
 TEST(Gate, PackedSequencesStayInsideTheirSequences) {
-  GateSpec s;
-  s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
-  s.Sq = s.Skv = 700;
-  GateCase c(s);
-  c.q.fill_random(5);
-  c.k.fill_random(6);
-  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
-  c.args.cu_seqlens = cu.data();
-  c.args.num_seqs = 4;
+  PackedGateCase p;
+  GateCase& c = p.c;
+  const std::vector<int32_t>& cu = p.cu;
   c.run_host();
   expect_well_formed(c, c.num, c.idx);
   for (int64_t i = 0; i < c.Mq; ++i) {
@@ -746,16 +759,9 @@ TEST(GateCApi, ScratchBeyondThisMachinesMemoryIsANamedError) {
 }
 
 TEST(GateCApi, PackedSequences) {
-  GateSpec s;
-  s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
-  s.Sq = s.Skv = 700;
-  GateCase c(s);
-  c.q.fill_random(5);
-  c.k.fill_random(6);
-  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
+  PackedGateCase p;
+  GateCase& c = p.c;
   // The C struct gives the C++ call's selection, and names the error.
-  c.args.cu_seqlens = cu.data();
-  c.args.num_seqs = 4;
   c.run_host();
   const std::vector<int32_t> want_num = c.num, want_idx = c.idx;
   const GateArgs& a = c.host_args();
