@@ -18,6 +18,9 @@ namespace {
 [[noreturn]] void bad(const std::string& msg) { throw Error(Status::invalid_argument, msg); }
 
 std::string str(int64_t v) { return std::to_string(v); }
+// A dtype a C caller may have set to any int: its name when it has one (e4m3 too), else its number
+// (to_string gives "invalid dtype" without the value).
+std::string dtype_text(DType t) { return int(t) >= 0 && int(t) <= 3 ? to_string(t) : str(int(t)); }
 
 int64_t mul(int64_t a, int64_t b, const char* what) {
   int64_t r = 0;
@@ -41,16 +44,16 @@ int64_t span_elements(const Tensor4View& t, const char* name) {
 
 void check_tensor(const Tensor4View& t, const char* name) {
   if (int(t.dtype) < 0 || int(t.dtype) > 2)
-    bad(std::string(name) + ".dtype=" + str(int(t.dtype)) + " is not f32 (0), f16 (1) or bf16 (2)");
-  if (int(t.memory) < 0 || int(t.memory) > 1)
-    bad(std::string(name) + ".memory=" + str(int(t.memory)) + " is not host or device");
+    bad(std::string(name) + ".dtype = " + dtype_text(t.dtype) + " is not f32 (0), f16 (1) or bf16 (2)");
+  if (int(t.memory) < 0 || int(t.memory) > 1)  // (every named value passes: only a number to print)
+    bad(std::string(name) + ".memory = " + str(int(t.memory)) + " is not host (0) or device (1)");
   const std::pair<const char*, int64_t> dims[] = {{"b", t.b}, {"h", t.h}, {"s", t.s}, {"d", t.d},
                                                   {"stride_b", t.stride_b}, {"stride_h", t.stride_h},
                                                   {"stride_s", t.stride_s}};
   for (const auto& [field, v] : dims)
-    if (v < 0) bad(std::string(name) + "." + field + "=" + str(v) + " is negative");
-  if (t.h < 1) bad(std::string(name) + ".h=" + str(t.h) + ": needs at least one head");
-  if (t.d != 64 && t.d != 128) bad(std::string(name) + ".d=" + str(t.d) + " is not 64 or 128");
+    if (v < 0) bad(std::string(name) + "." + field + " = " + str(v) + " is negative");
+  if (t.h < 1) bad(std::string(name) + ".h = " + str(t.h) + ": needs at least one head");
+  if (t.d != 64 && t.d != 128) bad(std::string(name) + ".d = " + str(t.d) + " is not 64 or 128");
   // The byte extent must be representable too.
   mul(span_elements(t, name), int64_t(dtype_size(t.dtype)), name);
 }
@@ -69,21 +72,22 @@ bool overlap(const Range& a, const Range& b) { return a.lo < a.hi && b.lo < b.hi
 void check_candidates(const GateArgs& a, const GateShape& s) {
   const AttentionLayout& c = *a.candidates;
   const std::string n = "candidates";
-  if (int(c.memory) < 0 || int(c.memory) > 1)  // (to_string would give "invalid memory" without the value)
-    bad(n + ".memory=" + str(int(c.memory)) + " is not host (0) or device (1)");
+  if (int(c.memory) < 0 || int(c.memory) > 1)  // (every named value passes: only a number to print)
+    bad(n + ".memory = " + str(int(c.memory)) + " is not host (0) or device (1)");
   if (int(c.memory) != int(a.q.memory))
     bad(n + " are in " + to_string(c.memory) + " memory but q is in " + to_string(a.q.memory) + " memory");
   if (c.block_q != a.block || c.block_kv != a.block)
-    bad(n + " blocks " + str(c.block_q) + "x" + str(c.block_kv) + " differ from block=" + str(a.block));
-  if (c.batch != 1 && c.batch != s.B) bad(n + ".batch=" + str(c.batch) + " is neither 1 nor B=" + str(s.B));
+    bad(n + ".block_q = " + str(c.block_q) + " and " + n + ".block_kv = " + str(c.block_kv) +
+        " are not both block = " + str(a.block));
+  if (c.batch != 1 && c.batch != s.B) bad(n + ".batch = " + str(c.batch) + " is neither 1 nor B = " + str(s.B));
   if (c.heads != 1 && c.heads != s.Hq && c.heads != s.Hkv)
-    bad(n + ".heads=" + str(c.heads) + " is not 1, Hq=" + str(s.Hq) + " or Hkv=" + str(s.Hkv));
+    bad(n + ".heads = " + str(c.heads) + " is not 1, Hq = " + str(s.Hq) + " or Hkv = " + str(s.Hkv));
   if (c.q_blocks != s.Mq)
-    bad(n + ".q_blocks=" + str(c.q_blocks) + " differs from ceil(Sq / block)=" + str(s.Mq));
-  if (c.kmax < 0) bad(n + ".kmax=" + str(c.kmax) + " is negative");
+    bad(n + ".q_blocks = " + str(c.q_blocks) + " differs from ceil(Sq / block) = " + str(s.Mq));
+  if (c.kmax < 0) bad(n + ".kmax = " + str(c.kmax) + " is negative");
   if ((c.full_kv_num_blocks == nullptr) != (c.full_kv_indices == nullptr))
     bad(n + ": full_kv_num_blocks and full_kv_indices must be given both or neither");
-  if (c.has_full() && c.full_kmax < 0) bad(n + ".full_kmax=" + str(c.full_kmax) + " is negative");
+  if (c.has_full() && c.full_kmax < 0) bad(n + ".full_kmax = " + str(c.full_kmax) + " is negative");
   const int64_t rows = mul(mul(c.batch, c.heads, "candidates"), c.q_blocks, "candidates");
   mul(mul(rows, std::max(c.kmax, c.full_kmax), "candidates"), 4, "candidates");
   if (rows > 0 && !c.kv_num_blocks) bad(n + ".kv_num_blocks is null");
@@ -113,13 +117,13 @@ GateShape validate_gate(const GateArgs& a, const Options& o) {
   const GateShape s = gate_shape(a);
   const Memory mem = a.q.memory;
   if (int(o.backend) < 0 || int(o.backend) > 2)
-    bad("options.backend must be automatic, cpu or cuda, got " + str(int(o.backend)));
+    bad("options.backend = " + str(int(o.backend)) + " is not automatic (0), cpu (1) or cuda (2)");
   if (o.backend != Backend::automatic && (o.backend == Backend::cpu) != (mem == Memory::host))
-    bad(std::string("options.backend ") + (o.backend == Backend::cpu ? "cpu" : "cuda") + " needs " +
+    bad(std::string("options.backend = ") + (o.backend == Backend::cpu ? "cpu" : "cuda") + " needs " +
         (o.backend == Backend::cpu ? "host" : "device") + " memory, but q and k are in " + to_string(mem) +
         " memory");
   if (!o.variant.empty()) bad("options.variant '" + o.variant + "': the gate has no variants to choose from");
-  if (o.threads < 0) bad("options.threads=" + str(o.threads) + " is negative");
+  if (o.threads < 0) bad("options.threads = " + str(o.threads) + " is negative");
 
   const int64_t kv_num = s.rows();
   const int64_t kv_idx = mul(kv_num, a.kmax, "kv_indices");
@@ -147,7 +151,7 @@ GateShape validate_gate(const GateArgs& a, const Options& o) {
     if (need > 0 && reinterpret_cast<uintptr_t>(a.workspace) % 16)
       bad("workspace is not 16-byte aligned");
     if (a.workspace_bytes < need)
-      bad("workspace_bytes=" + str(int64_t(a.workspace_bytes)) + " is less than gate_workspace_bytes()=" +
+      bad("workspace_bytes = " + str(int64_t(a.workspace_bytes)) + " is less than gate_workspace_bytes() = " +
           str(int64_t(need)));
     const std::string why = gate_cuda_why_not(a, s);
     if (!why.empty()) throw Error(Status::unsupported, "the GPU gate cannot run this problem: " + why);
@@ -193,30 +197,30 @@ GateShape gate_shape(const GateArgs& a) {
   s.Sq = a.q.s;
   s.Skv = a.k.s;
   s.D = a.q.d;
-  if (a.k.b != s.B) bad("k.b=" + str(a.k.b) + " differs from q.b=" + str(s.B));
-  if (a.k.d != s.D) bad("k.d=" + str(a.k.d) + " differs from q.d=" + str(s.D));
-  if (s.Hq % s.Hkv) bad("q.h=" + str(s.Hq) + " is not a multiple of k.h=" + str(s.Hkv));
+  if (a.k.b != s.B) bad("k.b = " + str(a.k.b) + " differs from q.b = " + str(s.B));
+  if (a.k.d != s.D) bad("k.d = " + str(a.k.d) + " differs from q.d = " + str(s.D));
+  if (s.Hq % s.Hkv) bad("q.h = " + str(s.Hq) + " is not a multiple of k.h = " + str(s.Hkv));
   s.G = s.Hq / s.Hkv;
   if (a.k.dtype != a.q.dtype)
-    bad(std::string("k.dtype ") + to_string(a.k.dtype) + " differs from q's " + to_string(a.q.dtype));
+    bad(std::string("k.dtype = ") + to_string(a.k.dtype) + " differs from q.dtype = " + to_string(a.q.dtype));
   if (a.k.memory != a.q.memory)
     bad(std::string("k is in ") + to_string(a.k.memory) + " memory but q is in " + to_string(a.q.memory) +
         " memory");
   if (a.q.memory == Memory::device && a.q.dtype == DType::f32)
-    throw Error(Status::unsupported, "q.dtype f32: the GPU gate reads f16 or bf16 (f32 runs on host memory)");
-  if (a.block != 64 && a.block != 128) bad("block=" + str(a.block) + " is not 64 or 128");
-  if (a.topk < 0) bad("topk=" + str(a.topk) + " is negative");
-  if (a.sink < 0) bad("sink=" + str(a.sink) + " is negative");
-  if (a.local < 0) bad("local=" + str(a.local) + " is negative");
-  if (!std::isfinite(a.scale)) bad("scale=" + std::to_string(a.scale) + " is not finite");
+    throw Error(Status::unsupported, "q.dtype = f32: the GPU gate reads f16 or bf16 (f32 runs on host memory)");
+  if (a.block != 64 && a.block != 128) bad("block = " + str(a.block) + " is not 64 or 128");
+  if (a.topk < 0) bad("topk = " + str(a.topk) + " is negative");
+  if (a.sink < 0) bad("sink = " + str(a.sink) + " is negative");
+  if (a.local < 0) bad("local = " + str(a.local) + " is negative");
+  if (!std::isfinite(a.scale)) bad("scale = " + std::to_string(a.scale) + " is not finite");
   s.block = a.block;
   s.scale = a.scale != 0.f ? a.scale : float(1.0 / std::sqrt(double(s.D)));
   s.Mq = (s.Sq + a.block - 1) / a.block;
   s.Nk = (s.Skv + a.block - 1) / a.block;
   const int64_t budget = int64_t(a.topk) + a.sink + a.local;
   if (a.kmax < std::min(s.Nk, budget))
-    bad("kmax=" + str(a.kmax) + " is less than min(Nk=" + str(s.Nk) + ", topk + sink + local=" + str(budget) +
-        ")");
+    bad("kmax = " + str(a.kmax) + " is less than min(Nk = " + str(s.Nk) + ", topk + sink + local = " +
+        str(budget) + ")");
   // Row counts and the workspace size must be representable.
   mul(mul(mul(s.B, s.Hkv, "q"), s.Mq + s.Nk, "q"), s.D * 4, "workspace");
   return s;

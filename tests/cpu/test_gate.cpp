@@ -478,24 +478,28 @@ struct BadCase {
 
 TEST(Gate, ErrorsNameTheArgumentAndValue) {
   const std::vector<BadCase> cases = {
-      {"d", {"q.d=96", "64 or 128"}, [](GateCase& c) { c.args.q.d = 96; }},
-      {"kd", {"k.d=128", "q.d=64"}, [](GateCase& c) { c.args.k.d = 128; }},
-      {"kb", {"k.b=2", "q.b=1"}, [](GateCase& c) { c.args.k.b = 2; }},
-      {"heads", {"q.h=3", "not a multiple of k.h=2"}, [](GateCase& c) { c.args.q.h = 3, c.args.k.h = 2; }},
-      {"no heads", {"k.h=0"}, [](GateCase& c) { c.args.k.h = 0; }},
-      {"neg s", {"q.s=-1", "negative"}, [](GateCase& c) { c.args.q.s = -1; }},
-      {"neg stride", {"k.stride_s=-64", "negative"}, [](GateCase& c) { c.args.k.stride_s = -64; }},
-      {"dtype", {"k.dtype f16", "q's f32"}, [](GateCase& c) { c.args.k.dtype = DType::f16; }},
-      {"bad dtype", {"q.dtype=7"}, [](GateCase& c) { c.args.q.dtype = static_cast<DType>(7); }},
+      {"d", {"q.d = 96 is not 64 or 128"}, [](GateCase& c) { c.args.q.d = 96; }},
+      {"kd", {"k.d = 128 differs from q.d = 64"}, [](GateCase& c) { c.args.k.d = 128; }},
+      {"kb", {"k.b = 2 differs from q.b = 1"}, [](GateCase& c) { c.args.k.b = 2; }},
+      {"heads", {"q.h = 3 is not a multiple of k.h = 2"}, [](GateCase& c) { c.args.q.h = 3, c.args.k.h = 2; }},
+      {"no heads", {"k.h = 0"}, [](GateCase& c) { c.args.k.h = 0; }},
+      {"neg s", {"q.s = -1 is negative"}, [](GateCase& c) { c.args.q.s = -1; }},
+      {"neg stride", {"k.stride_s = -64 is negative"}, [](GateCase& c) { c.args.k.stride_s = -64; }},
+      {"dtype", {"k.dtype = f16 differs from q.dtype = f32"}, [](GateCase& c) { c.args.k.dtype = DType::f16; }},
+      {"bad dtype", {"q.dtype = 7 is not f32 (0), f16 (1) or bf16 (2)"},
+       [](GateCase& c) { c.args.q.dtype = static_cast<DType>(7); }},
+      {"e4m3", {"q.dtype = e4m3 is not f32 (0), f16 (1) or bf16 (2)"},
+       [](GateCase& c) { c.args.q.dtype = DType::e4m3; }},
       {"memory", {"k is in device memory", "q is in host memory"},
        [](GateCase& c) { c.args.k.memory = Memory::device; }},
-      {"bad memory", {"k.memory=5"}, [](GateCase& c) { c.args.k.memory = static_cast<Memory>(5); }},
-      {"block", {"block=32", "64 or 128"}, [](GateCase& c) { c.args.block = 32; }},
-      {"topk", {"topk=-1", "negative"}, [](GateCase& c) { c.args.topk = -1; }},
-      {"sink", {"sink=-2", "negative"}, [](GateCase& c) { c.args.sink = -2; }},
-      {"local", {"local=-3", "negative"}, [](GateCase& c) { c.args.local = -3; }},
-      {"scale", {"scale=nan", "not finite"}, [](GateCase& c) { c.args.scale = std::nanf(""); }},
-      {"kmax", {"kmax=3", "min(Nk=8, topk + sink + local=4)"}, [](GateCase& c) { c.args.kmax = 3; }},
+      {"bad memory", {"k.memory = 5 is not host (0) or device (1)"},
+       [](GateCase& c) { c.args.k.memory = static_cast<Memory>(5); }},
+      {"block", {"block = 32 is not 64 or 128"}, [](GateCase& c) { c.args.block = 32; }},
+      {"topk", {"topk = -1 is negative"}, [](GateCase& c) { c.args.topk = -1; }},
+      {"sink", {"sink = -2 is negative"}, [](GateCase& c) { c.args.sink = -2; }},
+      {"local", {"local = -3 is negative"}, [](GateCase& c) { c.args.local = -3; }},
+      {"scale", {"scale = nan is not finite"}, [](GateCase& c) { c.args.scale = std::nanf(""); }},
+      {"kmax", {"kmax = 3 is less than min(Nk = 8, topk + sink + local = 4)"}, [](GateCase& c) { c.args.kmax = 3; }},
       {"q null", {"q.data is null"}, [](GateCase& c) { c.args.q.data = nullptr; }},
       {"k null", {"k.data is null"}, [](GateCase& c) { c.args.k.data = nullptr; }},
       {"num null", {"kv_num_blocks is null"}, [](GateCase& c) { c.args.kv_num_blocks = nullptr; }},
@@ -507,17 +511,17 @@ TEST(Gate, ErrorsNameTheArgumentAndValue) {
        [](GateCase& c) { c.args.scores = static_cast<float*>(c.args.q.data); }},
       {"cand memory", {"candidates are in device memory", "q is in host memory"},
        [](GateCase& c) { valid_candidates(c).memory = Memory::device; }},
-      {"cand bad memory", {"candidates.memory=7 is not host (0) or device (1)"},
+      {"cand bad memory", {"candidates.memory = 7 is not host (0) or device (1)"},
        [](GateCase& c) { valid_candidates(c).memory = static_cast<Memory>(7); }},
-      {"cand block", {"candidates blocks 128x64", "block=64"},
+      {"cand block", {"candidates.block_q = 128 and candidates.block_kv = 64 are not both block = 64"},
        [](GateCase& c) { valid_candidates(c).block_q = 128; }},
-      {"cand batch", {"candidates.batch=2", "neither 1 nor B=1"},
+      {"cand batch", {"candidates.batch = 2 is neither 1 nor B = 1"},
        [](GateCase& c) { valid_candidates(c).batch = 2; }},
-      {"cand heads", {"candidates.heads=3", "Hq=1", "Hkv=1"},
+      {"cand heads", {"candidates.heads = 3 is not 1, Hq = 1 or Hkv = 1"},
        [](GateCase& c) { valid_candidates(c).heads = 3; }},
-      {"cand q_blocks", {"candidates.q_blocks=7", "ceil(Sq / block)=8"},
+      {"cand q_blocks", {"candidates.q_blocks = 7 differs from ceil(Sq / block) = 8"},
        [](GateCase& c) { valid_candidates(c).q_blocks = 7; }},
-      {"cand kmax", {"candidates.kmax=-1", "negative"}, [](GateCase& c) { valid_candidates(c).kmax = -1; }},
+      {"cand kmax", {"candidates.kmax = -1 is negative"}, [](GateCase& c) { valid_candidates(c).kmax = -1; }},
       {"cand null", {"candidates.kv_num_blocks is null"},
        [](GateCase& c) { valid_candidates(c).kv_num_blocks = nullptr; }},
       {"cand full", {"full_kv_num_blocks and full_kv_indices"},
@@ -548,13 +552,16 @@ TEST(Gate, OptionsAreChecked) {
   GateArgs& a = c.host_args();
   Options o;
   o.backend = Backend::cuda;
-  expect_invalid([&] { gate(a, o); }, {"options.backend cuda", "host memory"});
+  expect_invalid([&] { gate(a, o); }, {"options.backend = cuda needs device memory, but q and k are in host memory"});
+  o = Options();
+  o.backend = static_cast<Backend>(5);
+  expect_invalid([&] { gate(a, o); }, {"options.backend = 5 is not automatic (0), cpu (1) or cuda (2)"});
   o = Options();
   o.variant = "hopper";
   expect_invalid([&] { gate(a, o); }, {"options.variant 'hopper'"});
   o = Options();
   o.threads = -1;
-  expect_invalid([&] { gate(a, o); }, {"options.threads=-1"});
+  expect_invalid([&] { gate(a, o); }, {"options.threads = -1 is negative"});
 }
 
 TEST(Gate, DeviceMemoryWithoutGpuSaysSo) {
@@ -575,7 +582,8 @@ TEST(Gate, DeviceMemoryWithoutGpuSaysSo) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::unsupported) << e.what();
-    EXPECT_NE(std::string(e.what()).find("q.dtype f32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q.dtype = f32: the GPU gate reads f16 or bf16"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -716,7 +724,7 @@ TEST(GateCApi, RunsAndReportsErrors) {
   // Errors: a status and a message naming the argument.
   g.block = 48;
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(sparsek_last_error()).find("sparsek_gate: block=48"), std::string::npos)
+  EXPECT_NE(std::string(sparsek_last_error()).find("sparsek_gate: block = 48 is not 64 or 128"), std::string::npos)
       << sparsek_last_error();
   EXPECT_EQ(sparsek_gate_workspace_bytes(&g, &bytes), SPARSEK_INVALID_ARGUMENT);
   EXPECT_EQ(sparsek_gate(nullptr, nullptr), SPARSEK_INVALID_ARGUMENT);
@@ -731,13 +739,17 @@ TEST(GateCApi, RunsAndReportsErrors) {
   int bad_dtype = 9;
   std::memcpy(&g.q.dtype, &bad_dtype, sizeof(int));
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(sparsek_last_error()).find("q.dtype=9"), std::string::npos) << sparsek_last_error();
+  EXPECT_NE(std::string(sparsek_last_error()).find("q.dtype = 9 is not f32 (0), f16 (1) or bf16 (2)"),
+            std::string::npos)
+      << sparsek_last_error();
   // An out-of-range memory of the candidates is reported as its number.
   std::memcpy(&g.q.dtype, &a.q.dtype, sizeof(int));
   int bad_memory = 3;
   std::memcpy(&cand.memory, &bad_memory, sizeof(int));
   EXPECT_EQ(sparsek_gate(&g, nullptr), SPARSEK_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(sparsek_last_error()).find("candidates.memory=3"), std::string::npos) << sparsek_last_error();
+  EXPECT_NE(std::string(sparsek_last_error()).find("candidates.memory = 3 is not host (0) or device (1)"),
+            std::string::npos)
+      << sparsek_last_error();
 }
 
 TEST(GateCApi, ScratchBeyondThisMachinesMemoryIsANamedError) {
