@@ -252,6 +252,9 @@ int distributed_attention_main(int argc, char** argv) {
       }
       plans.clear();
       for (ncclComm* c : comms) nccl::api().CommDestroy(c);
+      // (NCCL may leave another device current; the next row's in-process plans are made on the
+      // current device, which must be the one of the shards and the stream: GPU 0.)
+      SPARSEK_CHECK_CUDA(cudaSetDevice(0));
     }
     std::printf("(speedup: the one-GPU attention's step time over this one; rows run serially on one GPU show the "
                 "split's added work instead, no speed-up)\n");

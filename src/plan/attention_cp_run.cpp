@@ -284,7 +284,15 @@ std::vector<Impl*> impls_of(const std::vector<DistributedAttentionPlan>& plans, 
       if (ims[i]->inproc) bad("plans mixes plans with and without communicators");
   }
   mains.assign(ims.size(), nullptr);
-  for (size_t i = 0; i < streams.size(); ++i) mains[i] = static_cast<cudaStream_t>(streams[i]);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    mains[i] = static_cast<cudaStream_t>(streams[i]);
+    // A stream of another device than the plan's would fail later as an invalid handle (the plan's
+    // events and side stream live on its device). (The null stream is the plan's device's.)
+    int dev = -1;
+    if (mains[i] && !ims[i]->host && cudaStreamGetDevice(mains[i], &dev) == cudaSuccess && dev != ims[i]->device)
+      bad("streams[" + num(int64_t(i)) + "] is on CUDA device " + num(int64_t(dev)) + " but plans[" + num(int64_t(i)) +
+          "] was made on device " + num(int64_t(ims[i]->device)) + " (the device current when it was planned)");
+  }
   return ims;
 }
 

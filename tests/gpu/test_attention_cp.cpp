@@ -200,6 +200,25 @@ void check(const CpCase& c, Mode mode, bool graph = false) {
     }
     cudaSetDevice(0);
   };
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (mode == Mode::inproc && gpus >= 2) {  // a stream of another device than the plans' is refused by name
+    CUDA_OK(cudaSetDevice(1));
+    cudaStream_t other = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    CUDA_OK(cudaSetDevice(0));
+    std::vector<void*> wrong = streams;
+    wrong.back() = other;
+    const std::string want = "streams[" + std::to_string(c.ranks - 1) + "] is on CUDA device 1 but plans[" +
+                             std::to_string(c.ranks - 1) + "] was made on device 0";
+    try {
+      run(plans, fwd, wrong);
+      ADD_FAILURE() << "a stream of device 1 was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    cudaStreamDestroy(other);
+  }
   if (capi) {
     capi->forward(fwd[0], streams[0]);
     capi->backward(bwd[0], streams[0]);
