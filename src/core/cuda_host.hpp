@@ -116,6 +116,7 @@ inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = nullptr; return cuda
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = nullptr; return cudaErrorNoDevice; }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaErrorNoDevice; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaErrorNoDevice; }
+inline cudaError_t cudaStreamGetDevice(cudaStream_t, int* d) { *d = 0; return cudaErrorNoDevice; }
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* c) {
   *c = cudaStreamCaptureStatusNone;
   return cudaSuccess;

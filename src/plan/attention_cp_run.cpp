@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/nccl.hpp"
+#include "format/format_internal.hpp"
 
 namespace sparsek {
 
@@ -287,9 +288,12 @@ std::vector<Impl*> impls_of(const std::vector<DistributedAttentionPlan>& plans, 
   for (size_t i = 0; i < streams.size(); ++i) {
     mains[i] = static_cast<cudaStream_t>(streams[i]);
     // A stream of another device than the plan's would fail later as an invalid handle (the plan's
-    // events and side stream live on its device). (The null stream is the plan's device's.)
+    // events and side stream live on its device). (The null stream is the plan's device's; under
+    // graph capture the check is left to the eager runs before it, so that the query never meets a
+    // capture.)
     int dev = -1;
-    if (mains[i] && !ims[i]->host && cudaStreamGetDevice(mains[i], &dev) == cudaSuccess && dev != ims[i]->device)
+    if (mains[i] && !ims[i]->host && !stream_is_capturing(mains[i]) &&
+        cudaStreamGetDevice(mains[i], &dev) == cudaSuccess && dev != ims[i]->device)
       bad("streams[" + num(int64_t(i)) + "] is on CUDA device " + num(int64_t(dev)) + " but plans[" + num(int64_t(i)) +
           "] was made on device " + num(int64_t(ims[i]->device)) + " (the device current when it was planned)");
   }
