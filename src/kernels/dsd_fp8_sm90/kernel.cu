@@ -91,10 +91,11 @@ __device__ __forceinline__ void column_scales(float (&sb)[Cfg::ACC / 2], const P
 // staging tile (s_stage, stage_ptr) and TMA stores where Params::tma_c, else from the registers.
 template <class Cfg>
 __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const float (&sb)[Cfg::ACC / 2],
-                                         const CUtensorMap* tm_c, const Params& p, int row0, int n0, int which,
-                                         uint32_t s_stage, uint8_t* stage_ptr) {
+                                         const CUtensorMap* tm_c, const Params& p, int row0, int n0, bool used,
+                                         int which, uint32_t s_stage, uint8_t* stage_ptr) {
   using T = typename Cfg::TOut;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const float alpha = used ? p.alpha : 0.f;  // a row without stored blocks is beta * C whatever alpha is
   if constexpr (Cfg::STAGED) {
     if (p.tma_c) {
       kit::staging_acquire(tid == 0, 1 + which);  // the tile's last TMA store has read it
@@ -102,8 +103,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const flo
       for (int j = 0; j < Cfg::ACC / 4; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float v0 = p.alpha * sb[2 * j] * acc[4 * j + 2 * h];
-          const float v1 = p.alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
+          const float v0 = alpha * sb[2 * j] * acc[4 * j + 2 * h];
+          const float v1 = alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
           *reinterpret_cast<uint32_t*>(stage_ptr + kit::fragment_pair_offset(warp, lane, j, h)) =
               p.out_bf16 ? dev::pack2<true>(v0, v1) : dev::pack2<false>(v0, v1);
         }
@@ -125,8 +126,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[Cfg::ACC], const flo
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = row0 + kit::fragment_row(warp, lane, h);
-      const float v0 = p.alpha * sb[2 * j] * acc[4 * j + 2 * h];
-      const float v1 = p.alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
+      const float v0 = alpha * sb[2 * j] * acc[4 * j + 2 * h];
+      const float v1 = alpha * sb[2 * j + 1] * acc[4 * j + 2 * h + 1];
       const int64_t off0 = int64_t(m) * p.c_rs + int64_t(n) * p.c_cs;
       if (p.c_pairs && n + 1 < p.n) {
         float o0 = v0, o1 = v1;
@@ -222,7 +223,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_c, const Params& p
         fold(part1, st1, sc1);
       }
     }
-    epilogue<Cfg>(acc, sb, tm_c, p, w.x * Cfg::BM + a_e0, w.y + b_e0, which, s_stage, stage_ptr);
+    epilogue<Cfg>(acc, sb, tm_c, p, w.x * Cfg::BM + a_e0, w.y + b_e0, w.w > w.z, which, s_stage, stage_ptr);
   }
   if (threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();  // the staging tile stays until its stores are done
 }
