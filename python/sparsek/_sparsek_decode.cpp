@@ -57,6 +57,24 @@ void same_place(const A& a, const std::string& name, const Place& ref, const std
         (ref.memory == Memory::host ? "host memory" : "CUDA device " + std::to_string(ref.device)));
 }
 
+// The request arrays decode attention and page selection share: int32 page_table [batch,
+// max_pages], seq_lens [batch], cu_seqlens_q [batch + 1], checked; their pointers into `a`.
+template <class Args>
+void set_requests(Args& a, const In& page_table, const In& seq_lens, const In& cu) {
+  check_array(page_table, "page_table", 2, true);
+  check_array(seq_lens, "seq_lens", 1, true);
+  check_array(cu, "cu_seqlens_q", 1, true);
+  a.batch = int64_t(page_table.shape(0));
+  a.max_pages = int64_t(page_table.shape(1));
+  if (int64_t(seq_lens.shape(0)) != a.batch)
+    bad("seq_lens has shape " + shape_str(seq_lens) + ", page_table " + shape_str(page_table) + ": one length per request");
+  if (int64_t(cu.shape(0)) != a.batch + 1)
+    bad("cu_seqlens_q has shape " + shape_str(cu) + ", expected (batch + 1,) = (" + std::to_string(a.batch + 1) + ",)");
+  a.page_table = static_cast<const int32_t*>(page_table.data());
+  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a.cu_seqlens_q = static_cast<const int32_t*>(cu.data());
+}
+
 DecodeArgs decode_args(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse, const In& page_table,
                        const In& seq_lens, const In& cu, const OptIn& sel_idx, const OptIn& sel_cnt, bool causal_new,
                        float scale, std::vector<Place>& places) {
@@ -75,18 +93,7 @@ DecodeArgs decode_args(const In& q, const In& k, const In& v, const Out& o, cons
     places.push_back(place_of(*lse, "lse"));
     a.lse = static_cast<float*>(const_cast<void*>(static_cast<const void*>(lse->data())));
   }
-  check_array(page_table, "page_table", 2, true);
-  check_array(seq_lens, "seq_lens", 1, true);
-  check_array(cu, "cu_seqlens_q", 1, true);
-  a.batch = int64_t(page_table.shape(0));
-  a.max_pages = int64_t(page_table.shape(1));
-  if (int64_t(seq_lens.shape(0)) != a.batch)
-    bad("seq_lens has shape " + shape_str(seq_lens) + ", page_table " + shape_str(page_table) + ": one length per request");
-  if (int64_t(cu.shape(0)) != a.batch + 1)
-    bad("cu_seqlens_q has shape " + shape_str(cu) + ", expected (batch + 1,) = (" + std::to_string(a.batch + 1) + ",)");
-  a.page_table = static_cast<const int32_t*>(page_table.data());
-  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
-  a.cu_seqlens_q = static_cast<const int32_t*>(cu.data());
+  set_requests(a, page_table, seq_lens, cu);
   Place ip = place_of(page_table, "page_table");
   for (const auto& [arr, name] : {std::pair{&seq_lens, "seq_lens"}, std::pair{&cu, "cu_seqlens_q"}}) {
     same_place(*arr, name, ip, "page_table");
@@ -137,22 +144,11 @@ void check_summaries(const A& s, DType dtype, const std::string& dtype_of) {
 // The index arrays page selection shares with decode attention: checked, in `ref`'s place.
 PageSelectArgs page_select_indices(const In& page_table, const In& seq_lens, const In& cu, const Place& ref,
                                    const std::string& ref_name) {
-  check_array(page_table, "page_table", 2, true);
-  check_array(seq_lens, "seq_lens", 1, true);
-  check_array(cu, "cu_seqlens_q", 1, true);
   PageSelectArgs a;
-  a.batch = int64_t(page_table.shape(0));
-  a.max_pages = int64_t(page_table.shape(1));
-  if (int64_t(seq_lens.shape(0)) != a.batch)
-    bad("seq_lens has shape " + shape_str(seq_lens) + ", page_table " + shape_str(page_table) + ": one length per request");
-  if (int64_t(cu.shape(0)) != a.batch + 1)
-    bad("cu_seqlens_q has shape " + shape_str(cu) + ", expected (batch + 1,) = (" + std::to_string(a.batch + 1) + ",)");
+  set_requests(a, page_table, seq_lens, cu);
   same_place(page_table, "page_table", ref, ref_name);
   same_place(seq_lens, "seq_lens", ref, ref_name);
   same_place(cu, "cu_seqlens_q", ref, ref_name);
-  a.page_table = static_cast<const int32_t*>(page_table.data());
-  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
-  a.cu_seqlens_q = static_cast<const int32_t*>(cu.data());
   a.index_memory = ref.memory;
   return a;
 }
