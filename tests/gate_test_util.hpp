@@ -205,4 +205,49 @@ inline void expect_same_selection(const GateCase& ref, const std::vector<int32_t
   if (near_tie_rows) *near_tie_rows = swapped;
 }
 
+// ---- cases the CPU gate tests share (tests/cpu/test_gate.cpp, test_gate_capi.cpp) ----
+
+// Key block j holds c[j] in dimension 0 (every row), query block i holds a[i]: with scale 1 the
+// score of (i, j) is a[i] * c[j]. Values are multiples of 1/16, exact in f16 and bf16.
+inline const std::vector<float> kC = {2 / 16.f, 8 / 16.f, 6 / 16.f, 15 / 16.f, 4 / 16.f, 14 / 16.f, 7 / 16.f, 12 / 16.f};
+// Order of kC, best first: 3, 5, 7, 1, 6, 2, 4, 0.
+
+inline GateSpec hand_spec() {
+  GateSpec s;
+  s.Sq = s.Skv = 8 * 64;
+  s.D = 64;
+  s.block = 64;
+  s.scale = 1.f;
+  return s;
+}
+
+inline void set_blocks(GateCase& c, const std::vector<float>& a, const std::vector<float>& kc) {
+  const GateSpec& s = c.spec;
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t r = 0; r < s.Sq; ++r) c.q.set(b, h, r, 0, a[size_t(r / s.block)]);
+    for (int64_t h = 0; h < s.Hkv; ++h)
+      for (int64_t r = 0; r < s.Skv; ++r) c.k.set(b, h, r, 0, kc[size_t(r / s.block)]);
+  }
+}
+
+// Four packed sequences in 700 rows of random q and k (block 64: boundaries inside blocks, one
+// sequence of a single row), cu_seqlens and num_seqs set: the C++ and the C API tests' case.
+struct PackedGateCase {
+  std::vector<int32_t> cu = {0, 100, 101, 450, 700};
+  GateCase c{spec()};
+  PackedGateCase() {
+    c.q.fill_random(5);
+    c.k.fill_random(6);
+    c.args.cu_seqlens = cu.data();
+    c.args.num_seqs = 4;
+  }
+  static GateSpec spec() {
+    GateSpec s;
+    s.Hq = s.Hkv = 1, s.D = 64, s.block = 64, s.topk = 3, s.sink = 1, s.local = 1;
+    s.Sq = s.Skv = 700;
+    return s;
+  }
+};
+
 }  // namespace sparsek::test
