@@ -30,31 +30,37 @@ struct Config {
   static constexpr bool BF16 = BF16_;
   static constexpr int NWG = BN / 64;  // consumer warpgroups, 64 keys each
   static constexpr int THREADS = 128 * (NWG + 1);
-  // Query rows per step: 64, so that the S^T and dP^T accumulators (MS / 2 registers each) fit
-  // beside dK and dV (D / 2 each) and the step's dQ parts.
-  static constexpr int MS = 64;
+  // Query rows per step: the S^T and dP^T accumulators (MS / 2 registers each) must fit beside dK
+  // and dV (D / 2 each) and the step's dQ tile. 64 at D = 128; 128 at D = 64 with two warpgroups,
+  // where 64 rows left each step's barriers, waits and dQ send over half the tensor work of D = 128
+  // (FlashAttention-3 takes 128-row steps there too).
+  static constexpr int MS = (D == 64 && NWG == 2) ? 128 : 64;
   static constexpr int SUB = BM / MS;           // steps per (query block, key block) pair
   // The operand tiles ([D / 64][rows][64] as a TMA box of a [B, H, S, D] tensor writes them) and how
   // each product reads them:
   using KRows = kit::TileLayout<BN, D, true>;     // S^T = K Q^T, dP^T = V dO^T: A (K or V), K-major
   using QRows = kit::TileLayout<MS, D, true>;     //                              B (Q or dO), K-major
   using QCols = kit::TileLayout<D, MS, false>;    // dV += P^T dO, dK += dS^T Q: B (dO or Q), MN-major
-  using DsCols = kit::TileLayout<64, BN, false>;  // dQ = dS K: A = dS^T [BN keys][64 queries], MN-major
+  using DsCols = kit::TileLayout<MS, BN, false>;  // dQ = dS K: A = dS^T [MS / 64][BN keys][64 queries], MN-major
   using KCols = kit::TileLayout<D, BN, false>;    //            B = K, MN-major
   static constexpr int KV_BYTES = KRows::BYTES;  // K or V
   static constexpr int QS_BYTES = QRows::BYTES;  // Q or dO step tile
   static constexpr int ROW_BYTES = MS * 16;      // a step's rows: {LSE2, Delta, dQ grid scale, 0}
   static constexpr int DS_BYTES = DsCols::BYTES;
-  // A step's dQ (MS x D) is D / 64 tiles of 64 x 64 (wgmma n64, 32 registers). Two warpgroups take
-  // one tile each (D = 128) or take turns step by step (D = 64); one warpgroup takes them all.
+  // A step's dQ (MS x D) is (MS / 64) x (D / 64) tiles of 64 x 64 (wgmma n64, 32 registers). Two
+  // warpgroups take one tile each (D = 128: a 64-column half each; D = 64 with 128-row steps: a
+  // 64-row half each) or take turns step by step (one tile); one warpgroup takes them all.
   static constexpr int TN = D / 64;
-  static constexpr int MY_TILES = NWG == 1 ? TN : 1;  // dQ tiles of a warpgroup in a step it has any
-  // One dQ tile per warpgroup and step: the next step's S^T (and at D = 64 its dP^T) is issued
-  // before this step's dQ leaves the registers (consume()). D = 128 prefetches S^T only: dP^T's 32
-  // registers more would spill at 240. (64x64 blocks at D = 128: one warpgroup takes both dQ tiles
-  // of a step, no prefetch.)
+  static constexpr int DQ_TILES = (MS / 64) * TN;
+  static constexpr bool DQ_TURNS = NWG == 2 && DQ_TILES == 1;
+  static constexpr int MY_TILES = NWG == 1 ? DQ_TILES : 1;  // dQ tiles of a warpgroup in a step it has any
+  static_assert(NWG == 1 || DQ_TILES <= 2, "two warpgroups split a step's dQ in at most two tiles");
+  // One dQ tile per warpgroup and step: the next step's S^T (and with 64-row steps at D = 64 its
+  // dP^T) is issued before this step's dQ leaves the registers (consume()). S^T only elsewhere:
+  // dP^T's MS / 2 registers more would spill. (64x64 blocks at D = 128: one warpgroup takes both dQ
+  // tiles of a step, no prefetch.)
   static constexpr bool PREFETCH = MY_TILES == 1;
-  static constexpr bool PREFETCH_DP = D == 64;
+  static constexpr bool PREFETCH_DP = D == 64 && MS == 64;
   // Per-warpgroup output buffer: its dQ tiles (4-byte grid integers or fp32) for the bulk reduce, or
   // dK and dV staged for their TMA stores at the end of an item.
   static constexpr int OUT_BYTES = std::max(MY_TILES * 4096 * 4, 2 * 64 * D * 2);
@@ -71,8 +77,8 @@ struct Config {
   // THREADS x ENTRY_REGS: the producer needs few (at 24 it spills a few values to L1; the
   // consumers need up to R237 at D = 128).
   static constexpr int ENTRY_REGS = std::min(255, 65536 / (THREADS * CTAS_PER_SM)) / 8 * 8;
-  static constexpr int PRODUCER_REGS = NWG == 1 ? 40 : D == 128 ? 24 : 40;
-  static constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 2 ? 216 : 248) : D == 128 ? 240 : 232;
+  static constexpr int PRODUCER_REGS = NWG == 1 ? 40 : (D == 128 || MS == 128) ? 24 : 40;
+  static constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 2 ? 216 : 248) : (D == 128 || MS == 128) ? 240 : 232;
 
   // Shared memory: the item's K and V, the Q / dO / rows ring, dS^T, the warpgroups' output buffers,
   // then the barriers and the info words the producer writes beside the loads.

@@ -64,7 +64,9 @@ __device__ __forceinline__ void softmax_grad(float (&s)[Cfg::S_REGS], float (&dp
 #pragma unroll
   for (int c = 0; c < Cfg::MS / 8; ++c) {
     const int col = 8 * c + 2 * (lane % 4);
-    const float4 r0 = rows[col], r1 = rows[col + 1];
+    // {LSE2, Delta} only (8 bytes of the 16): ptxas loads every row of the step ahead, and at 128-row
+    // steps the grid scales' registers too spilled.
+    const float2 r0 = *reinterpret_cast<const float2*>(rows + col), r1 = *reinterpret_cast<const float2*>(rows + col + 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -92,13 +94,22 @@ __device__ __forceinline__ void issue_sdp(float (&s)[Cfg::S_REGS], float (&dp)[C
 }
 
 // A 64 x 64 dQ tile = dS K over the item's BN keys: A = dS^T in shared memory read MN-major (the
-// step's 64 queries contiguous, BN key rows 128 bytes apart), B = the K tile read MN-major (D
-// contiguous; columns 64 n_chunk .. 64 n_chunk + 63). One wgmma batch.
+// step's queries 64 q_chunk .. 64 q_chunk + 63 contiguous, BN key rows 128 bytes apart), B = the K
+// tile read MN-major (D contiguous; columns 64 n_chunk .. 64 n_chunk + 63). One wgmma batch.
 template <class Cfg>
-__device__ __forceinline__ void issue_dq(float (&acc)[32], const Smem<Cfg>& sm, int n_chunk) {
+__device__ __forceinline__ void issue_dq(float (&acc)[32], const Smem<Cfg>& sm, int q_chunk, int n_chunk) {
   ptx::wgmma_fence();
-  kit::mma<typename Cfg::DsCols, typename Cfg::KCols, 64, Cfg::BF16>(acc, sm.ds(), 0, sm.k(), 64 * n_chunk, true);
+  kit::mma<typename Cfg::DsCols, typename Cfg::KCols, 64, Cfg::BF16>(acc, sm.ds(), 64 * q_chunk, sm.k(), 64 * n_chunk,
+                                                                     true);
   ptx::wgmma_commit();
+}
+
+// The dQ tile warpgroup wg takes in a step where it has one (two warpgroups): {query chunk, D chunk}.
+template <class Cfg>
+__device__ __forceinline__ int2 my_dq_tile(int wg) {
+  if constexpr (Cfg::DQ_TURNS) return make_int2(0, 0);
+  else if constexpr (Cfg::TN == 2) return make_int2(0, wg);
+  else return make_int2(wg, 0);
 }
 
 // Consumer warpgroup wg: keys wg*64 .. wg*64+63 of every item.
@@ -174,7 +185,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
           da[kk][r] = dev::pack2<Cfg::BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
         }
       // The dQ grid scales of this thread's two dQ rows (read before the stage is released).
-      const int dq_row = 16 * warp + lane / 4;
+      const int2 dq_tile = my_dq_tile<Cfg>(wg);
+      const int dq_row = 64 * dq_tile.x + 16 * warp + lane / 4;
       const float qs0 = rows[dq_row].z, qs1 = rows[dq_row + 8].z;
 
       // dV += P^T dO, dK += dS^T Q (A from registers).
@@ -201,16 +213,16 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
       ptx::fence_proxy_async_smem();  // st.shared above, read by wgmma (async proxy) below
       ptx::named_barrier_sync(2, ALL);
 
-      // This warpgroup's dQ tiles of the step = dS K -> the output buffer (stage_dq). D = 128 with
-      // two warpgroups: a tile each; D = 64: the single tile, this warpgroup's on every other step
-      // with two; one warpgroup: every tile.
-      const bool my_dq = Cfg::NWG == 1 || Cfg::TN == 2 || (dq_turn++ & 1) == uint32_t(wg);
+      // This warpgroup's dQ tiles of the step = dS K -> the output buffer (stage_dq). Two warpgroups
+      // and two tiles: one each; a single tile: this warpgroup's on every other step; one
+      // warpgroup: every tile.
+      const bool my_dq = !Cfg::DQ_TURNS || (dq_turn++ & 1) == uint32_t(wg);
       if constexpr (!Cfg::PREFETCH) {
         if (my_dq) {
 #pragma unroll 1
           for (int t = 0; t < Cfg::MY_TILES; ++t) {
             float dq[32];
-            issue_dq<Cfg>(dq, sm, t);
+            issue_dq<Cfg>(dq, sm, dq_tile.x, dq_tile.y + t);
             if (t == 0) kit::staging_acquire(tid == 0, 3 + wg);  // the last bulk reduce has read the buffer
             ptx::wgmma_wait<0>();
             stage_dq<Cfg>(dq, t, qs0, qs1, out_ptr, tid, p.det);
@@ -228,7 +240,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
         // that the tensor cores run it while the dQ tile is rounded and stored.
         float dq[32];
         if (my_dq) {
-          issue_dq<Cfg>(dq, sm, Cfg::TN == 2 ? wg : 0);
+          issue_dq<Cfg>(dq, sm, dq_tile.x, dq_tile.y);
           kit::staging_acquire(tid == 0, 3 + wg);  // the last bulk reduce has read the buffer
         }
         if constexpr (NEXT) {
@@ -258,7 +270,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* tm_dk, const CUtensor
       // lanes' reads only through warp convergence, which racecheck reports as a hazard).
       ptx::mbar_arrive(sm.qd_empty(qr.stage));
       qr.advance();
-      if (my_dq) send_dq<Cfg>(p, it, hq, row0, wg, tid, out);
+      if (my_dq) send_dq<Cfg>(p, it, hq, row0, dq_tile, wg, tid, out);
     };
 
     if constexpr (!Cfg::PREFETCH) {

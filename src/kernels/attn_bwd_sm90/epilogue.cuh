@@ -32,14 +32,15 @@ __device__ __forceinline__ void stage_dq(float (&dq)[32], int t, float qs0, floa
 }
 
 // The staged dQ tiles of this warpgroup -> one bulk reduce-add (integers or fp32) into the
-// accumulator [B, Hq, sq_pad / 64, D / 64] tiles of 64 x 64, where this warpgroup's are adjacent.
+// accumulator [B, Hq, sq_pad / 64, D / 64] tiles of 64 x 64, where this warpgroup's are adjacent
+// (tile: {query chunk, D chunk} of the step's first; one warpgroup: the step's D / 64 tiles of 64
+// rows).
 template <class Cfg>
-__device__ __forceinline__ void send_dq(const Params& p, const Item& it, int hq, int row0, int wg, int tid,
-                                        uint32_t out) {
+__device__ __forceinline__ void send_dq(const Params& p, const Item& it, int hq, int row0, int2 tile0, int wg,
+                                        int tid, uint32_t out) {
   kit::staging_release(3 + wg);  // the st.shared of stage_dq, read by the bulk reduce
   if (tid == 0) {
-    const int64_t tile = ((int64_t(it.b) * p.hq + hq) * p.r64 + row0 / 64) * Cfg::TN +
-                         (Cfg::NWG == 1 ? 0 : Cfg::TN == 2 ? wg : 0);
+    const int64_t tile = ((int64_t(it.b) * p.hq + hq) * p.r64 + row0 / 64 + tile0.x) * Cfg::TN + tile0.y;
     constexpr uint32_t elems = Cfg::MY_TILES * 4096;
     if (p.det)
       ptx::bulk_reduce_add_u32(static_cast<int*>(p.dq_acc) + tile * 4096, out, elems * 4);
