@@ -85,6 +85,8 @@ struct BackwardState final : VariantState {
   // The transposed layout (short, latency-bound launches) runs on a side stream beside the
   // memory-bound passes: forked from the caller's stream at the start of a run, joined before the
   // main kernel (also under CUDA graph capture, where this becomes a fork and a join of the graph).
+  // The side stream has the device's highest priority: at the same priority its few-CTA kernels
+  // waited for the passes' CTAs to drain, and the chain of five launches ended after the passes.
   cudaStream_t side = nullptr;
   cudaEvent_t forked = nullptr, joined = nullptr;
   size_t workspace_bytes() const override { return ws.bytes(); }
@@ -134,7 +136,10 @@ std::unique_ptr<VariantState> prepare_hopper_bwd(const AttentionBackwardArgs& a,
   ws.reserve(&st->bounds, 2 * f.k.b * f.k.h);
   ws.reserve(&st->acc, st->acc_elems);
   ws.allocate("attention backward workspace");
-  check_cuda(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking), "cudaStreamCreate(attention backward layout)");
+  int least = 0, greatest = 0;
+  check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  check_cuda(cudaStreamCreateWithPriority(&st->side, cudaStreamNonBlocking, greatest),
+             "cudaStreamCreate(attention backward layout)");
   check_cuda(cudaEventCreateWithFlags(&st->forked, cudaEventDisableTiming), "cudaEventCreate(attention backward)");
   check_cuda(cudaEventCreateWithFlags(&st->joined, cudaEventDisableTiming), "cudaEventCreate(attention backward)");
   return st;
