@@ -9,8 +9,9 @@
 // or column-major with any leading dimension >= their minor extent.
 //
 // Semantics users rely on: a block row of op(A) with no stored block gives beta*C (zeros when
-// beta = 0) (on the CPU backend also for alpha = +-Inf; the GPU kernels still give Inf * 0 = NaN
-// there); when beta = 0, C is never read (NaN in C does not leak into the output).
+// beta = 0) (on the CPU backend and the fp8 kernels also for alpha = +-Inf; the 16-bit GPU kernels
+// still give Inf * 0 = NaN there); when beta = 0, C is never read (NaN in C does not leak into the
+// output).
 //
 // Products are not computed in place: C's memory (from its first element to its last, padding
 // between rows included; for sdd, C's values) must not overlap any input (the sparse operand's
