@@ -4,11 +4,18 @@ reads: ``page_summaries``, ``update_page_summaries``, ``select_pages``.
 NumPy arrays run the library's CPU backend; torch and CuPy CUDA tensors run on the GPU on the
 framework's current stream (torch CPU tensors on the CPU). The index arrays' contents are checked on
 every one-shot call (``check_indices=False`` skips that); ``plan_decode`` makes a plan whose
-``run`` allocates nothing and may be captured in a CUDA graph.
+``run`` allocates nothing and may be captured in a CUDA graph. torch tensors go through
+``_torch_decode`` (the ``torch.ops.sparsek`` custom ops with fake kernels that torch.compile
+traces; eager calls skip their dispatch); the checks here read no tensor data, so they trace too.
 """
 from . import _arrays as A
 from . import _sparsek as _ext
 from ._attention import _scale
+
+
+def _torch_decode():
+    from . import _torch_decode
+    return _torch_decode
 
 
 def _arrays(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, selection):
@@ -43,11 +50,18 @@ def decode_attention(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, se
     the positions up to its own (``< seq_len - n + j + 1``). Hq a multiple of Hkv; D 64 or 128;
     float16/bfloat16 (float32 too on the CPU). Returns O [T, Hq, D] like q and LSE float32 [T, Hq]
     (natural log; -inf for a row that sees no key, whose O is 0).
+
+    torch tensors run through ``torch.ops.sparsek.decode_attention`` under torch.compile (a fake
+    kernel gives the output shapes; eager calls skip the op's dispatch); no gradients (inference).
+    ``select_pages`` and ``update_page_summaries`` are ops the same way.
     """
     sel_idx, sel_cnt = _arrays(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, selection)
     causal_new = A.flag(causal_new, "causal_new")
     check_indices = A.flag(check_indices, "check_indices")
     s = _scale(scale)
+    if A.is_torch(q):
+        return _torch_decode().decode_attention(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, sel_idx,
+                                                sel_cnt, causal_new, s, check_indices)
     o = A.empty(q, A.shape_of(q), q.dtype)
     lse = A.empty(q, A.shape_of(q)[:2], _f32(q))
     _ext.decode_attention(q, k_cache, v_cache, o, lse, page_table, seq_lens, cu_seqlens_q, sel_idx, sel_cnt,
@@ -132,18 +146,28 @@ def update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q
     if A.dtype_name(cu_seqlens_q) != "int32":
         raise ValueError(f"cu_seqlens_q dtype {A.dtype_name(cu_seqlens_q)} must be int32")
     A.check_writable(summaries, "summaries")
+    if A.is_torch(summaries):
+        # _step_tokens reads cu_seqlens_q on the host: in the op's implementation, not while tracing.
+        return _torch_decode().update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q,
+                                                     all_pages, check_indices)
+    tokens = _step_tokens(cu_seqlens_q, check_indices)
+    _ext.update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q, tokens, all_pages,
+                               A.stream_of(k_cache), check_indices)
+    return summaries
+
+
+def _step_tokens(cu_seqlens_q, check_indices):
+    """The step's token count T (the rows of its q), which the library checks cu_seqlens_q against:
+    with check_indices cu_seqlens_q[-1] read on the host (a device array waits for its stream),
+    checked against the batch; else an upper bound (the offsets are only clamped to it)."""
     batch = A.shape_of(cu_seqlens_q)[0] - 1
     if check_indices and batch >= 1:
-        # The step's token count T (the rows of its q), which the library checks cu_seqlens_q against.
         tokens = int(cu_seqlens_q[-1])
         if not batch <= tokens <= _MAX_NEW * batch:
             raise ValueError(f"cu_seqlens_q[{batch}] = {tokens}: a batch of {batch} requests has 1 to "
                              f"{_MAX_NEW} new tokens each (between {batch} and {_MAX_NEW * batch})")
-    else:
-        tokens = _MAX_NEW * max(batch, 1)  # an upper bound: the offsets are only clamped to it
-    _ext.update_page_summaries(summaries, k_cache, page_table, seq_lens, cu_seqlens_q, tokens, all_pages,
-                               A.stream_of(k_cache), check_indices)
-    return summaries
+        return tokens
+    return _MAX_NEW * max(batch, 1)
 
 
 def select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, topk, sink=1, local=1, *, page_size, kmax=None,
@@ -191,6 +215,9 @@ def select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, topk, sink=1,
     if not least <= kmax <= max_pages:
         raise ValueError(f"kmax = {kmax} is out of range [min(max_pages, topk + sink + local) = {least}, "
                          f"max_pages = {max_pages}]")
+    if A.is_torch(q):
+        return _torch_decode().select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, page_size, topk,
+                                            sink, local, kmax, check_indices)
     hkv = A.shape_of(summaries)[1]
     sel_indices = A.empty(q, (batch, hkv, kmax), _i32(q))
     sel_counts = A.empty(q, (batch, hkv), _i32(q))

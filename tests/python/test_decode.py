@@ -1,7 +1,11 @@
 """Decode attention over a paged KV cache from Python: NumPy (the CPU backend) against a float64
 NumPy reference written from the definition, selections and empty ones, plans, named errors; torch
 CUDA (skipped with the reason when no GPU answers) against the same reference, and a CUDA graph
-replayed with a new page table."""
+replayed with a new page table; torch CPU tensors against the NumPy path, and the custom op
+(opcheck)."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -169,3 +173,68 @@ def test_torch_cuda_and_graph(rng, dtype):
     torch.cuda.synchronize()
     np.testing.assert_allclose(o2.float().cpu().numpy(), ro, atol=tol)
     np.testing.assert_allclose(l2.cpu().numpy(), rl, atol=2e-3)
+
+
+def test_numpy_calls_do_not_import_torch():
+    # The torch ops module is imported on the first torch call only.
+    code = ("import sys, numpy as np, sparsek; "
+            "q = np.zeros((1, 2, 64), np.float32); k = np.zeros((2, 16, 1, 64), np.float32); "
+            "pt = np.array([[0, 1]], np.int32); lens = np.array([20], np.int32); cu = np.array([0, 1], np.int32); "
+            "s = sparsek.update_page_summaries(sparsek.page_summaries(k), k, pt, lens, cu, all_pages=True); "
+            "sel = sparsek.select_pages(q, s, pt, lens, cu, 1, page_size=16); "
+            "sparsek.decode_attention(q, k, k, pt, lens, cu, selection=sel); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], "a NumPy decode imported torch"
+
+
+# ---------------------------------------------------------------- torch: CPU tensors, the custom op
+
+NO_TORCH = "torch is not installed"
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="torch with a CUDA device "
+                                                                                     "is needed"))]
+
+
+@pytest.mark.skipif(torch is None, reason=NO_TORCH)
+def test_torch_cpu_gives_the_numpy_paths_bits(rng):
+    """torch CPU tensors through sparsek.decode_attention (the eager path) and through
+    torch.ops.sparsek.decode_attention: the NumPy call's bits, with and without a selection."""
+    q, k, v, pt, lens, cu, sel = make_case(rng, [2, 1, 4], [70, 33, 100], 4, 2, 64, 16, sel_frac=0.4,
+                                           empty={(1, 0)})
+    t = [torch.from_numpy(x) for x in (q, k, v, pt, lens, cu)]
+    tsel = tuple(torch.from_numpy(x) for x in sel)
+    for selection, tselection, causal, scale in ((None, None, True, None), (sel, tsel, True, None),
+                                                 (sel, tsel, False, 0.3)):
+        want = sparsek.decode_attention(q, k, v, pt, lens, cu, selection=selection, causal_new=causal, scale=scale)
+        got = sparsek.decode_attention(*t, selection=tselection, causal_new=causal, scale=scale)
+        assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+        idx, cnt = tselection if tselection is not None else (None, None)
+        op = torch.ops.sparsek.decode_attention(*t, idx, cnt, causal, 0.0 if scale is None else scale, True)
+        for o, lse in (got, op):
+            np.testing.assert_array_equal(o.numpy(), want[0])
+            np.testing.assert_array_equal(lse.numpy(), want[1])
+    got_plain = sparsek.decode_attention(*t)
+    # The named errors come from the same library call.
+    bad = t[3].clone()
+    bad[0, 1] = 10_000
+    with pytest.raises(ValueError, match=r"page_table\[0, 1\] = 10000 is out of range"):
+        sparsek.decode_attention(t[0], t[1], t[2], bad, t[4], t[5])
+    # Inputs that require grad are read (the values are the same), but decode defines no gradient:
+    # a backward through it raises, naming the op.
+    o, _ = sparsek.decode_attention(t[0].clone().requires_grad_(), *t[1:])
+    np.testing.assert_array_equal(o.detach().numpy(), got_plain[0].numpy())
+    with pytest.raises(RuntimeError, match=r"sparsek\.decode_attention.*no autograd formula"):
+        o.sum().backward()
+
+
+@pytest.mark.skipif(torch is None, reason=NO_TORCH)
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(rng, device):
+    from sparsek import _torch_decode  # noqa: F401  (registers torch.ops.sparsek.decode_attention)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v, pt, lens, cu, sel = make_case(rng, [1, 3], [40, 70], 4, 2, 64, 16, sel_frac=0.5)
+    q, k, v = (torch.from_numpy(x).to(device, dtype) for x in (q, k, v))
+    pt, lens, cu, idx, cnt = (torch.from_numpy(x).to(device) for x in (pt, lens, cu, *sel))
+    op = torch.ops.sparsek.decode_attention.default
+    torch.library.opcheck(op, (q, k, v, pt, lens, cu, idx, cnt, True, 0.0, True))
+    torch.library.opcheck(op, (q, k, v, pt, lens, cu, None, None, False, 0.25, False))

@@ -2,7 +2,8 @@
 backend) against a brute-force NumPy reference on integer data (exact, ties included), an update
 that touches only the new tokens' pages, the selection fed to decode_attention, the named errors;
 torch on the CPU and on CUDA (skipped with the reason when no GPU answers) giving the NumPy path's
-bits, and a CUDA graph of the unchecked calls."""
+bits, the custom ops (opcheck, a serving step under torch.compile) and a CUDA graph of the unchecked
+calls."""
 import numpy as np
 import pytest
 
@@ -288,6 +289,55 @@ def test_torch_arrays_must_share_a_device_and_a_framework(rng):
     with pytest.raises(ValueError, match="summaries dtype bfloat16 differs from q dtype float32"):
         sparsek.select_pages(torch.from_numpy(q), torch.from_numpy(s).bfloat16(), *(torch.from_numpy(x) for x in
                                                                                   (pt, lens, cu)), 1, page_size=16)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(rng, device):
+    from sparsek import _torch_decode  # noqa: F401  (registers the torch.ops.sparsek ops)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, _, pt, lens, cu = make_case(rng, [1, 3], [40, 70], 4, 2, 64, 16, integers=False)
+    qd, kd = _t(q, device, dtype), _t(k, device, dtype)
+    ints = [_t(x, device) for x in (pt, lens, cu)]
+    update = torch.ops.sparsek.update_page_summaries.default
+    # From zeros, so that every call writes the summaries it declares it mutates.
+    torch.library.opcheck(update, (torch.zeros(k.shape[0], 2, 2, 64, dtype=dtype, device=device), kd, *ints,
+                                   True, True))
+    torch.library.opcheck(update, (torch.zeros(k.shape[0], 2, 2, 64, dtype=dtype, device=device), kd, *ints,
+                                   False, False))
+    s = sparsek.update_page_summaries(sparsek.page_summaries(kd), kd, *ints, all_pages=True)
+    select = torch.ops.sparsek.select_pages.default
+    torch.library.opcheck(select, (qd, s, *ints, 16, 2, 1, 1, 4, True))
+    torch.library.opcheck(select, (qd, s, *ints, 16, 1, 0, 1, pt.shape[1], False))
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_torch_compile_serving_step(rng):
+    """A serving step (update the summaries, select the pages, decode over them) under
+    torch.compile(fullgraph=True) on CPU tensors: the eager call's bits, the summaries included
+    (the update mutates its input through the op)."""
+    q, k, v, pt, lens, cu = make_case(rng, [1, 4, 2], [100, 49, 64], 4, 2, 64, 16, integers=False)
+    qd, kd, vd = (_t(x, "cpu") for x in (q, k, v))
+    ints = [_t(x, "cpu") for x in (pt, lens, cu)]
+    prefill = sparsek.update_page_summaries(sparsek.page_summaries(kd), kd, ints[0],
+                                            ints[1] - (ints[2][1:] - ints[2][:-1]),
+                                            torch.arange(4, dtype=torch.int32), all_pages=True)
+
+    def step(q, k, v, summaries, page_table, seq_lens, cu_seqlens_q):
+        sparsek.update_page_summaries(summaries, k, page_table, seq_lens, cu_seqlens_q)
+        sel = sparsek.select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, 2, page_size=16,
+                                   check_indices=False)
+        o, lse = sparsek.decode_attention(q, k, v, page_table, seq_lens, cu_seqlens_q, selection=sel)
+        return o, lse, sel[0], sel[1]
+
+    torch._dynamo.reset()
+    s_got, s_want = prefill.clone(), prefill.clone()
+    got = torch.compile(step, fullgraph=True)(qd, kd, vd, s_got, *ints)
+    want = step(qd, kd, vd, s_want, *ints)
+    assert not torch.equal(s_want, prefill)  # the step's update wrote something
+    for a, b in zip(got + (s_got,), want + (s_want,)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert want[3].min() >= 2  # the sink and the newest page at least
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
