@@ -128,6 +128,30 @@ struct PyDecodePlan {
   int device = -1;
 };
 
+// The plan's problem with its data pointers replaced (lse and the selection only where the problem
+// has them; an empty selection row keeps its placeholder, as sel_entries gives one): a run that
+// skips the array conversions (tens of microseconds per call from PyTorch).
+void run_decode_pointers(const PyDecodePlan& p, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                         uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu, uintptr_t sel_idx, uintptr_t sel_cnt,
+                         uintptr_t stream) {
+  DecodeArgs a = p.problem;
+  a.q.data = reinterpret_cast<void*>(q);
+  a.k.data = reinterpret_cast<void*>(k);
+  a.v.data = reinterpret_cast<void*>(v);
+  a.o.data = reinterpret_cast<void*>(o);
+  if (a.lse) a.lse = reinterpret_cast<float*>(lse);
+  a.page_table = reinterpret_cast<const int32_t*>(page_table);
+  a.seq_lens = reinterpret_cast<const int32_t*>(seq_lens);
+  a.cu_seqlens_q = reinterpret_cast<const int32_t*>(cu);
+  if (a.sel_counts) {
+    if (a.sel_kmax > 0) a.sel_indices = reinterpret_cast<const int32_t*>(sel_idx);
+    a.sel_counts = reinterpret_cast<const int32_t*>(sel_cnt);
+  }
+  PlanDevice guard(p.device);
+  nb::gil_scoped_release release;
+  run(p.plan, a, reinterpret_cast<void*>(stream));
+}
+
 // ---- page selection for decode (update_page_summaries, select_pages) ----
 
 // summaries [num_pages, Hkv, 2, D], C-contiguous, of `dtype`.
@@ -160,6 +184,96 @@ void run_page_op(const PageSelectArgs& a, PageOp op, const Place& where, uintptr
   Options o = options_for(stream, check_indices);
   nb::gil_scoped_release release;
   op == PageOp::select ? select_pages(a, o) : update_page_summaries(a, o);
+}
+
+// A page operation made once from the arrays (shapes, strides, dtypes, place: checked then); later
+// runs pass only data pointers and never check the index contents (check_indices off: no host
+// read, capturable), skipping the array conversions. Nothing to allocate, so any stream may run it.
+struct PyPageProblem {
+  PageSelectArgs args;
+  PageOp op = PageOp::select;
+  int device = -1;  // -1: host memory
+};
+
+PyPageProblem page_problem(const PageSelectArgs& a, PageOp op, const Place& where) {
+  PyPageProblem p;
+  p.args = a;
+  p.op = op;
+  p.device = where.memory == Memory::device ? where.device : -1;
+  return p;
+}
+
+void run_page_problem(const PyPageProblem& p, PageSelectArgs a, uintptr_t stream) {
+  PlanDevice guard(p.device);
+  Options o = options_for(stream, false);
+  nb::gil_scoped_release release;
+  p.op == PageOp::select ? select_pages(a, o) : update_page_summaries(a, o);
+}
+
+void set_request_pointers(PageSelectArgs& a, uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu) {
+  a.page_table = reinterpret_cast<const int32_t*>(page_table);
+  a.seq_lens = reinterpret_cast<const int32_t*>(seq_lens);
+  a.cu_seqlens_q = reinterpret_cast<const int32_t*>(cu);
+}
+
+// update_page_summaries' arguments, checked (the index contents apart); where: k_cache's place.
+PageSelectArgs update_args(const Out& summaries, const In& k, const In& page_table, const In& seq_lens, const In& cu,
+                           int64_t tokens, bool all_pages, Place& where) {
+  const PagedCacheView kv = cache_view(k, "k_cache");
+  where = place_of(k, "k_cache");
+  check_summaries(summaries, kv.dtype, "k_cache");
+  if (int64_t(summaries.shape(0)) != kv.pages || int64_t(summaries.shape(1)) != kv.h ||
+      int64_t(summaries.shape(3)) != kv.d)
+    bad("summaries has shape " + shape_str(summaries) + ", expected [num_pages, Hkv, 2, D] = (" +
+        std::to_string(kv.pages) + ", " + std::to_string(kv.h) + ", 2, " + std::to_string(kv.d) + ") for k_cache " +
+        shape_str(k));
+  if (kv.d != 64 && kv.d != 128)
+    bad("k_cache has D = " + std::to_string(kv.d) + " (its last dimension): 64 or 128 are supported");
+  same_place(summaries, "summaries", where, "k_cache");
+  PageSelectArgs a = page_select_indices(page_table, seq_lens, cu, where, "k_cache");
+  a.k = kv;
+  // update reads q's shape only: T bounds cu_seqlens_q.
+  a.q = TokensView::packed(nullptr, kv.dtype, kv.memory, tokens, kv.h, kv.d);
+  a.summaries = const_cast<void*>(static_cast<const void*>(summaries.data()));
+  a.all_pages = all_pages;
+  return a;
+}
+
+// select_pages' arguments, checked (the index contents apart); where: q's place. The cache's shape
+// comes from the summaries and page_size.
+PageSelectArgs select_args(const In& q, const In& summaries, const In& page_table, const In& seq_lens, const In& cu,
+                           const Out& sel_idx, const Out& sel_cnt, int64_t page_size, int64_t topk, int64_t sink,
+                           int64_t local, Place& where) {
+  const TokensView qv = tokens_view(q, "q");
+  where = place_of(q, "q");
+  check_summaries(summaries, qv.dtype, "q");
+  same_place(summaries, "summaries", where, "q");
+  const int64_t pages = int64_t(summaries.shape(0)), hkv = int64_t(summaries.shape(1)),
+                d = int64_t(summaries.shape(3));
+  if (d != qv.d)
+    bad("summaries " + shape_str(summaries) + " have D = " + std::to_string(d) + " but q " + shape_str(q) +
+        " has D = " + std::to_string(qv.d));
+  if (hkv < 1 || qv.h % hkv != 0)
+    bad("q has " + std::to_string(qv.h) + " heads, not a multiple of the summaries' Hkv = " + std::to_string(hkv));
+  PageSelectArgs a = page_select_indices(page_table, seq_lens, cu, where, "q");
+  check_array(sel_idx, "sel_indices", 3, true);
+  check_array(sel_cnt, "sel_counts", 2, true);
+  if (int64_t(sel_idx.shape(0)) != a.batch || int64_t(sel_idx.shape(1)) != hkv ||
+      int64_t(sel_cnt.shape(0)) != a.batch || int64_t(sel_cnt.shape(1)) != hkv)
+    bad("sel_indices " + shape_str(sel_idx) + " and sel_counts " + shape_str(sel_cnt) +
+        " must be [batch, Hkv, kmax] and [batch, Hkv] with batch = " + std::to_string(a.batch) +
+        ", Hkv = " + std::to_string(hkv));
+  same_place(sel_idx, "sel_indices", where, "q");
+  same_place(sel_cnt, "sel_counts", where, "q");
+  a.q = qv;
+  // select reads the cache's shape only (k.data stays null).
+  a.k = PagedCacheView::packed(nullptr, qv.dtype, qv.memory, pages, page_size, hkv, d);
+  a.summaries = const_cast<void*>(static_cast<const void*>(summaries.data()));
+  a.sel_indices = sel_entries(sel_idx);
+  a.sel_counts = static_cast<int32_t*>(sel_cnt.data());
+  a.sel_kmax = int64_t(sel_idx.shape(2));
+  a.topk = topk, a.sink = sink, a.local = local;
+  return a;
 }
 
 }  // namespace
@@ -201,7 +315,12 @@ void bind_decode(nb::module_& m) {
           },
           nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("o"), nb::arg("lse").none(),
           nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"), nb::arg("sel_indices").none(),
-          nb::arg("sel_counts").none(), nb::arg("stream") = 0);
+          nb::arg("sel_counts").none(), nb::arg("stream") = 0)
+      // run() with data pointers only (0 for lse and the selection where the plan has none): the
+      // arrays must have the plan's shapes, strides, dtypes and device (the caller's promise).
+      .def("run_pointers", &run_decode_pointers, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
+           nb::arg("sel_indices"), nb::arg("sel_counts"), nb::arg("stream"));
   m.def(
       "plan_decode",
       [](In q, In k, In v, Out o, OptOut lse, In page_table, In seq_lens, In cu, OptIn sel_idx, OptIn sel_cnt,
@@ -228,68 +347,83 @@ void bind_decode(nb::module_& m) {
       "update_page_summaries",
       [](Out summaries, In k, In page_table, In seq_lens, In cu, int64_t tokens, bool all_pages, uintptr_t stream,
          bool check_indices) {
-        const PagedCacheView kv = cache_view(k, "k_cache");
-        const Place where = place_of(k, "k_cache");
-        check_summaries(summaries, kv.dtype, "k_cache");
-        if (int64_t(summaries.shape(0)) != kv.pages || int64_t(summaries.shape(1)) != kv.h ||
-            int64_t(summaries.shape(3)) != kv.d)
-          bad("summaries has shape " + shape_str(summaries) + ", expected [num_pages, Hkv, 2, D] = (" +
-              std::to_string(kv.pages) + ", " + std::to_string(kv.h) + ", 2, " + std::to_string(kv.d) +
-              ") for k_cache " + shape_str(k));
-        if (kv.d != 64 && kv.d != 128)
-          bad("k_cache has D = " + std::to_string(kv.d) + " (its last dimension): 64 or 128 are supported");
-        same_place(summaries, "summaries", where, "k_cache");
-        PageSelectArgs a = page_select_indices(page_table, seq_lens, cu, where, "k_cache");
-        a.k = kv;
-        // update reads q's shape only: T bounds cu_seqlens_q.
-        a.q = TokensView::packed(nullptr, kv.dtype, kv.memory, tokens, kv.h, kv.d);
-        a.summaries = const_cast<void*>(static_cast<const void*>(summaries.data()));
-        a.all_pages = all_pages;
+        Place where;
+        const PageSelectArgs a = update_args(summaries, k, page_table, seq_lens, cu, tokens, all_pages, where);
         run_page_op(a, PageOp::update_summaries, where, stream, check_indices);
       },
       nb::arg("summaries"), nb::arg("k_cache"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
       nb::arg("tokens"), nb::arg("all_pages"), nb::arg("stream") = 0, nb::arg("check_indices") = true);
-
   // The selection of pages per (request, key/value head) into sel_indices [B, Hkv, kmax] and
   // sel_counts [B, Hkv]; the cache's shape comes from the summaries and page_size.
   m.def(
       "select_pages",
       [](In q, In summaries, In page_table, In seq_lens, In cu, Out sel_idx, Out sel_cnt, int64_t page_size,
          int64_t topk, int64_t sink, int64_t local, uintptr_t stream, bool check_indices) {
-        const TokensView qv = tokens_view(q, "q");
-        const Place where = place_of(q, "q");
-        check_summaries(summaries, qv.dtype, "q");
-        same_place(summaries, "summaries", where, "q");
-        const int64_t pages = int64_t(summaries.shape(0)), hkv = int64_t(summaries.shape(1)),
-                      d = int64_t(summaries.shape(3));
-        if (d != qv.d)
-          bad("summaries " + shape_str(summaries) + " have D = " + std::to_string(d) + " but q " + shape_str(q) +
-              " has D = " + std::to_string(qv.d));
-        if (hkv < 1 || qv.h % hkv != 0)
-          bad("q has " + std::to_string(qv.h) + " heads, not a multiple of the summaries' Hkv = " + std::to_string(hkv));
-        PageSelectArgs a = page_select_indices(page_table, seq_lens, cu, where, "q");
-        check_array(sel_idx, "sel_indices", 3, true);
-        check_array(sel_cnt, "sel_counts", 2, true);
-        if (int64_t(sel_idx.shape(0)) != a.batch || int64_t(sel_idx.shape(1)) != hkv ||
-            int64_t(sel_cnt.shape(0)) != a.batch || int64_t(sel_cnt.shape(1)) != hkv)
-          bad("sel_indices " + shape_str(sel_idx) + " and sel_counts " + shape_str(sel_cnt) +
-              " must be [batch, Hkv, kmax] and [batch, Hkv] with batch = " + std::to_string(a.batch) +
-              ", Hkv = " + std::to_string(hkv));
-        same_place(sel_idx, "sel_indices", where, "q");
-        same_place(sel_cnt, "sel_counts", where, "q");
-        a.q = qv;
-        // select reads the cache's shape only (k.data stays null).
-        a.k = PagedCacheView::packed(nullptr, qv.dtype, qv.memory, pages, page_size, hkv, d);
-        a.summaries = const_cast<void*>(static_cast<const void*>(summaries.data()));
-        a.sel_indices = sel_entries(sel_idx);
-        a.sel_counts = static_cast<int32_t*>(sel_cnt.data());
-        a.sel_kmax = int64_t(sel_idx.shape(2));
-        a.topk = topk, a.sink = sink, a.local = local;
+        Place where;
+        const PageSelectArgs a =
+            select_args(q, summaries, page_table, seq_lens, cu, sel_idx, sel_cnt, page_size, topk, sink, local, where);
         run_page_op(a, PageOp::select, where, stream, check_indices);
       },
       nb::arg("q"), nb::arg("summaries"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
       nb::arg("sel_indices"), nb::arg("sel_counts"), nb::arg("page_size"), nb::arg("topk"), nb::arg("sink"),
       nb::arg("local"), nb::arg("stream") = 0, nb::arg("check_indices") = true);
+
+  // The same two operations made once (checked like the calls above), then run with data pointers
+  // only: no array conversions, no index check (check_indices off), nothing allocated.
+  nb::class_<PyPageProblem>(m, "PageProblem")
+      .def(
+          "run_select",
+          [](const PyPageProblem& p, uintptr_t q, uintptr_t summaries, uintptr_t page_table, uintptr_t seq_lens,
+             uintptr_t cu, uintptr_t sel_idx, uintptr_t sel_cnt, uintptr_t stream) {
+            if (p.op != PageOp::select) bad("run_select on an update_page_summaries problem");
+            PageSelectArgs a = p.args;
+            a.q.data = reinterpret_cast<void*>(q);
+            a.summaries = reinterpret_cast<void*>(summaries);
+            set_request_pointers(a, page_table, seq_lens, cu);
+            if (a.sel_kmax > 0) a.sel_indices = reinterpret_cast<int32_t*>(sel_idx);
+            a.sel_counts = reinterpret_cast<int32_t*>(sel_cnt);
+            run_page_problem(p, a, stream);
+          },
+          nb::arg("q"), nb::arg("summaries"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
+          nb::arg("sel_indices"), nb::arg("sel_counts"), nb::arg("stream"))
+      .def(
+          "run_update",
+          [](const PyPageProblem& p, uintptr_t summaries, uintptr_t k, uintptr_t page_table, uintptr_t seq_lens,
+             uintptr_t cu, uintptr_t stream) {
+            if (p.op != PageOp::update_summaries) bad("run_update on a select_pages problem");
+            PageSelectArgs a = p.args;
+            a.summaries = reinterpret_cast<void*>(summaries);
+            a.k.data = reinterpret_cast<void*>(k);
+            set_request_pointers(a, page_table, seq_lens, cu);
+            run_page_problem(p, a, stream);
+          },
+          nb::arg("summaries"), nb::arg("k_cache"), nb::arg("page_table"), nb::arg("seq_lens"),
+          nb::arg("cu_seqlens_q"), nb::arg("stream"));
+  m.def(
+      "select_pages_problem",
+      [](In q, In summaries, In page_table, In seq_lens, In cu, Out sel_idx, Out sel_cnt, int64_t page_size,
+         int64_t topk, int64_t sink, int64_t local) {
+        Place where;
+        const PageSelectArgs a =
+            select_args(q, summaries, page_table, seq_lens, cu, sel_idx, sel_cnt, page_size, topk, sink, local, where);
+        DeviceGuard guard({where});
+        validate(a, PageOp::select, false);
+        return page_problem(a, PageOp::select, where);
+      },
+      nb::arg("q"), nb::arg("summaries"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
+      nb::arg("sel_indices"), nb::arg("sel_counts"), nb::arg("page_size"), nb::arg("topk"), nb::arg("sink"),
+      nb::arg("local"));
+  m.def(
+      "update_page_summaries_problem",
+      [](Out summaries, In k, In page_table, In seq_lens, In cu, int64_t tokens, bool all_pages) {
+        Place where;
+        const PageSelectArgs a = update_args(summaries, k, page_table, seq_lens, cu, tokens, all_pages, where);
+        DeviceGuard guard({where});
+        validate(a, PageOp::update_summaries, false);
+        return page_problem(a, PageOp::update_summaries, where);
+      },
+      nb::arg("summaries"), nb::arg("k_cache"), nb::arg("page_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens_q"),
+      nb::arg("tokens"), nb::arg("all_pages"));
 }
 
 }  // namespace sparsek::py

@@ -16,9 +16,13 @@ opaque nodes whose output shapes come from the fake kernels, which read no tenso
 host read of the calls (update_page_summaries' cu_seqlens_q[-1] with check_indices, and the index
 checks in the library) happens in the real implementations only.
 
-Each real implementation is one call of the library's one-shot entry point (the same as for NumPy
-and CuPy arrays: validation, the index contents with check_indices, the run) on the current CUDA
-stream of the tensors' device (CPU tensors: the CPU backend). Eager calls on plain tensors outside
+Each real implementation runs on the current CUDA stream of the tensors' device (CPU tensors: the
+CPU backend). With check_indices it is one call of the library's one-shot entry point (the same as
+for NumPy and CuPy arrays: validation, the index contents, a plan, the run). Without, the serving
+loop's case, a plan (decode attention; one per stream when it has a workspace, as attention's) or
+a checked problem (the page operations) is made once per signature (shapes, strides, dtypes,
+device) and later calls pass only data pointers: no array conversions, no allocation, no host read,
+so the calls can be captured in a CUDA graph after a first call. Eager calls on plain tensors outside
 torch.compile, with nothing requiring grad, skip the custom-op dispatch and call the
 implementations directly (as attention's do).
 
@@ -28,6 +32,7 @@ eager mode). Inputs that require grad are read through detached views.
 
 Imported on the first decode call with torch tensors (sparsek itself never imports torch).
 """
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -35,7 +40,24 @@ from torch import Tensor
 
 from . import _sparsek as _ext
 from ._decode import _step_tokens
-from ._torch_ops import _direct, _stream
+from ._torch_attention import _entry, _remember
+from ._torch_ops import _capturing, _direct, _sig, _stream
+
+# Made once per signature for the calls without check_indices: decode plans (entries (plan, has
+# workspace, stream), _entry's per-stream rule) and page-operation problems (nothing allocated).
+_decode_plans: "OrderedDict[tuple, tuple]" = OrderedDict()
+_page_problems: "OrderedDict[tuple, object]" = OrderedDict()
+
+
+def _ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+def _page_problem(key, make):
+    p = _page_problems.get(key)
+    if p is None:
+        p = _remember(_page_problems, key, make())
+    return p
 
 
 def _read(t):
@@ -49,8 +71,22 @@ def _decode_impl(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, sel_in
                  scale, check_indices):
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    _ext.decode_attention(_read(q), _read(k_cache), _read(v_cache), o, lse, page_table, seq_lens, cu_seqlens_q,
-                          sel_indices, sel_counts, causal_new, scale, _stream(q), check_indices)
+    stream = _stream(q)
+    if check_indices:
+        _ext.decode_attention(_read(q), _read(k_cache), _read(v_cache), o, lse, page_table, seq_lens, cu_seqlens_q,
+                              sel_indices, sel_counts, causal_new, scale, stream, True)
+        return o, lse
+    # o and lse are new tensors like q: q's signature pins theirs.
+    key = (_sig(q), _sig(k_cache), _sig(v_cache), _sig(page_table), _sig(seq_lens), _sig(cu_seqlens_q),
+           _sig(sel_indices), _sig(sel_counts), causal_new, scale)
+    key, e = _entry(_decode_plans, key, stream, _capturing(q), "decode attention")
+    if e is None:
+        p = _ext.plan_decode(_read(q), _read(k_cache), _read(v_cache), o, lse, page_table, seq_lens, cu_seqlens_q,
+                             sel_indices, sel_counts, causal_new, scale)
+        e = _remember(_decode_plans, key, (p, p.workspace_bytes > 0, stream))
+    e[0].run_pointers(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                      page_table.data_ptr(), seq_lens.data_ptr(), cu_seqlens_q.data_ptr(), _ptr(sel_indices),
+                      _ptr(sel_counts), stream)
     return o, lse
 
 
@@ -87,8 +123,17 @@ def _select_impl(q, summaries, page_table, seq_lens, cu_seqlens_q, page_size, to
     batch, hkv = page_table.shape[0], summaries.shape[1]
     sel_indices = torch.empty((batch, hkv, kmax), dtype=torch.int32, device=q.device)
     sel_counts = torch.empty((batch, hkv), dtype=torch.int32, device=q.device)
-    _ext.select_pages(_read(q), _read(summaries), page_table, seq_lens, cu_seqlens_q, sel_indices, sel_counts,
-                      page_size, topk, sink, local, _stream(q), check_indices)
+    if check_indices:
+        _ext.select_pages(_read(q), _read(summaries), page_table, seq_lens, cu_seqlens_q, sel_indices, sel_counts,
+                          page_size, topk, sink, local, _stream(q), True)
+        return sel_indices, sel_counts
+    key = ("select", _sig(q), _sig(summaries), _sig(page_table), _sig(seq_lens), _sig(cu_seqlens_q), page_size,
+           topk, sink, local, kmax)
+    p = _page_problem(key, lambda: _ext.select_pages_problem(_read(q), _read(summaries), page_table, seq_lens,
+                                                             cu_seqlens_q, sel_indices, sel_counts, page_size, topk,
+                                                             sink, local))
+    p.run_select(q.data_ptr(), summaries.data_ptr(), page_table.data_ptr(), seq_lens.data_ptr(),
+                 cu_seqlens_q.data_ptr(), sel_indices.data_ptr(), sel_counts.data_ptr(), _stream(q))
     return sel_indices, sel_counts
 
 
@@ -119,8 +164,16 @@ def _update_impl(summaries, k_cache, page_table, seq_lens, cu_seqlens_q, all_pag
     # The step's token count: with check_indices cu_seqlens_q[-1], read on the host (here, never
     # in a traced graph); else an upper bound.
     tokens = _step_tokens(cu_seqlens_q, check_indices)
-    _ext.update_page_summaries(summaries, _read(k_cache), page_table, seq_lens, cu_seqlens_q, tokens, all_pages,
-                               _stream(k_cache), check_indices)
+    if check_indices:
+        _ext.update_page_summaries(summaries, _read(k_cache), page_table, seq_lens, cu_seqlens_q, tokens, all_pages,
+                                   _stream(k_cache), True)
+        return
+    # (tokens is then the bound the batch gives: cu_seqlens_q's signature pins it.)
+    key = ("update", _sig(summaries), _sig(k_cache), _sig(page_table), _sig(seq_lens), _sig(cu_seqlens_q), all_pages)
+    p = _page_problem(key, lambda: _ext.update_page_summaries_problem(summaries, _read(k_cache), page_table, seq_lens,
+                                                                      cu_seqlens_q, tokens, all_pages))
+    p.run_update(summaries.data_ptr(), k_cache.data_ptr(), page_table.data_ptr(), seq_lens.data_ptr(),
+                 cu_seqlens_q.data_ptr(), _stream(k_cache))
 
 
 @torch.library.custom_op("sparsek::update_page_summaries", mutates_args=("summaries",))

@@ -238,3 +238,34 @@ def test_opcheck(rng, device):
     op = torch.ops.sparsek.decode_attention.default
     torch.library.opcheck(op, (q, k, v, pt, lens, cu, idx, cnt, True, 0.0, True))
     torch.library.opcheck(op, (q, k, v, pt, lens, cu, None, None, False, 0.25, False))
+
+
+@pytest.mark.skipif(torch is None, reason=NO_TORCH)
+@pytest.mark.parametrize("device", DEVICES)
+def test_unchecked_calls_run_one_plan_per_signature(rng, device):
+    """check_indices=False (the serving loop's calls): a plan made on the first call of a signature,
+    later calls pass data pointers only; the same bits as the checked one-shot call, new contents
+    followed, a new signature gets its own plan."""
+    from sparsek import _torch_decode as TD
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v, pt, lens, cu, sel = make_case(rng, [2, 1, 4], [70, 33, 100], 4, 2, 64, 16, sel_frac=0.4,
+                                           empty={(1, 0)})
+    t = [torch.from_numpy(x).to(device) for x in (q, k, v, pt, lens, cu)]
+    t[:3] = [x.to(dtype) for x in t[:3]]
+    tsel = tuple(torch.from_numpy(x).to(device) for x in sel)
+    TD._decode_plans.clear()
+    for selection in (None, tsel):
+        want = sparsek.decode_attention(*t, selection=selection)
+        got = sparsek.decode_attention(*t, selection=selection, check_indices=False)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert len(TD._decode_plans) == 2  # with and without a selection
+    # New values and a new page table (the same pages permuted) through the same plan.
+    perm = torch.from_numpy(rng.permutation(k.shape[0])).to(device)
+    inv = torch.argsort(perm)
+    t2 = [t[0] * 0.5, t[1][inv], t[2][inv], perm.to(torch.int32)[t[3].clamp(0, k.shape[0] - 1).long()], t[4], t[5]]
+    got = sparsek.decode_attention(*t2, selection=tsel, check_indices=False)
+    want = sparsek.decode_attention(*t2, selection=tsel)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert len(TD._decode_plans) == 2

@@ -340,6 +340,31 @@ def test_torch_compile_serving_step(rng):
     assert want[3].min() >= 2  # the sink and the newest page at least
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_unchecked_calls_run_one_problem_per_signature(rng, device):
+    """check_indices=False: each page operation is checked once per signature, later calls pass
+    data pointers only; the checked calls' bits, new contents followed."""
+    from sparsek import _torch_decode as TD
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, _, pt, lens, cu = make_case(rng, [1, 4, 2], [100, 49, 64], 4, 2, 64, 16, integers=False)
+    qd, kd = _t(q, device, dtype), _t(k, device, dtype)
+    ints = [_t(x, device) for x in (pt, lens, cu)]
+    TD._page_problems.clear()
+    for scale in (1.0, -2.0):  # new contents through the same problems
+        kx, qx = kd * scale, qd * scale
+        s_want = sparsek.update_page_summaries(sparsek.page_summaries(kx), kx, *ints, all_pages=True)
+        s_got = sparsek.update_page_summaries(sparsek.page_summaries(kx), kx, *ints, all_pages=True,
+                                              check_indices=False)
+        assert torch.equal(s_got, s_want)
+        want = sparsek.select_pages(qx, s_want, *ints, 2, page_size=16)
+        got = sparsek.select_pages(qx, s_want, *ints, 2, page_size=16, check_indices=False)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert len(TD._page_problems) == 2
+    got = sparsek.select_pages(qd, s_want, *ints, 1, page_size=16, check_indices=False)  # another topk
+    assert len(TD._page_problems) == 3
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
 def test_cuda_mixed_places_and_graph(rng):
     q, k, _, pt, lens, cu = make_case(rng, [2, 1], [200, 65], 8, 2, 64, 32, integers=False)
