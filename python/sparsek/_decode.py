@@ -226,17 +226,12 @@ def select_pages(q, summaries, page_table, seq_lens, cu_seqlens_q, topk, sink=1,
     return sel_indices, sel_counts
 
 
+# The dtypes of the NumPy and CuPy paths' outputs (torch tensors go through _torch_decode).
 def _i32(like):
-    if A.is_torch(like):
-        import torch
-        return torch.int32
     import numpy as np
     return np.int32
 
 
 def _f32(like):
-    if A.is_torch(like):
-        import torch
-        return torch.float32
     import numpy as np
     return np.float32
