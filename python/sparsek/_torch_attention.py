@@ -32,16 +32,11 @@ from torch.autograd.function import once_differentiable
 
 from . import _sparsek as _ext
 from ._attention import BlockLayout
-from ._torch_ops import _capture_error, _capturing, _direct, _eager, _keep_for_graphs, _sig, _stream
+from ._torch_ops import _capturing, _direct, _eager, _entry, _ptr, _remember, _sig, _stream
 
-_MAX_PLANS = 64
 _plans: "OrderedDict[tuple, tuple]" = OrderedDict()
 _backward_problems: "OrderedDict[tuple, tuple]" = OrderedDict()  # as _plans; pointers per call
 _gate_ws: dict = {}  # gate workspace bytes per problem
-
-
-def _ptr(t):
-    return 0 if t is None else t.data_ptr()
 
 
 def _versions(*ts):
@@ -58,31 +53,6 @@ def _is_checked(num, idx, fnum, fidx, cu=None):
     c = idx.__dict__.get("_sparsek_checked")
     return (c is not None and all(a is b for a, b in zip(c[0], (num, fnum, fidx, cu)))
             and c[1] == _versions(num, idx, fnum, fidx, cu))
-
-
-def _entry(table, key, stream, capturing, what):
-    """(key, entry) of a plan table for a call on `stream`; entries are (plan, has workspace, stream).
-    A plan's workspace is used in one stream's order: a plan made on another stream is shared only
-    when it has none, or inside a capture (the warm-up's plan: planning cannot run there, and says
-    so). entry None: make one and _remember it under key. A plan used inside a capture is kept for
-    the process (the graph holds its workspace; the table may evict it later)."""
-    e = table.get(key)
-    if e is not None and e[1] and e[2] != stream:
-        own = table.get(key + (stream,))
-        if own is not None or not capturing:
-            key, e = key + (stream,), own
-    if capturing:
-        if e is None:
-            raise _capture_error(what)
-        _keep_for_graphs(e[0])
-    return key, e
-
-
-def _remember(table, key, entry):
-    if len(table) >= _MAX_PLANS:
-        table.popitem(last=False)
-    table[key] = entry
-    return entry
 
 
 def _launch(q, k, v, o, lse, num, idx, fnum, fidx, block, causal, scale, check, cu=None):

@@ -40,17 +40,12 @@ from torch import Tensor
 
 from . import _sparsek as _ext
 from ._decode import _step_tokens
-from ._torch_attention import _entry, _remember
-from ._torch_ops import _capturing, _direct, _sig, _stream
+from ._torch_ops import _capturing, _direct, _entry, _ptr, _remember, _sig, _stream
 
 # Made once per signature for the calls without check_indices: decode plans (entries (plan, has
 # workspace, stream), _entry's per-stream rule) and page-operation problems (nothing allocated).
 _decode_plans: "OrderedDict[tuple, tuple]" = OrderedDict()
 _page_problems: "OrderedDict[tuple, object]" = OrderedDict()
-
-
-def _ptr(t):
-    return 0 if t is None else t.data_ptr()
 
 
 def _page_problem(key, make):

@@ -81,6 +81,36 @@ def _capture_error(what):
         "launch.")
 
 
+# Plan tables of the ops that keep their plans per problem (attention, decode): small, oldest
+# evicted first.
+_MAX_PLANS = 64
+
+
+def _entry(table, key, stream, capturing, what):
+    """(key, entry) of a plan table for a call on `stream`; entries are (plan, has workspace, stream).
+    A plan's workspace is used in one stream's order: a plan made on another stream is shared only
+    when it has none, or inside a capture (the warm-up's plan: planning cannot run there, and says
+    so). entry None: make one and _remember it under key. A plan used inside a capture is kept for
+    the process (the graph holds its workspace; the table may evict it later)."""
+    e = table.get(key)
+    if e is not None and e[1] and e[2] != stream:
+        own = table.get(key + (stream,))
+        if own is not None or not capturing:
+            key, e = key + (stream,), own
+    if capturing:
+        if e is None:
+            raise _capture_error(what)
+        _keep_for_graphs(e[0])
+    return key, e
+
+
+def _remember(table, key, entry):
+    if len(table) >= _MAX_PLANS:
+        table.popitem(last=False)
+    table[key] = entry
+    return entry
+
+
 def _plan(kind, trans, row_ptr, col_idx, values, rows, cols, a, b, c, scales=None, dense_scales=None):
     """The cached plan for this call, made now on a miss (see the module doc). e4m3 products
     (_torch_fp8) pass the uint8 views of their codes and their scales."""
